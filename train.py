@@ -1,0 +1,19 @@
+"""Train an image classifier from a composed Hydra config: `python train.py [group=choice ...] [key=value ...]`."""
+
+import hydra
+from omegaconf import DictConfig
+
+from trainer.cli import prepare
+
+prepare()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    from trainer.run import run
+
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Training throughput, measured honestly.
+
+Lightning ships a ThroughputMonitor, but it reports rolling means and has no notion of warm-up;
+this one follows the project's rule: skip the warm-up steps, synchronize the device before reading
+the clock, time windows of consecutive steps within an epoch (so validation and the loader's start
+are never inside a window) and report the median window.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def batch_size_of(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_size_of(batch[0])
+    if isinstance(batch, dict) and batch:
+        return batch_size_of(next(iter(batch.values())))
+    raise TypeError(f"cannot tell the batch size of {type(batch).__name__}")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+class ThroughputMeter(Callback):
+    INCLUDES = "data wait + forward + backward + optimizer step; excludes validation and warm-up"
+
+    def __init__(self, warmup_steps: int = 5, window_steps: int = 10) -> None:
+        self.warmup_steps = warmup_steps
+        self.window_steps = window_steps
+        self.window_rates: list[float] = []
+        self._partial: list[tuple[int, float]] = []
+        self._steps_seen = 0
+        self._anchor: tuple[float, int, int] | None = None
+        self._last: tuple[float, int] = (0.0, 0)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_partial()
+        self._anchor = None  # the first step of an epoch includes starting the loader
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        self._steps_seen += 1
+        if self._steps_seen <= self.warmup_steps:
+            return
+        synchronize(pl_module.device)
+        now = time.perf_counter()
+        if self._anchor is None:
+            self._anchor = (now, 0, 0)
+            return
+        start, samples, steps = self._anchor
+        samples += batch_size_of(batch)
+        steps += 1
+        if steps >= self.window_steps:
+            rate = samples / (now - start)
+            self.window_rates.append(rate)
+            pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+            self._anchor = (now, 0, 0)
+        else:
+            self._anchor = (start, samples, steps)
+            self._last = (now, samples)
+
+    def _close_partial(self) -> None:
+        if self._anchor is not None and self._anchor[2] > 0:
+            start, samples, _ = self._anchor
+            now, _ = self._last
+            if now > start:
+                self._partial.append((samples, now - start))
+        self._anchor = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_partial()
+
+    def summary(self) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "warmup_steps": self.warmup_steps,
+            "window_steps": self.window_steps,
+            "includes": self.INCLUDES,
+        }
+        if self.window_rates:
+            result.update(samples_per_s=statistics.median(self.window_rates), windows=len(self.window_rates),
+                          method=f"median of {len(self.window_rates)} windows")
+        elif self._partial:
+            samples = sum(s for s, _ in self._partial)
+            seconds = sum(t for _, t in self._partial)
+            result.update(samples_per_s=samples / seconds, windows=0,
+                          method="run too short for a full window: all post-warm-up steps pooled")
+        else:
+            result.update(samples_per_s=None, windows=0, method="run too short: no step after warm-up")
+        return result

@@ -1,0 +1,110 @@
+"""What `train.py` needs before Hydra starts: the recipe source and one-line error reports."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from trainer.errors import UserError, choices, exit_with, full_error_requested
+
+_installed = False
+
+
+def prepare() -> None:
+    """Register the recipe config source and route user mistakes to one-line errors (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from trainer import recipes
+
+    recipes.register()
+    _install_error_reporter()
+    _installed = True
+
+
+def _install_error_reporter() -> None:
+    # Hydra reports every failure through `run_and_report`: composition mistakes as several lines
+    # with exit code 1, errors in the task with a traceback. We replace it so that mistakes in the
+    # person's input end as a single line with exit code 2, and hand everything else (real bugs)
+    # back to Hydra's own reporter unchanged. HYDRA_FULL_ERROR=1 still shows full tracebacks.
+    from hydra._internal import utils as hydra_utils
+
+    original = hydra_utils.run_and_report
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        try:
+            return func()
+        except Exception as ex:  # noqa: BLE001 - sorted into user mistakes and bugs below
+            if full_error_requested():
+                raise
+            line = describe_user_error(ex)
+            if line is None:
+                def reraise() -> Any:
+                    raise ex
+                return original(reraise)
+            exit_with(line)
+
+    hydra_utils.run_and_report = run_and_report
+
+
+def describe_user_error(ex: BaseException) -> str | None:
+    """One line for a mistake in the person's input, None for anything else."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    if isinstance(ex, UserError):
+        return ex.line()
+    cause = ex.__cause__
+    if isinstance(cause, UserError):
+        return cause.line()
+    if isinstance(ex, MissingConfigException):
+        return _missing_config(ex)
+    if isinstance(ex, OverrideParseException):
+        return f"{ex.override}: cannot parse this override ({_first_line(ex.message)})"
+    if isinstance(ex, ConfigCompositionException):
+        if isinstance(cause, ConfigKeyError) or isinstance(cause, OmegaConfBaseException):
+            return _composition_key_error(ex, cause)
+        return _first_line(str(ex))
+    return None
+
+
+def _missing_config(ex: Any) -> str:
+    text = str(ex)
+    missing = ex.missing_cfg_file or ""
+    match = re.search(r"Could not find '([^']+)'", text)
+    if match:
+        missing = match.group(1)
+    options = list(ex.options or [])
+    if "/" in missing:
+        group, name = missing.rsplit("/", 1)
+        if options:
+            return UserError(group, f"unknown choice '{name}'", choices(sorted(options))).line()
+        return UserError(group, f"unknown choice '{name}' (no such config group or option)").line()
+    if options:
+        return UserError(missing or "config", "no such config", choices(sorted(options))).line()
+    return _first_line(text)
+
+
+def _composition_key_error(ex: Exception, cause: Any) -> str:
+    full_key = getattr(cause, "full_key", None)
+    message = str(ex)
+    match = re.search(r"Could not (?:override|append to config\.) '([^']+)'", message)
+    key = full_key or (match.group(1) if match else "config")
+    parent = getattr(cause, "parent_node", None)
+    known: list[str] = []
+    try:
+        if parent is not None and hasattr(parent, "keys"):
+            known = sorted(str(k) for k in parent.keys() if str(k) != "hydra")
+    except Exception:  # noqa: BLE001 - the hint is optional
+        known = []
+    if "not in struct" in str(cause) or type(cause).__name__ == "ConfigAttributeError" or "Key '" in str(cause):
+        text = f"{key}: unknown key"
+        if known:
+            text += f"; allowed: {choices(known)}"
+        return text
+    return f"{key}: {_first_line(str(getattr(cause, 'msg', None) or cause))}"
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else str(text)

@@ -1,0 +1,97 @@
+"""What every data module of the framework shares: the loader rules and the device-side hook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from trainer.data.loader import LoaderSettings, resolve_loader
+from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE
+
+Auto = Literal["auto"]
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What the model and the run need to know before any batch is read."""
+
+    num_classes: int
+    in_channels: int
+    image_size: tuple[int, int]
+    sizes: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+    class_names: Optional[list[str]] = None
+
+
+class ImageClassificationData(L.LightningDataModule):
+    """Base of the framework's data modules.
+
+    Subclasses implement `inspect` (cheap checks of the source that raise `UserError` naming the
+    ``data.*`` key, before training starts) and `setup` (build ``train_set``, ``val_set`` and
+    ``test_set``). They may override `device_transform` to augment or normalize whole batches on
+    the device after the host-to-device copy.
+    """
+
+    #: The data set lives in memory as tensors: loader workers would only add copies.
+    in_memory: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        batch_size: Annotated[int, AT_LEAST_ONE] = 64,
+        eval_batch_size: Optional[Annotated[int, AT_LEAST_ONE]] = None,
+        num_workers: Union[Annotated[int, NON_NEGATIVE], Auto] = "auto",
+        pin_memory: Union[bool, Auto] = "auto",
+        persistent_workers: Union[bool, Auto] = "auto",
+        prefetch_factor: Union[Annotated[int, AT_LEAST_ONE], Auto, None] = "auto",
+    ) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self._loader_request = (num_workers, pin_memory, persistent_workers, prefetch_factor)
+        self.loader: LoaderSettings | None = None
+        self.train_set: Dataset[Any] | None = None
+        self.val_set: Dataset[Any] | None = None
+        self.test_set: Dataset[Any] | None = None
+
+    # -- to implement ---------------------------------------------------------------------------
+    def inspect(self) -> DataInfo:
+        raise NotImplementedError
+
+    def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
+        return images
+
+    # -- shared ---------------------------------------------------------------------------------
+    def configure_loader(self, cuda: bool) -> LoaderSettings:
+        self.loader = resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda)
+        return self.loader
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return self._dataloader(self.train_set, train=True)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return self._dataloader(self.val_set, train=False)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return self._dataloader(self.test_set, train=False)
+
+    def _dataloader(self, dataset: Dataset[Any] | None, train: bool) -> DataLoader[Any]:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() did not build this split")
+        loader = self.loader or self.configure_loader(cuda=torch.cuda.is_available())
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            # A short last batch skews BatchNorm statistics and recompiles compiled graphs.
+            drop_last=train,
+            **loader.dataloader_kwargs(),
+        )
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        images, labels = batch
+        training = bool(self.trainer is not None and self.trainer.training)
+        return self.device_transform(images, training), labels

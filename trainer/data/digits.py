@@ -1,0 +1,90 @@
+"""scikit-learn's bundled handwritten digits: 1,797 real 8x8 images, no download."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.transforms import random_translate
+from trainer.errors import UserError
+from trainer.schema import NON_NEGATIVE, Range
+
+Fraction = Annotated[float, Range(gt=0, lt=0.5)]
+
+
+def stratified_split(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """Indices of a seeded split that keeps each class's share in every part."""
+    from sklearn.model_selection import train_test_split
+
+    indices = np.arange(len(labels))
+    rest, test = train_test_split(indices, test_size=test_fraction, stratify=labels, random_state=seed)
+    val_share = val_fraction / (1.0 - test_fraction)
+    train, val = train_test_split(rest, test_size=val_share, stratify=labels[rest], random_state=seed)
+    return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
+
+
+class DigitsDataModule(ImageClassificationData):
+    """The default data set. Pixel values 0..16 are standardized with the training split's statistics.
+
+    The split is fixed by `split_seed`, independent of the run's seed, so runs with different seeds
+    are compared on the same test images.
+    """
+
+    in_memory = True
+
+    def __init__(
+        self,
+        val_fraction: Fraction = 0.15,
+        test_fraction: Fraction = 0.15,
+        split_seed: Annotated[int, NON_NEGATIVE] = 0,
+        translate: Annotated[int, Range(ge=0, le=3)] = 1,
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+        self.translate = translate
+        self._arrays: Optional[tuple[np.ndarray, np.ndarray]] = None
+
+    def _load(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            from sklearn.datasets import load_digits
+
+            bunch = load_digits()
+            self._arrays = (bunch.images.astype(np.float32), bunch.target.astype(np.int64))
+        return self._arrays
+
+    def inspect(self) -> DataInfo:
+        images, labels = self._load()
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise UserError("data.val_fraction", "val_fraction + test_fraction leaves under 10% for training",
+                            "fractions summing to less than 0.9")
+        sizes = {k: len(v) for k, v in stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed).items()}
+        return DataInfo(num_classes=10, in_channels=1, image_size=(8, 8), sizes=sizes,
+                        class_names=[str(d) for d in range(10)])
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is not None:
+            return
+        images, labels = self._load()
+        parts = stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed)
+        x = torch.from_numpy(images).unsqueeze(1) / 16.0
+        train_x = x[parts["train"]]
+        mean, std = train_x.mean(), train_x.std()
+        x = (x - mean) / std
+        y = torch.from_numpy(labels)
+        self.train_set, self.val_set, self.test_set = (
+            TensorDataset(x[parts[name]], y[parts[name]]) for name in ("train", "val", "test")
+        )
+
+    def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
+        if training and self.translate:
+            # Zero after standardization is not the background value, so shift in raw space.
+            background = images.amin(dim=(1, 2, 3), keepdim=True)
+            return random_translate(images - background, self.translate) + background
+        return images

@@ -1,0 +1,100 @@
+"""Random images made on the device: measures compute with the input pipeline taken out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Range
+
+_SPLIT_OFFSET = {"train": 0, "val": 1_000_003, "test": 2_000_003}
+
+
+class _BatchIndices(Dataset[int]):
+    """Yields batch numbers only; the images are drawn on the device from them."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __getitem__(self, index: int) -> int:
+        if index >= self.batches:
+            raise IndexError(index)
+        return index
+
+
+class SyntheticDataModule(ImageClassificationData):
+    """Each class has a fixed random pattern; a sample is ``signal * pattern + N(0, 1)`` noise.
+
+    The loader carries only a batch number; `on_after_batch_transfer` draws the batch on the device
+    from a generator seeded by (seed, split, batch number), so every epoch sees the same samples and
+    runs are reproducible, with no host work and no host-to-device copy.
+    """
+
+    in_memory = True
+
+    def __init__(
+        self,
+        num_classes: Annotated[int, Range(ge=2)] = 10,
+        shape: Sequence[Annotated[int, AT_LEAST_ONE]] = (3, 32, 32),
+        train_samples: Annotated[int, AT_LEAST_ONE] = 2048,
+        val_samples: Annotated[int, AT_LEAST_ONE] = 512,
+        test_samples: Annotated[int, AT_LEAST_ONE] = 512,
+        signal: Annotated[float, NON_NEGATIVE] = 0.5,
+        seed: Annotated[int, NON_NEGATIVE] = 0,
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
+        if len(shape) != 3:
+            from trainer.errors import UserError
+
+            raise UserError("data.shape", f"{list(shape)} is not [channels, height, width]", "a list of 3 integers")
+        self.num_classes = num_classes
+        self.shape = tuple(int(s) for s in shape)
+        self.samples = {"train": train_samples, "val": val_samples, "test": test_samples}
+        self.signal = signal
+        self.seed = seed
+        self._patterns: Optional[torch.Tensor] = None
+
+    def inspect(self) -> DataInfo:
+        sizes = {"train": (self.samples["train"] // self.batch_size) * self.batch_size,
+                 "val": self.samples["val"], "test": self.samples["test"]}
+        return DataInfo(self.num_classes, self.shape[0], (self.shape[1], self.shape[2]), sizes,
+                        notes=["synthetic: generated on the device, no input pipeline cost"])
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        # Whole batches only: the loader's batch size is 1 batch number.
+        self.train_set = _BatchIndices(self.samples["train"] // self.batch_size)
+        self.val_set = _BatchIndices(-(-self.samples["val"] // self.eval_batch_size))
+        self.test_set = _BatchIndices(-(-self.samples["test"] // self.eval_batch_size))
+
+    def _dataloader(self, dataset: Any, train: bool) -> Any:
+        from torch.utils.data import DataLoader
+
+        split = "train" if train else ("val" if dataset is self.val_set else "test")
+        return DataLoader(dataset, batch_size=None, shuffle=train, num_workers=0,
+                          collate_fn=lambda index: (split, index))
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        split, index = batch
+        return self.make_batch(split, int(index), device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def make_batch(self, split: str, index: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._patterns is None or self._patterns.device != device:
+            g = torch.Generator(device=device).manual_seed(self.seed)
+            self._patterns = torch.randn(self.num_classes, *self.shape, generator=g, device=device)
+        size = self.batch_size if split == "train" else self.eval_batch_size
+        remaining = self.samples[split] - index * size
+        n = size if split == "train" else max(1, min(size, remaining))
+        g = torch.Generator(device=device).manual_seed(self.seed * 7_919 + _SPLIT_OFFSET[split] + index)
+        labels = torch.randint(0, self.num_classes, (n,), generator=g, device=device)
+        noise = torch.randn(n, *self.shape, generator=g, device=device)
+        return noise + self.signal * self._patterns[labels], labels

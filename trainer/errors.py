@@ -1,0 +1,51 @@
+"""User mistakes as one actionable line.
+
+A `UserError` is bad input (config, data, checkpoint, environment): the person can fix it. It is
+reported as a single line naming the key or file, what is wrong and what is allowed, with exit
+code 2 and no traceback. Anything else is a bug in the framework and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, NoReturn
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """Bad input the person can fix. `where` is a config key (``data.root``) or a file path."""
+
+    def __init__(self, where: str, problem: str, allowed: str | None = None) -> None:
+        self.where = where
+        self.problem = problem
+        self.allowed = allowed
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        text = f"{self.where}: {self.problem}"
+        if self.allowed:
+            text += f"; allowed: {self.allowed}"
+        return _one_line(text)
+
+
+def choices(values: Iterable[object]) -> str:
+    """Render allowed values the same way everywhere: ``a, b, c``."""
+    return ", ".join(str(v) for v in values)
+
+
+def full_error_requested() -> bool:
+    """Hydra's own switch for full tracebacks, honoured for our errors too."""
+    return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
+
+
+def exit_with(line: str) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.write(f"error: {_one_line(line)}\n")
+    sys.stderr.flush()
+    sys.exit(EXIT_USER_ERROR)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())

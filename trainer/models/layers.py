@@ -1,0 +1,71 @@
+"""Small reusable layers."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+class ConvBNAct(nn.Sequential):
+    """Convolution without bias, BatchNorm, activation: the BN shift replaces the conv bias."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int = 3,
+        stride: int = 1,
+        groups: int = 1,
+        activation: Callable[[], nn.Module] = lambda: nn.ReLU(inplace=True),
+    ) -> None:
+        super().__init__(
+            nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2,
+                      groups=groups, bias=False),
+            nn.BatchNorm2d(out_channels),
+            activation(),
+        )
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+
+    @property
+    def conv(self) -> nn.Conv2d:
+        return self[0]  # type: ignore[return-value]
+
+    @property
+    def bn(self) -> nn.BatchNorm2d:
+        return self[1]  # type: ignore[return-value]
+
+
+class ClassifierHead(nn.Sequential):
+    """Global average pool, dropout, linear."""
+
+    def __init__(self, in_features: int, num_classes: int, dropout: float = 0.0) -> None:
+        super().__init__(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(1),
+            nn.Dropout(dropout) if dropout > 0 else nn.Identity(),
+            nn.Linear(in_features, num_classes),
+        )
+
+
+def init_weights(module: nn.Module) -> None:
+    """He init for convs (ReLU nets), unit/zero BatchNorm, small normal for the classifier."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.01)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = ["ConvBNAct", "ClassifierHead", "init_weights", "count_parameters", "torch"]

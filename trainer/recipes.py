@@ -1,0 +1,77 @@
+"""Recipes live in the top-level `recipes/` folder and are used as ``+recipe=NAME``.
+
+Hydra finds a config group only as a folder of that name on its search path, and the group is
+``recipe`` while the folder is ``recipes/`` (one YAML per recipe, no second copy under ``conf/``).
+This config source maps the one to the other; a team can add its own folder of recipes with
+``hydra.searchpath=[recipes:///abs/path/to/recipes]``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.object_type import ObjectType
+from hydra.core.plugins import Plugins
+from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
+from hydra.plugins.search_path_plugin import SearchPathPlugin
+from omegaconf import OmegaConf
+
+GROUP = "recipe"
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+
+
+class RecipeConfigSource(ConfigSource):
+    """Serves ``recipe/NAME`` from ``<path>/NAME.yaml``; nothing else."""
+
+    @staticmethod
+    def scheme() -> str:
+        return "recipes"
+
+    def _file(self, config_path: str) -> Optional[str]:
+        if not config_path.startswith(GROUP + "/"):
+            return None
+        name = self._normalize_file_name(config_path[len(GROUP) + 1:])
+        return os.path.join(self.path, name)
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        path = self._file(config_path)
+        if path is None or not os.path.isfile(path):
+            raise ConfigLoadError(f"Recipe not found: {config_path}")
+        with open(path, encoding="utf-8") as f:
+            header = ConfigSource._get_header_dict(f.read(512))
+            f.seek(0)
+            cfg = OmegaConf.load(f)
+        return ConfigResult(config=cfg, path=f"{self.scheme()}://{self.path}", provider=self.provider, header=header)
+
+    def available(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path in ("", GROUP) and self.available()
+
+    def is_config(self, config_path: str) -> bool:
+        path = self._file(config_path)
+        return path is not None and os.path.isfile(path)
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        if not self.available():
+            return []
+        if config_path == "":
+            return [GROUP] if results_filter in (None, ObjectType.GROUP) else []
+        if config_path != GROUP or results_filter == ObjectType.GROUP:
+            return []
+        return sorted(f[: -len(".yaml")] for f in os.listdir(self.path) if f.endswith(".yaml"))
+
+
+class RecipeSearchPath(SearchPathPlugin):
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        search_path.append(provider="trainer-recipes", path=f"recipes://{RECIPES_DIR}")
+
+
+def register() -> None:
+    plugins = Plugins.instance()
+    plugins.register(RecipeConfigSource)
+    plugins.register(RecipeSearchPath)

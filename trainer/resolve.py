@@ -1,0 +1,99 @@
+"""Derived values: each concrete setting the run will use, with how it was derived.
+
+Printed at start and stored in summary.json, so "why did it pick 0 workers?" is never a mystery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.config import RunSpec, locate_target
+from trainer.data.loader import LoaderSettings, resolve_loader
+from trainer.errors import UserError
+from trainer.precision import resolve_precision
+
+
+@dataclass(frozen=True)
+class Derived:
+    value: Any
+    how: str
+
+
+@dataclass
+class Plan:
+    accelerator: str
+    devices: int
+    precision: str
+    loader: LoaderSettings
+    global_batch_size: int
+    lr: float
+    weight_decay: float
+    derived: dict[str, Derived] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        width = max(len(k) for k in self.derived)
+        return [f"{key:<{width}}  {d.value!s:<12} {d.how}" for key, d in self.derived.items()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: {"value": d.value, "how": d.how} for key, d in self.derived.items()}
+
+
+def resolve_accelerator(requested: str) -> tuple[str, str]:
+    cuda = torch.cuda.is_available()
+    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    if requested == "auto":
+        chosen = "cuda" if cuda else "mps" if mps else "cpu"
+        return chosen, f"auto -> {chosen}" + (f" ({torch.cuda.get_device_name()})" if cuda else " (no CUDA device)")
+    if requested in ("gpu", "cuda") and not cuda:
+        raise UserError("trainer.accelerator", f"'{requested}' asked for but no CUDA device is visible", "auto, cpu")
+    if requested == "mps" and not mps:
+        raise UserError("trainer.accelerator", "'mps' asked for but MPS is not available", "auto, cpu")
+    chosen = "cuda" if requested == "gpu" else requested
+    return chosen, f"{requested} (as configured)"
+
+
+def count_devices(devices: Any, accelerator: str) -> int:
+    if isinstance(devices, list):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if devices in ("auto", -1):
+        return torch.cuda.device_count() if accelerator == "cuda" else 1
+    if isinstance(devices, str):  # "0,1"
+        return len([d for d in devices.split(",") if d.strip()])
+    return int(devices)
+
+
+def resolve(spec: RunSpec) -> Plan:
+    derived: dict[str, Derived] = {}
+    accelerator, how = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))
+    derived["trainer.accelerator"] = Derived(accelerator, how)
+
+    devices = count_devices(spec.trainer.get("devices", 1), accelerator)
+    if devices < 1:
+        raise UserError("trainer.devices", f"resolves to {devices} devices", "a positive count, a list of ids, or auto")
+    nodes = int(spec.trainer.get("num_nodes", 1))
+    accumulation = int(spec.trainer.get("accumulate_grad_batches", 1))
+    batch = int(spec.data["batch_size"])
+    global_batch = batch * devices * nodes * accumulation
+    derived["global_batch_size"] = Derived(
+        global_batch, f"{batch} per device x {devices} devices x {nodes} nodes x {accumulation} accumulation")
+
+    precision, how = resolve_precision(spec.precision.name, accelerator)
+    derived["precision"] = Derived(precision, how)
+
+    data_cls = locate_target("data", spec.data["_target_"])
+    loader = resolve_loader(
+        spec.data.get("num_workers", "auto"), spec.data.get("pin_memory", "auto"),
+        spec.data.get("persistent_workers", "auto"), spec.data.get("prefetch_factor", "auto"),
+        in_memory=bool(getattr(data_cls, "in_memory", False)), cuda=accelerator == "cuda")
+    for key, reason in loader.reasons.items():
+        derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
+
+    lr, wd = spec.optimizer.lr, spec.optimizer.weight_decay
+    derived["optimizer.lr"] = Derived(lr, f"as configured, at global batch {global_batch}")
+    derived["optimizer.weight_decay"] = Derived(wd, f"as configured, at global batch {global_batch}")
+    return Plan(accelerator, devices, precision, loader, global_batch, lr, wd, derived)

@@ -1,0 +1,266 @@
+"""The one place that wires a run: validate, resolve, build, fit, test, summarize."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target, validate
+from trainer.errors import UserError, exit_with, full_error_requested
+
+log = logging.getLogger("trainer")
+
+
+def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, str] | None = None,
+        overrides: list[str] | None = None) -> float | None:
+    """Train and test as `cfg` says; return the final validation accuracy (the sweep objective).
+
+    `run_dir`, `group_choices` and `overrides` default to Hydra's for the current job. A mistake in
+    the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1).
+    """
+    try:
+        return _run(cfg, run_dir, group_choices, overrides)
+    except UserError as ex:
+        if full_error_requested():
+            raise
+        # Exiting here, not raising: Hydra would print its own "Error executing job" line first.
+        exit_with(ex.line())
+
+
+def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | None,
+         overrides: list[str] | None) -> float | None:
+    started = time.perf_counter()
+    if run_dir is None or group_choices is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        run_dir = run_dir or Path(hydra_cfg.runtime.output_dir)
+        group_choices = group_choices if group_choices is not None else {
+            k: str(v) for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+        overrides = overrides if overrides is not None else list(hydra_cfg.overrides.task)
+    spec = validate(cfg, group_choices)
+
+    import lightning as L
+
+    _route_library_logs()
+    import torch
+
+    from trainer.env import fingerprint
+    from trainer.resolve import Derived, resolve
+    from trainer.summary import write_json_atomic
+
+    plan = resolve(spec)
+    log.info("run folder %s", run_dir)
+    for line in plan.lines():
+        log.info("  %s", line)
+    environment = fingerprint()
+    write_json_atomic(run_dir / "env.json", environment)
+
+    L.seed_everything(spec.run.seed, workers=True, verbose=False)
+    datamodule, info = _build_data(spec, plan)
+    net = _build_model(spec, info)
+
+    from trainer.compile import apply_compile
+    from trainer.models.layers import count_parameters
+    from trainer.task import ClassificationTask
+
+    n_params = count_parameters(net)
+    compiled = apply_compile(net, spec.compile)
+    plan.derived["compile"] = Derived(spec.compile.mode, compiled)
+    task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay)
+    trainer, meter, checkpoint = _build_trainer(spec, plan, run_dir)
+
+    summary: dict[str, Any] = {
+        "status": "running",
+        "run_dir": str(run_dir),
+        "command": " ".join([Path(sys.argv[0]).name, *(overrides or [])]),
+        "overrides": overrides or [],
+        "choices": dict(group_choices),
+        "seed": spec.run.seed,
+        "derived": plan.to_dict(),
+        "hyperparameters": {
+            "batch_size": spec.data["batch_size"], "global_batch_size": plan.global_batch_size,
+            "optimizer": spec.optimizer.name, "lr": plan.lr, "weight_decay": plan.weight_decay,
+            "scheduler": spec.scheduler.name, "precision": plan.precision,
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+        },
+        "data": {"target": spec.data["_target_"], "num_classes": info.num_classes, "in_channels": info.in_channels,
+                 "image_size": list(info.image_size), "sizes": info.sizes, "notes": info.notes},
+        "model": {"target": spec.model["_target_"], "parameters": n_params},
+        "device": {"accelerator": plan.accelerator, "devices": plan.devices,
+                   "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
+    }
+    summary_path = run_dir / "summary.json"
+    fit_started = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            # The loader settings were chosen and printed with their reasons above; Lightning's
+            # generic "few workers" hint would only contradict them (e.g. in-memory data).
+            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            trainer.fit(task, datamodule=datamodule)
+            fit_seconds = time.perf_counter() - fit_started
+            fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
+            if trainer.interrupted:
+                raise KeyboardInterrupt
+            use_best = checkpoint is not None and bool(checkpoint.best_model_path)
+            test_results = trainer.test(task, datamodule=datamodule, ckpt_path="best" if use_best else None,
+                                        verbose=False)
+    except BaseException as ex:
+        summary.update(status="interrupted" if isinstance(ex, KeyboardInterrupt) else "failed",
+                       error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
+                       wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
+        write_json_atomic(summary_path, summary)
+        raise
+
+    from trainer.summary import peak_memory, split_metrics
+
+    metrics = split_metrics(fit_metrics)
+    metrics.update(split_metrics(test_results[0] if test_results else {}))
+    summary.update(
+        status="completed",
+        metrics=metrics,
+        tested_weights=(f"best checkpoint by {spec.checkpointing.monitor} ({Path(checkpoint.best_model_path).name}, "
+                        f"{spec.checkpointing.monitor}={float(checkpoint.best_model_score):.4f})" if use_best
+                        else "weights at the end of training"),
+        best_checkpoint=checkpoint.best_model_path if use_best else None,
+        throughput=meter.summary(),
+        peak_memory=peak_memory(task.device if plan.accelerator != "cpu" else torch.device("cpu")),
+        steps=trainer.global_step,
+        epochs=trainer.current_epoch,
+        fit_time_s=fit_seconds,
+        wall_time_s=time.perf_counter() - started,
+    )
+    write_json_atomic(summary_path, summary)
+    _report(summary)
+    return metrics.get("val", {}).get("acc")
+
+
+class _DropAdverts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in str(record.msg)
+
+
+def _route_library_logs() -> None:
+    """Send Lightning's messages through the run's own handlers (console and the run folder's
+    log file) once, instead of also through the stream handler Lightning installs for itself."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        library_log = logging.getLogger(name)
+        for handler in list(library_log.handlers):
+            if type(handler) is logging.StreamHandler:
+                library_log.removeHandler(handler)
+        library_log.propagate = True
+        library_log.addFilter(_DropAdverts())
+
+
+def _build_data(spec: RunSpec, plan: Any) -> tuple[Any, Any]:
+    from hydra.utils import instantiate
+
+    data_cfg = dict(spec.data)
+    data_cfg.update(num_workers=plan.loader.num_workers, pin_memory=plan.loader.pin_memory,
+                    persistent_workers=plan.loader.persistent_workers,
+                    prefetch_factor=plan.loader.prefetch_factor if plan.loader.num_workers else "auto")
+    datamodule = _construct("data", lambda: instantiate(data_cfg, _convert_="all"))
+    datamodule.loader = plan.loader
+    info = datamodule.inspect()
+    train_size = info.sizes.get("train", 0)
+    if train_size < datamodule.batch_size:
+        raise UserError("data.batch_size", f"{datamodule.batch_size} is larger than the training split "
+                        f"({train_size} samples); the last partial batch is dropped, so no step would run",
+                        f"at most {train_size}")
+    return datamodule, info
+
+
+def _build_model(spec: RunSpec, info: Any) -> Any:
+    from hydra.utils import instantiate
+    from torch import nn
+
+    target = locate_target("model", spec.model["_target_"])
+    available = {"num_classes": info.num_classes, "in_channels": info.in_channels, "image_size": list(info.image_size)}
+    try:
+        parameters = inspect.signature(target).parameters
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        injected = {k: v for k, v in available.items() if k in parameters or takes_kwargs}
+    except (TypeError, ValueError):
+        injected = {"num_classes": info.num_classes}
+    if "num_classes" not in injected:
+        raise UserError("model._target_", f"'{spec.model['_target_']}' takes no num_classes argument",
+                        f"a constructor accepting {', '.join(INJECTED_MODEL_ARGS)} (those it needs)")
+    net = _construct("model", lambda: instantiate(spec.model, _convert_="all", **injected))
+    if not isinstance(net, nn.Module):
+        raise UserError("model._target_", f"'{spec.model['_target_']}' returned {type(net).__name__}, not an nn.Module",
+                        "a class or function that returns a torch.nn.Module")
+    return net
+
+
+def _construct(group: str, build: Any) -> Any:
+    """Instantiate a group's `_target_`; its own argument checks become one-line errors."""
+    from hydra.errors import InstantiationException
+
+    try:
+        return build()
+    except UserError:
+        raise
+    except InstantiationException as ex:
+        cause = ex.__cause__ or ex
+        if isinstance(cause, UserError):
+            raise cause from None
+        if isinstance(cause, (TypeError, ValueError)):
+            raise UserError(group, f"the {group} constructor rejected its arguments: {cause}") from None
+        raise
+
+
+def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, Any]:
+    import lightning as L
+
+    from trainer.callbacks.progress import PlainProgress
+    from trainer.callbacks.throughput import ThroughputMeter
+    from trainer.checkpoint import build_checkpointing
+    from trainer.logger import build_loggers
+
+    meter = ThroughputMeter()
+    callbacks: list[Any] = [meter]
+    checkpoint = build_checkpointing(spec.checkpointing, run_dir)
+    if checkpoint is not None:
+        callbacks.append(checkpoint)
+    progress = spec.run.progress
+    if progress == "auto":
+        progress = "rich" if sys.stdout.isatty() else "plain"
+    if progress == "rich":
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        callbacks.append(RichProgressBar())
+    elif progress == "plain":
+        callbacks.append(PlainProgress(every_s=spec.run.progress_every_s))
+    loggers = build_loggers(spec.loggers, run_dir)
+    trainer_kwargs = dict(spec.trainer)
+    trainer_kwargs.update(accelerator=plan.accelerator, precision=plan.precision)
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        logger=loggers if loggers else False,
+        callbacks=callbacks,
+        enable_checkpointing=checkpoint is not None,
+        enable_progress_bar=progress == "rich",
+        default_root_dir=str(run_dir),
+    )
+    return trainer, meter, checkpoint
+
+
+def _report(summary: dict[str, Any]) -> None:
+    metrics = summary["metrics"]
+    throughput = summary["throughput"]
+    parts = [f"{split}/{name} {value:.4f}" for split in ("val", "test") for name, value in metrics.get(split, {}).items()]
+    log.info("done: %s", "  ".join(parts))
+    rate = throughput.get("samples_per_s")
+    log.info("training throughput %s samples/s (%s; %s)", f"{rate:.0f}" if rate else "n/a",
+             throughput["method"], throughput["includes"])
+    log.info("wall time %.1f s (fit %.1f s); summary: %s", summary["wall_time_s"], summary["fit_time_s"],
+             Path(summary["run_dir"]) / "summary.json")

@@ -1,0 +1,306 @@
+"""Checking plain config values against type hints, one clear line per mistake.
+
+OmegaConf's structured configs check types, but they cannot express ranges or ``Literal``
+choices, they cannot describe a ``_target_`` whose schema is the constructor's own signature, and
+their messages span several lines. So this module deliberately replaces that layer: a schema is
+either a dataclass (the framework's own groups) or a callable's signature (anything built from
+``_target_``: data modules, models, loggers, a team's own ``nn.Module``), and every mismatch
+becomes a `UserError` naming the full key.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import inspect
+import math
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping, Union
+
+from trainer.errors import UserError, choices
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric bound carried in ``Annotated[float, Range(gt=0)]``."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def text(self) -> str:
+        parts = [f"{op} {bound}" for op, bound in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)) if bound is not None]
+        return " and ".join(parts)
+
+    def violation(self, value: float) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if self.gt is not None and not value > self.gt:
+            return f"must be > {self.gt}"
+        if self.ge is not None and not value >= self.ge:
+            return f"must be >= {self.ge}"
+        if self.lt is not None and not value < self.lt:
+            return f"must be < {self.lt}"
+        if self.le is not None and not value <= self.le:
+            return f"must be <= {self.le}"
+        return None
+
+
+POSITIVE = Range(gt=0)
+NON_NEGATIVE = Range(ge=0)
+AT_LEAST_ONE = Range(ge=1)
+FRACTION = Range(ge=0, le=1)
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    annotation: Any
+    required: bool
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Named fields plus whether unknown keys pass through (a ``**kwargs`` signature)."""
+
+    fields: Mapping[str, Field]
+    open: bool = False
+
+
+_UNCHECKABLE = object()
+
+
+def schema_of_dataclass(cls: type) -> Schema:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = {}
+    for f in dataclasses.fields(cls):
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        default = f.default if f.default is not dataclasses.MISSING else None
+        fields[f.name] = Field(f.name, hints.get(f.name, Any), required=not has_default, default=default)
+    return Schema(fields)
+
+
+def schema_of_callable(target: Callable[..., Any], skip: tuple[str, ...] = ()) -> Schema:
+    """The keyword parameters of a class constructor or a function, with their type hints."""
+    fn = target.__init__ if inspect.isclass(target) else target
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return Schema({}, open=True)
+    fields: dict[str, Field] = {}
+    open_ = _add_parameters(fields, signature, _type_hints(fn), skip)
+    if open_ and inspect.isclass(target):
+        # A subclass that forwards **kwargs to its parent accepts the parent's keywords: follow
+        # them up the hierarchy so a data module need not repeat its base's loader arguments.
+        for base in target.__mro__[1:]:
+            init = base.__dict__.get("__init__")
+            if init is None:
+                continue
+            if base is object:
+                break
+            open_ = _add_parameters(fields, inspect.signature(init), _type_hints(init), skip)
+            if not open_:
+                break
+    return Schema(fields, open=open_)
+
+
+def _add_parameters(fields: dict[str, Field], signature: inspect.Signature, hints: dict[str, Any],
+                    skip: tuple[str, ...]) -> bool:
+    """Add keyword parameters not yet in `fields`; return whether the signature takes **kwargs."""
+    var_keyword = False
+    for name, param in signature.parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            var_keyword = True
+            continue
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            continue
+        if name in skip or name == "self" or name in fields:
+            continue
+        required = param.default is inspect.Parameter.empty
+        fields[name] = Field(name, hints.get(name, Any), required, None if required else param.default)
+    return var_keyword
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn, include_extras=True)
+    except Exception:
+        # Libraries annotate with names imported only under TYPE_CHECKING; evaluate what we can
+        # one parameter at a time and leave the rest unchecked rather than guess.
+        module = sys.modules.get(getattr(fn, "__module__", ""), None)
+        namespace = dict(vars(module)) if module else {}
+        hints = {}
+        for name, ann in getattr(fn, "__annotations__", {}).items():
+            if isinstance(ann, str):
+                try:
+                    ann = eval(ann, namespace)  # noqa: S307 - annotations of installed code
+                except Exception:
+                    ann = Any
+            hints[name] = ann
+        return hints
+
+
+def check_mapping(prefix: str, values: Mapping[str, Any], schema: Schema, what: str) -> dict[str, Any]:
+    """Check `values` against `schema`; return them with defaults filled in.
+
+    `prefix` is the full key of the mapping (``data``), `what` names the schema in messages
+    (``DigitsDataModule``).
+    """
+    result: dict[str, Any] = {}
+    for key, value in values.items():
+        full_key = f"{prefix}.{key}" if prefix else str(key)
+        field = schema.fields.get(key)
+        if field is None:
+            if schema.open:
+                result[key] = value
+                continue
+            raise UserError(full_key, f"unknown key for {what}", choices(sorted(schema.fields)))
+        check_value(full_key, value, field.annotation)
+        result[key] = value
+    for name, field in schema.fields.items():
+        if name in result:
+            continue
+        if field.required:
+            full_key = f"{prefix}.{name}" if prefix else name
+            raise UserError(full_key, f"missing (required by {what})", describe(field.annotation))
+        result[name] = field.default
+    return result
+
+
+def check_value(full_key: str, value: Any, annotation: Any) -> None:
+    if not matches(value, annotation):
+        raise UserError(full_key, f"{_show(value)} is not {describe(annotation)}")
+    for bound in _bounds(annotation, value):
+        problem = bound.violation(value)
+        if problem:
+            raise UserError(full_key, f"{_show(value)} {problem}")
+    if isinstance(value, (list, tuple)):
+        for i, (item, item_annotation) in enumerate(zip(value, _item_annotations(annotation, value))):
+            check_value(f"{full_key}[{i}]", item, item_annotation)
+
+
+def _item_annotations(annotation: Any, value: list[Any] | tuple[Any, ...]) -> list[Any]:
+    """The annotation of each element of a list `value` matched against `annotation`."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _item_annotations(args[0], value)
+    if origin is Union or origin is types.UnionType:
+        for arg in args:
+            if matches(value, arg):
+                return _item_annotations(arg, value)
+        return []
+    if not args:
+        return []
+    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return list(args)
+    return [args[0]] * len(value)
+
+
+def matches(value: Any, annotation: Any) -> bool:
+    if annotation is Any or annotation is inspect.Parameter.empty or isinstance(annotation, (str, typing.TypeVar, typing.ForwardRef)):
+        return True
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return matches(value, args[0])
+    if origin is Union or origin is types.UnionType:
+        return any(matches(value, arg) for arg in args)
+    if origin is Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if annotation is None or annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation in (os.PathLike,) or (inspect.isclass(annotation) and issubclass(annotation, os.PathLike)):
+        return isinstance(value, str)
+    sequence_types = (list, tuple, collections.abc.Sequence, collections.abc.Iterable, collections.abc.MutableSequence)
+    if annotation in sequence_types or origin in sequence_types:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args:
+            if len(args) == 2 and args[1] is Ellipsis:
+                return all(matches(v, args[0]) for v in value)
+            return len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args))
+        return all(matches(v, args[0]) for v in value) if args else True
+    mapping_types = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+    if annotation in mapping_types or origin in mapping_types:
+        if not isinstance(value, dict):
+            return False
+        if args:
+            return all(matches(k, args[0]) and matches(v, args[1]) for k, v in value.items())
+        return True
+    if isinstance(value, dict) and "_target_" in value:
+        return True  # a nested object Hydra will instantiate; its own constructor checks it
+    if inspect.isclass(annotation):
+        return isinstance(value, annotation)
+    return True  # Callable, Protocol and the like cannot come from YAML; leave them to the callee
+
+
+def describe(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any or annotation is inspect.Parameter.empty:
+        return "any value"
+    if origin is typing.Annotated:
+        bounds = [b for b in args[1:] if isinstance(b, Range)]
+        return " ".join([describe(args[0])] + [b.text() for b in bounds])
+    if origin is Union or origin is types.UnionType:
+        parts = []
+        for arg in args:
+            part = describe(arg)
+            if part not in parts:
+                parts.append(part)
+        return " or ".join(parts)
+    if origin is Literal:
+        return "one of " + choices(_show(a) for a in args)
+    if annotation is None or annotation is type(None):
+        return "null"
+    if annotation in (bool, int, float, str):
+        return {"bool": "true/false", "int": "an integer", "float": "a number", "str": "a string"}[annotation.__name__]
+    if origin in (list, tuple, collections.abc.Sequence) or annotation in (list, tuple):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list of {len(args)} ({', '.join(describe(a) for a in args)})"
+        return f"a list of {describe(args[0])}" if args else "a list"
+    if origin in (dict, collections.abc.Mapping) or annotation is dict:
+        return "a mapping"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _bounds(annotation: Any, value: Any) -> list[Range]:
+    """The ranges that apply to `value`: those of the union member it matched."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        if not matches(value, args[0]):
+            return []
+        return [a for a in args[1:] if isinstance(a, Range)] + _bounds(args[0], value)
+    if origin is Union or origin is types.UnionType:
+        for arg in args:
+            if matches(value, arg):
+                return _bounds(arg, value)
+    return []
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return f"'{value}'"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)

@@ -1,0 +1,81 @@
+"""The LightningModule: classification loss, torchmetrics accuracy, optimizer and schedule."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from trainer.config import AdamWConfig, SGDConfig
+from trainer.optimizer import build_optimizer
+from trainer.scheduler import SchedulerConfig, build_scheduler
+
+
+class ClassificationTask(L.LightningModule):
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: Union[SGDConfig, AdamWConfig],
+        scheduler: SchedulerConfig,
+        lr: float,
+        weight_decay: float,
+        channels_last: bool = False,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.optimizer_cfg = optimizer
+        self.scheduler_cfg = scheduler
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.channels_last = channels_last
+        # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
+        self.save_hyperparameters({"num_classes": num_classes, "lr": lr, "weight_decay": weight_decay,
+                                   "optimizer": optimizer.name, "scheduler": scheduler.name})
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Loss in fp32 whatever the autocast dtype: log-softmax of half logits loses precision.
+        return F.cross_entropy(logits.float(), labels)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self(images)
+        loss = self._loss(logits, labels)
+        self.train_acc(logits.detach(), labels)
+        n = labels.shape[0]
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_acc)
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_acc)
+
+    def _evaluate(self, batch: Any, split: str, metric: MulticlassAccuracy) -> None:
+        images, labels = batch
+        logits = self(images)
+        n = labels.shape[0]
+        self.log(f"{split}/loss", self._loss(logits, labels), on_epoch=True, batch_size=n)
+        metric(logits, labels)
+        self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = build_optimizer(self.net.parameters(), self.optimizer_cfg, self.lr, self.weight_decay)
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
