@@ -98,10 +98,10 @@ def _composition_key_error(ex: Exception, cause: Any) -> str:
     except Exception:  # noqa: BLE001 - the hint is optional
         known = []
     if "not in struct" in str(cause) or type(cause).__name__ == "ConfigAttributeError" or "Key '" in str(cause):
-        text = f"{key}: unknown key"
+        text = f"{key}: not in the composed config"
         if known:
-            text += f"; allowed: {choices(known)}"
-        return text
+            text += f"; present here: {choices(known)}"
+        return text + f" (a key the schema accepts but the YAML omits is added with +{key}=VALUE)"
     return f"{key}: {_first_line(str(getattr(cause, 'msg', None) or cause))}"
 
 

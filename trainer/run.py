@@ -104,6 +104,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             # The loader settings were chosen and printed with their reasons above; Lightning's
             # generic "few workers" hint would only contradict them (e.g. in-memory data).
             warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+            # Lightning 2.6 calls a torch pytree API that newer torch deprecates: nothing to act on.
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
             trainer.fit(task, datamodule=datamodule)
             fit_seconds = time.perf_counter() - fit_started
             fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
@@ -148,17 +150,21 @@ class _DropAdverts(logging.Filter):
 
 
 def _route_library_logs() -> None:
-    """Send Lightning's messages through the run's own handlers (console and the run folder's
-    log file) once, instead of also through the stream handler Lightning installs for itself."""
-    if not logging.getLogger().handlers:
+    """Send library messages through the run's own handlers (console and the run folder's log
+    file) once, instead of also through the stream handlers Lightning installs for itself, and
+    drop its advertising tips."""
+    root = logging.getLogger()
+    if not root.handlers:
         return
-    for name in ("lightning.pytorch", "lightning.fabric"):
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "torchmetrics"):
         library_log = logging.getLogger(name)
         for handler in list(library_log.handlers):
             if type(handler) is logging.StreamHandler:
                 library_log.removeHandler(handler)
         library_log.propagate = True
-        library_log.addFilter(_DropAdverts())
+    for handler in root.handlers:
+        if not any(isinstance(f, _DropAdverts) for f in handler.filters):
+            handler.addFilter(_DropAdverts())
 
 
 def _build_data(spec: RunSpec, plan: Any) -> tuple[Any, Any]:

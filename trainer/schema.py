@@ -106,15 +106,18 @@ def schema_of_callable(target: Callable[..., Any], skip: tuple[str, ...] = ()) -
                 continue
             if base is object:
                 break
-            open_ = _add_parameters(fields, inspect.signature(init), _type_hints(init), skip)
+            open_ = _add_parameters(fields, inspect.signature(init), _type_hints(init), skip, inherited=True)
             if not open_:
                 break
     return Schema(fields, open=open_)
 
 
 def _add_parameters(fields: dict[str, Field], signature: inspect.Signature, hints: dict[str, Any],
-                    skip: tuple[str, ...]) -> bool:
-    """Add keyword parameters not yet in `fields`; return whether the signature takes **kwargs."""
+                    skip: tuple[str, ...], inherited: bool = False) -> bool:
+    """Add keyword parameters not yet in `fields`; return whether the signature takes **kwargs.
+
+    A parent's parameters (`inherited`) are never required: the child may pass them itself.
+    """
     var_keyword = False
     for name, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -125,7 +128,8 @@ def _add_parameters(fields: dict[str, Field], signature: inspect.Signature, hint
         if name in skip or name == "self" or name in fields:
             continue
         required = param.default is inspect.Parameter.empty
-        fields[name] = Field(name, hints.get(name, Any), required, None if required else param.default)
+        fields[name] = Field(name, hints.get(name, Any), required and not inherited,
+                             None if required else param.default)
     return var_keyword
 
 

@@ -1,0 +1,24 @@
+# The two set-up commands of the README. Both create .venv on first use (Python 3.11, pip only).
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: train test install clean
+
+train: $(VENV)/.installed
+	$(BIN)/python train.py $(ARGS)
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,118 @@
+"""Shared test helpers: composing the real config, running train.py, writing small data sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parent.parent
+CONF = REPO / "conf"
+RECIPES = REPO / "recipes"
+
+
+def compose(overrides: Sequence[str] = ()) -> Any:
+    """The composed config exactly as `train.py` would see it (minus the hydra node)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from trainer.cli import prepare
+
+    prepare()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=list(overrides))
+
+
+class Result:
+    def __init__(self, proc: subprocess.CompletedProcess[str], run_dir: Path) -> None:
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.run_dir = run_dir
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def __repr__(self) -> str:
+        return f"rc={self.returncode}\n--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
+
+
+def train(args: Sequence[str], run_dir: Path, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+    """Run `python train.py ARGS` as a person would, with its run folder at `run_dir`."""
+    full_env = dict(os.environ)
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+    )
+    return Result(proc, run_dir)
+
+
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    return (bunch.images * (255.0 / 16.0)).round().astype(np.uint8), bunch.target
+
+
+def write_digit_pngs(root: Path, per_class: dict[str, int], classes: Sequence[int] = range(10), size: int = 16) -> None:
+    """An ImageFolder tree of real digit images, upscaled to `size` px, as grayscale PNGs."""
+    from PIL import Image
+
+    images, labels = digits_arrays()
+    rng = np.random.default_rng(0)
+    used: set[int] = set()
+    for split, count in per_class.items():
+        for c in classes:
+            folder = root / split / f"digit_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            candidates = [i for i in np.flatnonzero(labels == c) if i not in used]
+            for i in rng.choice(candidates, size=count, replace=False):
+                used.add(int(i))
+                Image.fromarray(images[i], mode="L").resize((size, size), Image.NEAREST).save(folder / f"{i}.png")
+
+
+def write_cifar_copy(root: Path, train_per_batch: int = 200, test: int = 200, batches: int = 2) -> Path:
+    """A tiny CIFAR-10 in torchvision's on-disk format. Each class is a distinct colour pattern under
+    noise, so a model can learn it; the files are pickled dicts of numpy arrays as in the original."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    # Each class: its own coarse 4x4 colour mosaic, upscaled to 32x32.
+    patterns = np.kron(rng.integers(0, 256, size=(10, 3, 4, 4)), np.ones((1, 1, 8, 8))).astype(np.float64)
+
+    def make(n: int) -> dict[bytes, Any]:
+        labels = np.arange(n) % 10
+        rng.shuffle(labels)
+        noise = rng.normal(0, 25, size=(n, 3, 32, 32))
+        images = np.clip(patterns[labels] + noise, 0, 255).astype(np.uint8)
+        return {b"batch_label": b"tiny", b"labels": labels.tolist(), b"data": images.reshape(n, -1),
+                b"filenames": [f"{i}.png".encode() for i in range(n)]}
+
+    for b in range(1, batches + 1):
+        (folder / f"data_batch_{b}").write_bytes(pickle.dumps(make(train_per_batch)))
+    (folder / "test_batch").write_bytes(pickle.dumps(make(test)))
+    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"c%d" % i for i in range(10)]}))
+    return folder
+
+
+class TinyMLP(nn.Module):
+    """A team's own model, plugged in by `_target_` in the tests."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], hidden: int = 64) -> None:
+        super().__init__()
+        features = in_channels * image_size[0] * image_size[1]
+        self.net = nn.Sequential(nn.Flatten(1), nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)

@@ -1,0 +1,66 @@
+"""Each bad input ends with one line naming the key, exit code 2, no traceback, before training."""
+
+import pytest
+
+from tests.helpers import train, write_digit_pngs
+
+pytestmark = pytest.mark.run
+
+CASES = {
+    "unknown key": (["optimizer.learning_rate=0.1"], "optimizer.learning_rate"),
+    "unknown added key": (["+data.colour=red"], "data.colour"),
+    "unknown top-level key": (["+epochs=3"], "epochs"),
+    "wrong type": (["data.batch_size=big"], "data.batch_size"),
+    "lr zero": (["optimizer.lr=0"], "optimizer.lr"),
+    "lr negative": (["optimizer.lr=-0.1"], "optimizer.lr"),
+    "batch size zero": (["data.batch_size=0"], "data.batch_size"),
+    "unknown choice": (["model=resnet9000"], "model"),
+    "bad override syntax": (["optimizer.lr=[0.1"], "optimizer.lr"),
+    "imagefolder without root": (["data=imagefolder"], "data.root"),
+    "imagefolder missing path": (["data=imagefolder", "data.root=/no/such/folder"], "data.root"),
+    "cifar10 without root": (["data=cifar10"], "data.root"),
+    "cifar10 missing path": (["data=cifar10", "data.root=/no/such/folder"], "data.root"),
+}
+
+
+@pytest.mark.parametrize("args, key", CASES.values(), ids=CASES.keys())
+def test_bad_input_is_one_line(tmp_path, args, key):
+    result = train(args, tmp_path / "run")
+    _assert_one_line_error(result, key)
+
+
+def test_folders_without_images(tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "train" / "cat").mkdir(parents=True)
+    (empty / "val" / "cat").mkdir(parents=True)
+    (empty / "train" / "cat" / "notes.txt").write_text("not an image")
+    result = train(["data=imagefolder", f"data.root={empty}"], tmp_path / "run1")
+    _assert_one_line_error(result, "data.root")
+    assert "no images" in result.stderr
+    result = train(["data=cifar10", f"data.root={empty}"], tmp_path / "run2")
+    _assert_one_line_error(result, "data.root")
+
+
+def test_val_classes_must_exist_in_train(tmp_path):
+    root = tmp_path / "pngs"
+    write_digit_pngs(root, {"train": 2}, classes=[0, 1], size=8)
+    write_digit_pngs(root, {"val": 2}, classes=[0, 2], size=8)
+    result = train(["data=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=2"], tmp_path / "run")
+    _assert_one_line_error(result, str(root / "val"))
+    assert "digit_2" in result.stderr
+
+
+def test_full_error_shows_the_traceback(tmp_path):
+    result = train(["optimizer.lr=0"], tmp_path / "run", env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "optimizer.lr" in result.stderr
+
+
+def _assert_one_line_error(result, key):
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result
+    assert lines[0].startswith(f"error: {key}"), result
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (result.run_dir / "checkpoints").exists()
+    assert "epoch 1" not in result.stdout

@@ -1,0 +1,57 @@
+"""A short real run on each data module and on a team's own model."""
+
+import pytest
+
+from tests.helpers import train, write_cifar_copy, write_digit_pngs
+
+pytestmark = pytest.mark.run
+
+FAST = ["progress=plain", "checkpointing=off"]
+
+
+def test_synthetic_learns_its_class_patterns(tmp_path):
+    result = train(["data=synthetic", "data.shape=[3,16,16]", "data.train_samples=1024", "data.signal=1.0",
+                    "trainer.max_epochs=3", *FAST], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["data"]["image_size"] == [16, 16] and summary["data"]["in_channels"] == 3
+    assert summary["steps"] == 3 * (1024 // 64)
+    # Ten classes: chance is 0.1; the patterns are easy to separate.
+    assert summary["metrics"]["test"]["acc"] > 0.9
+
+
+def test_imagefolder_of_png_digits(tmp_path):
+    root = tmp_path / "digits_png"
+    write_digit_pngs(root, {"train": 40, "val": 10}, size=16)
+    result = train(["data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
+                    "data.hflip=false", "data.eval_crop_fraction=1.0", "data.batch_size=32", "data.num_workers=1",
+                    "trainer.max_epochs=12", *FAST], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["data"]["num_classes"] == 10 and summary["data"]["in_channels"] == 3
+    assert summary["data"]["sizes"] == {"train": 400, "val": 100, "test": 100}
+    assert any("no test/ folder" in note for note in summary["data"]["notes"])
+    assert summary["derived"]["data.num_workers"]["value"] == 1
+    assert summary["metrics"]["test"]["acc"] >= 0.8
+
+
+def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
+    write_cifar_copy(tmp_path / "cifar", train_per_batch=300, test=200, batches=2)
+    result = train(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.batch_size=32", "trainer.max_epochs=8",
+                    "optimizer.lr=0.01",
+                    "model.widths=[16,32]", *FAST], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["data"]["sizes"] == {"train": 540, "val": 60, "test": 200}
+    assert summary["data"]["image_size"] == [32, 32]
+    assert summary["metrics"]["test"]["acc"] >= 0.9
+
+
+def test_a_team_model_plugged_in_by_target(tmp_path):
+    result = train(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=48",
+                    "optimizer.lr=0.01", "trainer.max_epochs=10", *FAST], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["model"]["target"] == "tests.helpers.TinyMLP"
+    assert summary["model"]["parameters"] == 64 * 48 + 48 + 48 * 10 + 10
+    assert summary["metrics"]["test"]["acc"] >= 0.9

@@ -1,0 +1,69 @@
+"""The default run, `python train.py` with no arguments, on the bundled digits."""
+
+import csv
+import json
+
+import pytest
+
+from tests.helpers import REPO, train
+
+pytestmark = pytest.mark.run
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    result = train([], tmp_path_factory.mktemp("default") / "run")
+    assert result.returncode == 0, result
+    return result
+
+
+def test_reaches_the_accuracy_the_readme_promises(default_run):
+    summary = default_run.summary
+    assert summary["status"] == "completed"
+    assert summary["metrics"]["test"]["acc"] >= 0.97
+    assert summary["metrics"]["val"]["acc"] >= 0.95
+    assert summary["metrics"]["train"]["loss"] < 0.1
+
+
+def test_summary_records_what_ran_and_what_it_cost(default_run):
+    summary = default_run.summary
+    assert summary["choices"]["data"] == "digits" and summary["choices"]["model"] == "small_cnn"
+    assert summary["data"]["sizes"] == {"train": 1257, "val": 270, "test": 270}
+    hp = summary["hyperparameters"]
+    assert hp["batch_size"] == 64 and hp["global_batch_size"] == 64 and hp["optimizer"] == "adamw"
+    assert hp["lr"] == 0.002 and hp["precision"] == "32-true"
+    assert summary["derived"]["data.num_workers"]["value"] == 0
+    assert "in memory" in summary["derived"]["data.num_workers"]["how"]
+    assert summary["throughput"]["samples_per_s"] > 0 and summary["throughput"]["windows"] > 0
+    assert summary["peak_memory"]["bytes"] > 0
+    assert summary["device"]["accelerator"] == "cpu"
+    assert 0 < summary["fit_time_s"] < summary["wall_time_s"]
+    assert summary["steps"] == 30 * (1257 // 64)  # drop_last: 19 full batches per epoch
+    assert summary["tested_weights"].startswith("best checkpoint by val/loss")
+
+
+def test_run_folder_holds_config_env_checkpoints_and_logs(default_run):
+    run_dir = default_run.run_dir
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file()
+    env = json.loads((run_dir / "env.json").read_text())
+    for package in ("torch", "torchvision", "lightning", "hydra-core"):
+        assert env["versions"][package]
+    assert env["python"].startswith("3.")
+    assert "PyTorch built with" in env["torch_config"]
+    assert env["cpu"]
+    if (REPO / ".git").exists():
+        assert len(env["git"]["commit"]) == 40
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(list((run_dir / "checkpoints").glob("epoch*.ckpt"))) == 1
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    assert any(row.get("val/acc") for row in rows)
+    assert "epoch 30/30" in (run_dir / "train.log").read_text()
+
+
+def test_plain_progress_lines_and_no_bar_when_not_a_terminal(default_run):
+    out = default_run.stdout
+    epoch_lines = [line for line in out.splitlines() if "] epoch " in line]
+    assert len(epoch_lines) == 30
+    assert "\r" not in out  # a live bar redraws its line with carriage returns
+    assert default_run.stderr.count("Traceback") == 0

@@ -1,0 +1,60 @@
+import pytest
+
+from tests.helpers import compose
+from trainer.config import AdamWConfig, RunSpec, WarmupCosineConfig, validate
+from trainer.errors import UserError
+
+
+def test_default_config_validates_to_the_documented_defaults():
+    spec = validate(compose())
+    assert isinstance(spec, RunSpec)
+    assert spec.data["_target_"] == "trainer.data.digits.DigitsDataModule"
+    assert spec.data["batch_size"] == 64
+    assert isinstance(spec.optimizer, AdamWConfig) and spec.optimizer.betas == (0.9, 0.999)
+    assert isinstance(spec.scheduler, WarmupCosineConfig)
+    assert spec.precision.name == "auto" and spec.compile.mode == "off"
+    assert spec.checkpointing.enabled and spec.checkpointing.monitor == "val/loss"
+    assert list(spec.loggers) == ["csv"]
+    assert spec.trainer["max_epochs"] == 30
+
+
+@pytest.mark.parametrize(
+    "overrides, key, text",
+    [
+        (["optimizer.lr=0"], "optimizer.lr", "must be > 0"),
+        (["optimizer=sgd", "optimizer.momentum=1.0"], "optimizer.momentum", "must be < 1"),
+        (["optimizer=sgd", "optimizer.momentum=0"], "optimizer.nesterov", "needs momentum > 0"),
+        (["optimizer.betas=[0.9,1.5]"], "optimizer.betas[1]", "must be < 1"),
+        (["data.batch_size=0"], "data.batch_size", "must be >= 1"),
+        (["data.batch_size=1.5"], "data.batch_size", "is not an integer"),
+        (["+data.colour=red"], "data.colour", "unknown key"),
+        (["model.widths=[32,0]"], "model.widths[1]", "must be >= 1"),
+        (["+model.num_classes=3"], "model.num_classes", "filled in by the framework"),
+        (["model=custom"], "model._target_", "missing mandatory value"),
+        (["model=custom", "model._target_=collections.Nope"], "model._target_", "has no attribute 'Nope'"),
+        (["data._target_=collections.OrderedDict"], "data._target_", "not a data module"),
+        (["+trainer.precision=16"], "trainer.precision", "precision group"),
+        (["+trainer.max_epoch=3"], "trainer.max_epoch", "unknown key for lightning.Trainer"),
+        (["trainer.max_epochs=many"], "trainer.max_epochs", "is not an integer"),
+        (["checkpointing.monitor=val/f1"], "checkpointing.monitor", "one of 'val/acc'"),
+        (["progress=loud"], "progress", "one of 'auto'"),
+        (["+logger.csv.colour=1"], "logger.csv.colour", "unknown key"),
+        (["+extra=1"], "extra", "unknown top-level key"),
+        (["scheduler.warmup=-1"], "scheduler.warmup", "must be >= 0"),
+        (["optimizer.lr=${nope}"], "optimizer.lr", "nope"),
+    ],
+)
+def test_bad_values_name_their_key(overrides, key, text):
+    with pytest.raises(UserError) as caught:
+        validate(compose(overrides))
+    line = caught.value.line()
+    assert line.startswith(f"{key}: "), line
+    assert text in line
+    assert "\n" not in line
+
+
+def test_a_team_model_is_checked_against_its_own_signature():
+    spec = validate(compose(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=32"]))
+    assert spec.model == {"_target_": "tests.helpers.TinyMLP", "hidden": 32}
+    with pytest.raises(UserError, match=r"^model.depth: unknown key for tests.helpers.TinyMLP; allowed: hidden$"):
+        validate(compose(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.depth=3"]))
