@@ -116,3 +116,19 @@ class TinyMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class ExplodingMLP(TinyMLP):
+    """Raises inside the training forward pass on call number `fail_at` (a crash mid-run)."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], fail_at: int = 25) -> None:
+        super().__init__(num_classes, in_channels, image_size)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("simulated crash in the forward pass")
+        return super().forward(x)

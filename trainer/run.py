@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target, validate
+from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target, to_plain, validate
 from trainer.errors import UserError, exit_with, full_error_requested
 
 log = logging.getLogger("trainer")
@@ -54,7 +54,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     from trainer.env import fingerprint
     from trainer.resolve import Derived, resolve
-    from trainer.summary import write_json_atomic
+    from trainer.summary import write_json_atomic, write_text_atomic
 
     plan = resolve(spec)
     log.info("run folder %s", run_dir)
@@ -62,6 +62,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         log.info("  %s", line)
     environment = fingerprint()
     write_json_atomic(run_dir / "env.json", environment)
+    # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
+    write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(to_plain(cfg)))
 
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
     datamodule, info = _build_data(spec, plan)

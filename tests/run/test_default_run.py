@@ -46,6 +46,7 @@ def test_run_folder_holds_config_env_checkpoints_and_logs(default_run):
     run_dir = default_run.run_dir
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / ".hydra" / "overrides.yaml").is_file()
+    assert "batch_size: 64" in (run_dir / "config_resolved.yaml").read_text()
     env = json.loads((run_dir / "env.json").read_text())
     for package in ("torch", "torchvision", "lightning", "hydra-core"):
         assert env["versions"][package]

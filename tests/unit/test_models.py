@@ -1,0 +1,30 @@
+import torch
+import torchvision
+
+from trainer.models.layers import ConvBNAct, count_parameters
+from trainer.models.resnet import build_resnet
+from trainer.models.small_cnn import SmallCNN
+
+
+def test_small_cnn_is_conv_bn_relu_blocks_and_fits_any_small_input():
+    net = SmallCNN(num_classes=10, in_channels=1, widths=(8, 16))
+    blocks = [m for m in net.modules() if isinstance(m, ConvBNAct)]
+    assert len(blocks) == 4 and all(b.conv.bias is None for b in blocks)
+    for size in (8, 13, 32):
+        assert net(torch.zeros(2, 1, size, size)).shape == (2, 10)
+
+
+def test_resnet_for_small_images_keeps_resolution_in_the_stem():
+    net = build_resnet(num_classes=7, arch="resnet18", in_channels=1, image_size=(8, 8))
+    assert net.conv1.in_channels == 1 and net.conv1.stride == (1, 1)
+    assert isinstance(net.maxpool, torch.nn.Identity)
+    assert net(torch.zeros(2, 1, 8, 8)).shape == (2, 7)
+
+
+def test_resnet50_at_imagenet_size_is_torchvisions():
+    net = build_resnet(num_classes=1000, arch="resnet50", image_size=(224, 224))
+    reference = torchvision.models.resnet50(weights=None)
+    assert count_parameters(net) == count_parameters(reference) == 25_557_032
+    assert net.conv1.kernel_size == (7, 7)
+    # zero-init residual: the last BN of every bottleneck starts at zero
+    assert all(not block.bn3.weight.detach().any() for layer in (net.layer1, net.layer4) for block in layer)
