@@ -25,6 +25,7 @@ from trainer.schema import (
     Range,
     Schema,
     check_mapping,
+    check_value,
     schema_of_callable,
     schema_of_dataclass,
 )
@@ -33,13 +34,33 @@ UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 
 
 # --- optimizer ---------------------------------------------------------------------------------
+ScalingRule = Literal["sqrt", "linear", "none"]
+
+
 @dataclass
-class SGDConfig:
-    name: Literal["sgd"]
-    lr: Annotated[float, POSITIVE] = 0.1
+class _OptimizerCommon:
+    """What every optimizer choice shares: the batch-scaling rules and the parameter groups.
+
+    `lr` and `weight_decay` are given at `ref_batch_size`; the run moves them to its global batch
+    by `lr_scaling` and `wd_scaling` (see trainer/scaling.py).
+    """
+
+    lr: Annotated[float, POSITIVE] = 1e-3
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
+    ref_batch_size: Annotated[int, AT_LEAST_ONE] = 256
+    lr_scaling: ScalingRule = "sqrt"
+    wd_scaling: ScalingRule = "linear"
+    # Decay on norm weights and biases (1-D parameters) only pulls them toward zero for no gain
+    # (timm filter_bias_and_bn, torchvision --norm-weight-decay 0).
+    decay_norm_and_bias: bool = False
+    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+
+
+@dataclass
+class SGDConfig(_OptimizerCommon):
+    name: Literal["sgd"] = "sgd"
     momentum: UnitInterval = 0.9
     nesterov: bool = True
-    weight_decay: Annotated[float, NON_NEGATIVE] = 5e-5
 
     def check(self, prefix: str) -> None:
         if self.nesterov and self.momentum == 0:
@@ -47,12 +68,10 @@ class SGDConfig:
 
 
 @dataclass
-class AdamWConfig:
-    name: Literal["adamw"]
-    lr: Annotated[float, POSITIVE] = 1e-3
+class AdamWConfig(_OptimizerCommon):
+    name: Literal["adamw"] = "adamw"
     betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)
     eps: Annotated[float, POSITIVE] = 1e-8
-    weight_decay: Annotated[float, NON_NEGATIVE] = 0.05
 
 
 # --- scheduler ---------------------------------------------------------------------------------
@@ -86,9 +105,20 @@ class StepConfig:
 PrecisionName = Literal["auto", "fp32", "bf16_mixed", "fp16_mixed"]
 
 
+AutoBool = Union[bool, Literal["auto"]]
+
+
 @dataclass
 class PrecisionConfig:
+    """Numeric format and memory layout. GradScaler settings apply to fp16_mixed only."""
+
     name: PrecisionName
+    channels_last: AutoBool = "auto"
+    tf32: AutoBool = "auto"
+    scaler_init_scale: Annotated[float, POSITIVE] = 65536.0
+    scaler_growth_factor: Annotated[float, Range(gt=1)] = 2.0
+    scaler_backoff_factor: Annotated[float, Range(gt=0, lt=1)] = 0.5
+    scaler_growth_interval: Annotated[int, AT_LEAST_ONE] = 2000
 
 
 @dataclass
@@ -137,6 +167,8 @@ TRAINER_KEYS_OWNED_ELSEWHERE = {
     "enable_progress_bar": "the top-level key progress (progress=off)",
     "default_root_dir": "the Hydra run folder (hydra.run.dir=...)",
     "plugins": "the precision group",
+    "gradient_clip_val": "the clipping group (clipping=fixed_norm clipping.max_norm=1.0, ...)",
+    "gradient_clip_algorithm": "the clipping group (clipping=value, ...)",
 }
 
 
@@ -154,13 +186,16 @@ class RunSpec:
     checkpointing: CheckpointingConfig
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
+    clipping: dict[str, Any] = field(default_factory=dict)
+    activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "logger", "trainer")
+GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "logger",
+          "trainer")
 
 
 def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, str] | None = None) -> RunSpec:
@@ -193,7 +228,11 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     if "batch_size" not in data:
         raise UserError("data.batch_size", "missing", "a positive integer (per-device batch size)")
 
-    model = _target("model", plain["model"], skip=INJECTED_MODEL_ARGS)
+    model_values = dict(plain["model"])
+    stages = model_values.pop("activation_checkpointing", [])
+    check_value("model.activation_checkpointing", stages, list[str])
+    model = _target("model", model_values, skip=INJECTED_MODEL_ARGS)
+    clipping = _target("clipping", plain["clipping"], skip=())
     loggers = {}
     for name, spec in plain["logger"].items():
         if spec is None:
@@ -212,7 +251,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     trainer = {k: v for k, v in trainer.items() if k in plain["trainer"]}
 
     return RunSpec(run, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
-                   dict(group_choices or {}))
+                   clipping, list(stages), dict(group_choices or {}))
 
 
 INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size")

@@ -1,21 +1,63 @@
-"""The `optimizer` group: torch optimizers from `SGDConfig` / `AdamWConfig`."""
+"""The `optimizer` group: parameter groups, kernel choice and the torch optimizer."""
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from typing import Any, Union
 
 import torch
 from torch import nn
 
 from trainer.config import AdamWConfig, SGDConfig
 
+OptimizerConfig = Union[SGDConfig, AdamWConfig]
 
-def build_optimizer(params: Iterable[nn.Parameter] | Iterable[dict], cfg: Union[SGDConfig, AdamWConfig],
-                    lr: float | None = None, weight_decay: float | None = None) -> torch.optim.Optimizer:
-    """`lr` and `weight_decay`, when given, are the effective values the run resolved."""
-    lr = cfg.lr if lr is None else lr
-    weight_decay = cfg.weight_decay if weight_decay is None else weight_decay
+
+def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool) -> list[dict[str, Any]]:
+    """Two groups: weights that decay, and 1-D parameters (norm weights, biases) that do not."""
+    decay, no_decay = [], []
+    for _, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 and not decay_norm_and_bias else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def fused_supported(device_type: str) -> bool:
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        return device_type in _get_fused_kernels_supported_devices()
+    except ImportError:  # older or newer torch without the helper: only claim CUDA
+        return device_type == "cuda"
+
+
+def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -> tuple[str, str]:
+    """The optimizer kernel to use and why.
+
+    Fused kernels (one kernel for the whole update) where this torch has them for the device;
+    foreach (batched per-tensor ops) otherwise. With an fp16 GradScaler the default stays foreach:
+    a fused step takes over unscaling, so gradient clipping would see scaled gradients, and fused
+    SGD has been reported to advance momentum on steps the scaler skips.
+    """
+    if requested != "auto":
+        if requested == "fused" and not fused_supported(device_type):
+            return "foreach", f"fused -> foreach (no fused kernels for {device_type} in torch {torch.__version__})"
+        return requested, f"{requested} (as configured)"
+    if grad_scaler:
+        return "foreach", "auto -> foreach (fp16 GradScaler: fused steps unscale on their own; see trainer/optimizer.py)"
+    if fused_supported(device_type):
+        return "fused", f"auto -> fused (torch {torch.__version__} has fused kernels for {device_type})"
+    return "foreach", f"auto -> foreach (no fused kernels for {device_type})"
+
+
+def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,
+                    implementation: str = "foreach") -> torch.optim.Optimizer:
+    """`lr` and `weight_decay` are the effective values the run resolved (after batch scaling)."""
+    groups = parameter_groups(module, weight_decay, cfg.decay_norm_and_bias)
+    kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
     if isinstance(cfg, SGDConfig):
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=weight_decay)
-    return torch.optim.AdamW(params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=weight_decay)
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernel)
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernel)

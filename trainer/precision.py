@@ -31,3 +31,46 @@ def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
         raise UserError("precision", f"bf16_mixed is not supported on {torch.cuda.get_device_name()}",
                         "fp16_mixed, fp32, auto")
     return LIGHTNING_PRECISION[name], f"{name} -> {LIGHTNING_PRECISION[name]} (as configured)"
+
+
+def resolve_channels_last(setting: object, accelerator: str, net: torch.nn.Module) -> tuple[bool, str]:
+    """NHWC lets cuDNN use tensor-core convolution kernels without transposes (timm measured +47%
+    for ResNet-50 with AMP on an RTX 3090); on CPU and for models without convolutions it is no win."""
+    convolutional = any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
+    if setting == "auto":
+        if not convolutional:
+            return False, "auto -> false (no convolutions in the model)"
+        if accelerator != "cuda":
+            return False, f"auto -> false (a CUDA practice; accelerator {accelerator})"
+        return True, "auto -> true (convolutional model on CUDA)"
+    return bool(setting), f"{str(bool(setting)).lower()} (as configured)"
+
+
+def resolve_tf32(setting: object, accelerator: str, deterministic: bool) -> tuple[bool, str]:
+    """TF32 matmuls/convolutions and cuDNN autotuning: fast, but not bit-reproducible."""
+    if setting == "auto":
+        if accelerator != "cuda":
+            return False, f"auto -> off (CUDA only; accelerator {accelerator})"
+        if deterministic:
+            return False, "auto -> off (trainer.deterministic=true)"
+        return True, "auto -> on (matmul precision high, cuDNN benchmark)"
+    return bool(setting), f"{'on' if setting else 'off'} (as configured)"
+
+
+def apply_tf32(enabled: bool, accelerator: str) -> None:
+    if accelerator != "cuda":
+        return
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+def lightning_precision(precision: str, accelerator: str, cfg: object) -> dict[str, object]:
+    """Trainer keyword arguments: a precision string, or for fp16 a plugin carrying our GradScaler."""
+    if precision != "16-mixed" or accelerator != "cuda":
+        return {"precision": precision}
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scaler = torch.amp.GradScaler(
+        "cuda", init_scale=cfg.scaler_init_scale, growth_factor=cfg.scaler_growth_factor,  # type: ignore[attr-defined]
+        backoff_factor=cfg.scaler_backoff_factor, growth_interval=cfg.scaler_growth_interval)  # type: ignore[attr-defined]
+    return {"plugins": [MixedPrecision("16-mixed", "cuda", scaler=scaler)]}

@@ -13,7 +13,9 @@ import torch
 from trainer.config import RunSpec, locate_target
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.errors import UserError
-from trainer.precision import resolve_precision
+from trainer.optimizer import choose_implementation
+from trainer.precision import resolve_precision, resolve_tf32
+from trainer.scaling import scale
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Plan:
     lr: float
     weight_decay: float
     derived: dict[str, Derived] = field(default_factory=dict)
+    optimizer_implementation: str = "foreach"
+    tf32: bool = False
 
     def lines(self) -> list[str]:
         width = max(len(k) for k in self.derived)
@@ -67,7 +71,8 @@ def count_devices(devices: Any, accelerator: str) -> int:
     return int(devices)
 
 
-def resolve(spec: RunSpec) -> Plan:
+def resolve(spec: RunSpec, sample_bytes: int = 0) -> Plan:
+    """`sample_bytes`: one sample as the loader ships it (bounds the prefetch depth)."""
     derived: dict[str, Derived] = {}
     accelerator, how = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))
     derived["trainer.accelerator"] = Derived(accelerator, how)
@@ -89,11 +94,24 @@ def resolve(spec: RunSpec) -> Plan:
     loader = resolve_loader(
         spec.data.get("num_workers", "auto"), spec.data.get("pin_memory", "auto"),
         spec.data.get("persistent_workers", "auto"), spec.data.get("prefetch_factor", "auto"),
-        in_memory=bool(getattr(data_cls, "in_memory", False)), cuda=accelerator == "cuda")
+        in_memory=bool(getattr(data_cls, "in_memory", False)), cuda=accelerator == "cuda",
+        batch_bytes=sample_bytes * batch or None)
     for key, reason in loader.reasons.items():
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
 
-    lr, wd = spec.optimizer.lr, spec.optimizer.weight_decay
-    derived["optimizer.lr"] = Derived(lr, f"as configured, at global batch {global_batch}")
-    derived["optimizer.weight_decay"] = Derived(wd, f"as configured, at global batch {global_batch}")
-    return Plan(accelerator, devices, precision, loader, global_batch, lr, wd, derived)
+    opt = spec.optimizer
+    lr = scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
+    wd = scale("weight_decay", opt.weight_decay, opt.wd_scaling, global_batch, opt.ref_batch_size)
+    derived["optimizer.lr"] = Derived(round(lr.value, 10), lr.how)
+    derived["optimizer.weight_decay"] = Derived(round(wd.value, 10), wd.how)
+    derived["optimizer.decay_norm_and_bias"] = Derived(
+        opt.decay_norm_and_bias, "weight decay on every parameter" if opt.decay_norm_and_bias
+        else "no weight decay on 1-D parameters (norm weights, biases)")
+    implementation, how = choose_implementation(opt.implementation, accelerator, grad_scaler=precision == "16-mixed")
+    derived["optimizer.implementation"] = Derived(implementation, how)
+
+    deterministic = bool(spec.trainer.get("deterministic", False))
+    tf32, how = resolve_tf32(spec.precision.tf32, accelerator, deterministic)
+    derived["precision.tf32"] = Derived(tf32, how)
+    return Plan(accelerator, devices, precision, loader, global_batch, lr.value, wd.value, derived,
+                implementation, tf32)

@@ -48,15 +48,38 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     spec = validate(cfg, group_choices)
 
     import lightning as L
-
-    _route_library_logs()
     import torch
 
     from trainer.env import fingerprint
     from trainer.resolve import Derived, resolve
     from trainer.summary import write_json_atomic, write_text_atomic
 
-    plan = resolve(spec)
+    _route_library_logs()
+    L.seed_everything(spec.run.seed, workers=True, verbose=False)
+    datamodule, info = _build_data(spec)
+    plan = resolve(spec, info.sample_bytes)
+    datamodule.loader = plan.loader
+    net = _build_model(spec, info)
+
+    from trainer.compile import apply_compile
+    from trainer.models.layers import count_parameters
+    from trainer.precision import apply_tf32, resolve_channels_last
+    from trainer.task import ClassificationTask
+
+    n_params = count_parameters(net)
+    if spec.activation_checkpointing:
+        from trainer.models.activation_checkpointing import apply_activation_checkpointing
+
+        stages = apply_activation_checkpointing(net, spec.activation_checkpointing)
+        plan.derived["model.activation_checkpointing"] = Derived(
+            ",".join(stages), "recomputed in backward (non-reentrant), BatchNorm statistics counted once")
+    alignment = _alignment(net, spec, plan)
+    channels_last, how = resolve_channels_last(spec.precision.channels_last, plan.accelerator, net)
+    plan.derived["precision.channels_last"] = Derived(channels_last, how)
+    apply_tf32(plan.tf32, plan.accelerator)
+    compiled = apply_compile(net, spec.compile)
+    plan.derived["compile"] = Derived(spec.compile.mode, compiled)
+
     log.info("run folder %s", run_dir)
     for line in plan.lines():
         log.info("  %s", line)
@@ -65,19 +88,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
     write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(to_plain(cfg)))
 
-    L.seed_everything(spec.run.seed, workers=True, verbose=False)
-    datamodule, info = _build_data(spec, plan)
-    net = _build_model(spec, info)
-
-    from trainer.compile import apply_compile
-    from trainer.models.layers import count_parameters
-    from trainer.task import ClassificationTask
-
-    n_params = count_parameters(net)
-    compiled = apply_compile(net, spec.compile)
-    plan.derived["compile"] = Derived(spec.compile.mode, compiled)
-    task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay)
-    trainer, meter, checkpoint = _build_trainer(spec, plan, run_dir)
+    task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
+                              optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
+    trainer, meter, checkpoint, clipping = _build_trainer(spec, plan, run_dir)
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -95,7 +108,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         },
         "data": {"target": spec.data["_target_"], "num_classes": info.num_classes, "in_channels": info.in_channels,
                  "image_size": list(info.image_size), "sizes": info.sizes, "notes": info.notes},
-        "model": {"target": spec.model["_target_"], "parameters": n_params},
+        "model": {"target": spec.model["_target_"], "parameters": n_params,
+                  "activation_checkpointing": spec.activation_checkpointing, "alignment": alignment},
         "device": {"accelerator": plan.accelerator, "devices": plan.devices,
                    "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
     }
@@ -126,6 +140,11 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     from trainer.summary import peak_memory, split_metrics
 
     metrics = split_metrics(fit_metrics)
+    optimizer = trainer.optimizers[0] if trainer.optimizers else None
+    param_groups = [{"lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
+                     "tensors": len(g["params"]), "elements": sum(p.numel() for p in g["params"]),
+                     "fused": bool(g.get("fused")), "foreach": bool(g.get("foreach"))}
+                    for g in (optimizer.param_groups if optimizer else [])]
     metrics.update(split_metrics(test_results[0] if test_results else {}))
     summary.update(
         status="completed",
@@ -134,7 +153,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                         f"{spec.checkpointing.monitor}={float(checkpoint.best_model_score):.4f})" if use_best
                         else "weights at the end of training"),
         best_checkpoint=checkpoint.best_model_path if use_best else None,
+        optimizer_param_groups=param_groups,
         throughput=meter.summary(),
+        clipping=clipping.summary(),
         peak_memory=peak_memory(task.device if plan.accelerator != "cpu" else torch.device("cpu")),
         steps=trainer.global_step,
         epochs=trainer.current_epoch,
@@ -169,15 +190,11 @@ def _route_library_logs() -> None:
             handler.addFilter(_DropAdverts())
 
 
-def _build_data(spec: RunSpec, plan: Any) -> tuple[Any, Any]:
+def _build_data(spec: RunSpec) -> tuple[Any, Any]:
     from hydra.utils import instantiate
 
     data_cfg = dict(spec.data)
-    data_cfg.update(num_workers=plan.loader.num_workers, pin_memory=plan.loader.pin_memory,
-                    persistent_workers=plan.loader.persistent_workers,
-                    prefetch_factor=plan.loader.prefetch_factor if plan.loader.num_workers else "auto")
     datamodule = _construct("data", lambda: instantiate(data_cfg, _convert_="all"))
-    datamodule.loader = plan.loader
     info = datamodule.inspect()
     train_size = info.sizes.get("train", 0)
     if train_size < datamodule.batch_size:
@@ -234,8 +251,11 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, A
     from trainer.checkpoint import build_checkpointing
     from trainer.logger import build_loggers
 
+    from hydra.utils import instantiate
+
     meter = ThroughputMeter()
-    callbacks: list[Any] = [meter]
+    clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
+    callbacks: list[Any] = [clipping, meter]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     if checkpoint is not None:
         callbacks.append(checkpoint)
@@ -249,8 +269,13 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, A
     elif progress == "plain":
         callbacks.append(PlainProgress(every_s=spec.run.progress_every_s))
     loggers = build_loggers(spec.loggers, run_dir)
+    from trainer.precision import lightning_precision
+
     trainer_kwargs = dict(spec.trainer)
-    trainer_kwargs.update(accelerator=plan.accelerator, precision=plan.precision)
+    trainer_kwargs.update(accelerator=plan.accelerator, **lightning_precision(plan.precision, plan.accelerator,
+                                                                               spec.precision))
+    if plan.tf32 and trainer_kwargs.get("benchmark") is None:
+        trainer_kwargs["benchmark"] = True  # cuDNN autotuning goes with TF32 (both off when deterministic)
     trainer = L.Trainer(
         **trainer_kwargs,
         logger=loggers if loggers else False,
@@ -259,7 +284,22 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, A
         enable_progress_bar=progress == "rich",
         default_root_dir=str(run_dir),
     )
-    return trainer, meter, checkpoint
+    return trainer, meter, checkpoint, clipping
+
+
+def _alignment(net: Any, spec: RunSpec, plan: Any) -> list[str]:
+    """Layer widths and batch sizes that are not multiples of 8 waste tensor-core tiles: warned on
+    CUDA, recorded everywhere."""
+    from trainer.alignment import alignment_report, format_report, report_applies
+
+    items = alignment_report(net, int(spec.data["batch_size"]))
+    lines = format_report(items, limit=len(items) or 1)
+    fixable = [item for item in items if not item.fixed_by_data]
+    if report_applies(plan.accelerator) and fixable:
+        log.warning("dimensions not multiples of 8 (tensor cores run them padded):")
+        for line in format_report(fixable, limit=10):
+            log.warning("  %s", line)
+    return lines
 
 
 def _report(summary: dict[str, Any]) -> None:

@@ -24,15 +24,17 @@ class ClassificationTask(L.LightningModule):
         scheduler: SchedulerConfig,
         lr: float,
         weight_decay: float,
+        optimizer_implementation: str = "foreach",
         channels_last: bool = False,
     ) -> None:
         super().__init__()
-        self.net = net
+        self.net = net.to(memory_format=torch.channels_last) if channels_last else net
         self.optimizer_cfg = optimizer
         self.scheduler_cfg = scheduler
         self.lr = lr
         self.weight_decay = weight_decay
         self.channels_last = channels_last
+        self.optimizer_implementation = optimizer_implementation
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
         self.save_hyperparameters({"num_classes": num_classes, "lr": lr, "weight_decay": weight_decay,
                                    "optimizer": optimizer.name, "scheduler": scheduler.name})
@@ -74,7 +76,8 @@ class ClassificationTask(L.LightningModule):
         self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
 
     def configure_optimizers(self) -> Any:
-        optimizer = build_optimizer(self.net.parameters(), self.optimizer_cfg, self.lr, self.weight_decay)
+        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.lr, self.weight_decay,
+                                    self.optimizer_implementation)
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer

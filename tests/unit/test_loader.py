@@ -22,3 +22,15 @@ def test_pinning_only_with_cuda_and_persistence_only_with_workers():
     forced = resolve_loader(0, True, True, 4, in_memory=False, cuda=False, cpus=4)
     assert forced.pin_memory and not forced.persistent_workers and forced.prefetch_factor is None
     assert "needs workers > 0" in forced.reasons["persistent_workers"]
+
+
+def test_prefetch_is_bounded_by_available_memory():
+    mib = 2**20
+    plenty = resolve_loader(4, "auto", "auto", "auto", in_memory=False, cuda=True, cpus=8,
+                            batch_bytes=10 * mib, available_bytes=64 * 2**30)
+    assert plenty.prefetch_factor == 2
+    # 4 workers x 1 batch of 100 MiB already uses the whole 10% of 4 GiB: one batch each, not two.
+    tight = resolve_loader(4, "auto", "auto", "auto", in_memory=False, cuda=True, cpus=8,
+                           batch_bytes=100 * mib, available_bytes=4 * 2**30)
+    assert tight.prefetch_factor == 1
+    assert "budget 10% of 4.0 GiB" in tight.reasons["prefetch_factor"]

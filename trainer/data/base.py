@@ -25,6 +25,8 @@ class DataInfo:
     sizes: dict[str, int]
     notes: list[str] = field(default_factory=list)
     class_names: Optional[list[str]] = None
+    #: Bytes of one sample as the loader ships it (uint8 images: 1 per pixel and channel).
+    sample_bytes: int = 0
 
 
 class ImageClassificationData(L.LightningDataModule):

@@ -108,7 +108,7 @@ class CIFAR10DataModule(ImageClassificationData):
         train_n, test_n = len(self._arrays["train"][1]), len(self._arrays["test"][1])
         val_n = int(round(train_n * self.val_fraction))
         return DataInfo(10, 3, (32, 32), {"train": train_n - val_n, "val": val_n, "test": test_n},
-                        class_names=CLASSES)
+                        class_names=CLASSES, sample_bytes=3 * 32 * 32)
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:

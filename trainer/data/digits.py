@@ -66,7 +66,7 @@ class DigitsDataModule(ImageClassificationData):
                             "fractions summing to less than 0.9")
         sizes = {k: len(v) for k, v in stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed).items()}
         return DataInfo(num_classes=10, in_channels=1, image_size=(8, 8), sizes=sizes,
-                        class_names=[str(d) for d in range(10)])
+                        class_names=[str(d) for d in range(10)], sample_bytes=8 * 8 * 4)
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:

@@ -45,12 +45,16 @@ def resolve_loader(
     in_memory: bool,
     cuda: bool,
     cpus: int | None = None,
+    batch_bytes: int | None = None,
+    available_bytes: int | None = None,
+    memory_fraction: float = 0.1,
 ) -> LoaderSettings:
     """Turn ``auto`` into concrete values.
 
     Workers: none for data already in memory (they would only add inter-process copies); else one
     per usable CPU minus one for the training process, at most 8 (past that the gains are rarely
-    worth the memory, and too many workers hurt).
+    worth the memory, and too many workers hurt). Prefetch: PyTorch's 2 batches per worker, fewer
+    when the batches in flight would take more than `memory_fraction` of the available memory.
     """
     cpus = cpus or usable_cpus()
     reasons: dict[str, str] = {}
@@ -81,9 +85,39 @@ def resolve_loader(
         prefetch = None
         reasons["prefetch_factor"] = "none (no workers)"
     elif prefetch_factor == "auto" or prefetch_factor is None:
-        prefetch = 2
-        reasons["prefetch_factor"] = "auto -> 2 batches per worker (PyTorch's default)"
+        prefetch, reasons["prefetch_factor"] = _bounded_prefetch(workers, batch_bytes, available_bytes, memory_fraction)
     else:
         prefetch = int(prefetch_factor)
         reasons["prefetch_factor"] = f"{prefetch} (as configured)"
     return LoaderSettings(workers, pin, persistent, prefetch, reasons)
+
+
+PREFETCH_TARGET = 2  # PyTorch's default: enough to hide jitter in per-batch loading time
+
+
+def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: int | None,
+                      memory_fraction: float) -> tuple[int, str]:
+    """Batches in flight (workers x prefetch) must fit in `memory_fraction` of available memory."""
+    available_bytes = available_bytes if available_bytes is not None else available_memory()
+    if not batch_bytes or not available_bytes:
+        return PREFETCH_TARGET, f"auto -> {PREFETCH_TARGET} batches per worker (batch size in bytes unknown)"
+    budget = int(available_bytes * memory_fraction)
+    fits = budget // (workers * batch_bytes)
+    prefetch = max(1, min(PREFETCH_TARGET, fits))
+    return prefetch, (f"auto -> {prefetch} batches per worker ({workers} x {prefetch} x {batch_bytes / 2**20:.1f} MiB "
+                      f"in flight, budget {memory_fraction:.0%} of {available_bytes / 2**30:.1f} GiB available)")
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else free physical pages; None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

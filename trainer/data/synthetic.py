@@ -65,7 +65,7 @@ class SyntheticDataModule(ImageClassificationData):
         sizes = {"train": (self.samples["train"] // self.batch_size) * self.batch_size,
                  "val": self.samples["val"], "test": self.samples["test"]}
         return DataInfo(self.num_classes, self.shape[0], (self.shape[1], self.shape[2]), sizes,
-                        notes=["synthetic: generated on the device, no input pipeline cost"])
+                        notes=["synthetic: generated on the device, no input pipeline cost"], sample_bytes=0)
 
     def setup(self, stage: Optional[str] = None) -> None:
         # Whole batches only: the loader's batch size is 1 batch number.

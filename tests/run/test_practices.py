@@ -1,0 +1,67 @@
+"""The best practices, applied in real runs and checked by number."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import train
+
+pytestmark = pytest.mark.run
+
+SHORT = ["progress=plain", "trainer.max_epochs=2"]
+
+
+def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
+    result = train(["data.batch_size=32", "trainer.accumulate_grad_batches=4", "scheduler=constant",
+                    "checkpointing=off", *SHORT], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["hyperparameters"]["global_batch_size"] == 128
+    decay, no_decay = summary["optimizer_param_groups"]
+    # adamw: lr 0.004 and wd 0.2 given at batch 256; sqrt and linear rules to batch 128.
+    assert decay["lr"] == pytest.approx(0.004 * math.sqrt(128 / 256))
+    assert decay["weight_decay"] == pytest.approx(0.2 * 128 / 256)
+    assert no_decay["lr"] == decay["lr"] and no_decay["weight_decay"] == 0.0
+    assert no_decay["tensors"] == 13  # 6 BatchNorm weights + 6 biases + the classifier bias
+    assert "sqrt rule" in summary["derived"]["optimizer.lr"]["how"]
+
+
+def test_linear_rule_and_sgd(tmp_path):
+    result = train(["optimizer=sgd", "optimizer.lr_scaling=linear", "optimizer.wd_scaling=sqrt", "scheduler=constant",
+                    "checkpointing=off", *SHORT], tmp_path / "run")
+    assert result.returncode == 0, result
+    decay = result.summary["optimizer_param_groups"][0]
+    assert decay["lr"] == pytest.approx(0.1 * 64 / 256)
+    assert decay["weight_decay"] == pytest.approx(5e-5 * math.sqrt(64 / 256))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16_mixed", "fp16_mixed"])
+def test_batchnorm_statistics_stay_fp32(tmp_path, precision):
+    result = train([f"precision={precision}", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
+                    "progress=plain"], tmp_path / "run")
+    assert result.returncode == 0, result
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    stats = {k: v for k, v in state.items() if k.endswith(("running_mean", "running_var"))}
+    assert len(stats) == 12
+    assert all(v.dtype == torch.float32 for v in stats.values())
+    assert all(bool(v.abs().sum() > 0) for k, v in stats.items() if k.endswith("running_mean"))
+    expected = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "fp16_mixed": "32-true"}[precision]
+    assert result.summary["hyperparameters"]["precision"] == expected
+
+
+def test_percentile_clipping_calibrates_on_the_logged_norms(tmp_path):
+    result = train(["clipping.calibration_steps=20", "trainer.log_every_n_steps=1", "checkpointing=off",
+                    "trainer.max_epochs=3"], tmp_path / "run")
+    assert result.returncode == 0, result
+    rows = [r for r in csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()) if r.get("clip/grad_norm")]
+    norms = [float(r["clip/grad_norm"]) for r in sorted(rows, key=lambda r: int(r["step"]))]
+    assert len(norms) == 3 * 19
+    clipping = result.summary["clipping"]
+    assert clipping["calibrated_threshold"] == pytest.approx(np.percentile(norms[:20], 95), rel=1e-5)
+    assert clipping["steps_observed"] == 57
+    # After calibration, exactly the steps whose pre-clip norm was above the threshold were clipped.
+    above = sum(n > clipping["threshold"] for n in norms[20:])
+    assert clipping["steps_clipped"] == above

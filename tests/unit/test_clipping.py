@@ -1,0 +1,341 @@
+"""Percentile gradient clipping: the threshold is numpy's percentile, clipped updates stay under it,
+AMP gradients are seen unscaled, and a real Lightning run clips in the right place."""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer.callbacks.clipping import GradientClipping, global_grad_norm, percentile_threshold
+
+
+def params_with_norms(norms: list[float], seed: int = 0, shape: tuple[int, ...] = (5,)) -> list[torch.Tensor]:
+    """One float64 parameter per step whose gradient has exactly the prescribed norm (to rounding)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n in norms:
+        p = torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+        direction = torch.randn(shape, generator=gen, dtype=torch.float64)
+        p.grad = direction / direction.norm() * n
+        out.append(p)
+    return out
+
+
+def random_grads(gen: torch.Generator, scale: float) -> list[torch.Tensor]:
+    params = [torch.zeros(s, requires_grad=True) for s in [(3, 4), (4,), (7,)]]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen) * scale
+    return params
+
+
+def test_percentile_threshold_is_numpys_linear_percentile():
+    norms = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    for q in (50.0, 90.0, 95.0, 100.0):
+        assert percentile_threshold(norms, q) == np.percentile(norms, q)
+    with pytest.raises(ValueError):
+        percentile_threshold([], 95.0)
+
+
+def test_global_grad_norm_matches_clip_grad_norm_and_skips_missing_grads():
+    gen = torch.Generator().manual_seed(1)
+    params = random_grads(gen, 2.0) + [torch.zeros(3, requires_grad=True)]  # the last has no grad
+    expected = torch.nn.utils.clip_grad_norm_(copy.deepcopy(params), float("inf"))
+    assert global_grad_norm(params).item() == pytest.approx(expected.item(), rel=1e-6)
+    assert global_grad_norm([torch.zeros(2, requires_grad=True)]).item() == 0.0
+
+
+def test_calibration_records_without_clipping_then_threshold_is_the_95th_percentile():
+    rng = np.random.default_rng(0)
+    norms = list(rng.lognormal(0.0, 1.0, size=20))
+    norms[7] = 100.0  # an outlier during calibration must still pass untouched
+    cb = GradientClipping(calibration_steps=20)
+    for i, p in enumerate(params_with_norms(norms)):
+        before = p.grad.clone()
+        norm, threshold, clipped = cb.observe_and_clip([p])
+        assert norm == pytest.approx(norms[i], rel=1e-12)
+        assert not clipped and torch.equal(p.grad, before)
+        assert threshold is None if i < 19 else threshold is not None
+    assert cb.calibration_norms == pytest.approx(norms, rel=1e-12)
+    assert cb.threshold == np.percentile(cb.calibration_norms, 95)
+    assert cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
+    assert cb.calibrated_threshold == cb.threshold
+    assert cb.steps_clipped == 0 and cb.summary()["steps_observed"] == 20
+
+
+def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_untouched():
+    gen = torch.Generator().manual_seed(2)
+    cb = GradientClipping(calibration_steps=30)
+    for _ in range(30):
+        cb.observe_and_clip(random_grads(gen, float(torch.rand(1, generator=gen)) * 3))
+    threshold = cb.threshold
+    clipped_steps = 0
+    for _ in range(200):
+        params = random_grads(gen, float(torch.rand(1, generator=gen)) * 6)
+        before = [p.grad.clone() for p in params]
+        norm, thr, clipped = cb.observe_and_clip(params)
+        assert thr == threshold  # no rolling window: frozen after calibration
+        after = global_grad_norm(params).item()
+        assert after <= threshold * (1 + 1e-6)
+        if norm <= threshold:
+            assert not clipped and all(torch.equal(p.grad, b) for p, b in zip(params, before))
+        else:
+            clipped_steps += 1
+            assert clipped and after == pytest.approx(threshold, rel=1e-5)
+            coef = params[0].grad.flatten()[0] / before[0].flatten()[0]  # same direction, one factor
+            assert all(torch.allclose(p.grad, b * coef) for p, b in zip(params, before))
+    assert 0 < clipped_steps < 200 and cb.steps_clipped == clipped_steps
+
+
+def test_rolling_window_follows_the_last_pre_clip_norms():
+    rng = np.random.default_rng(3)
+    norms = list(rng.lognormal(0.0, 0.7, size=40) * np.linspace(1, 5, 40))  # drifting upwards
+    cb = GradientClipping(calibration_steps=5, rolling_window=8)
+    seen: list[float] = []
+    for i, p in enumerate(params_with_norms(norms, seed=3)):
+        norm, threshold, clipped = cb.observe_and_clip([p])
+        seen.append(norm)
+        if i < 4:
+            assert threshold is None
+        elif i == 4:
+            assert threshold == np.percentile(seen, 95) == cb.calibrated_threshold
+        else:
+            # the window holds the current pre-clip norm too, and nothing older than 8 steps
+            assert threshold == np.percentile(seen[-8:], 95)
+            assert list(cb.window) == seen[-8:]
+            assert clipped == (norm > threshold)
+    assert cb.threshold > cb.calibrated_threshold  # it followed the drift
+    assert cb.calibration_norms == seen[:5]
+
+
+def test_nonfinite_norms_are_counted_but_never_recorded_or_clipped():
+    cb = GradientClipping(calibration_steps=3, rolling_window=4)
+    for p in params_with_norms([1.0, 2.0, 3.0, 4.0]):
+        cb.observe_and_clip([p])
+    window, threshold = list(cb.window), cb.threshold
+    for bad in (float("inf"), float("nan")):
+        p = torch.zeros(3, requires_grad=True)
+        p.grad = torch.tensor([1.0, bad, 1.0])
+        before = p.grad.clone()
+        norm, thr, clipped = cb.observe_and_clip([p])
+        assert not math.isfinite(norm) and not clipped
+        assert torch.equal(p.grad, before) or (bad != bad and torch.equal(p.grad.isnan(), before.isnan()))
+    assert cb.nonfinite_steps == 2 and cb.steps_seen == 6
+    assert list(cb.window) == window and cb.threshold == threshold
+
+
+def fp16_pair() -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(4)
+    return nn.Linear(8, 3), torch.randn(16, 8), torch.randn(16, 3)
+
+
+def test_gradscaler_gradients_are_observed_unscaled_after_unscale_():
+    model, x, y = fp16_pair()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    nn.functional.mse_loss(model(x), y).backward()
+    reference = global_grad_norm(model.parameters()).item()
+
+    opt.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+    # Without unscaling the callback would record a norm off by the loss scale: the check can fail.
+    assert global_grad_norm(model.parameters()).item() == pytest.approx(reference * 2 ** 10, rel=1e-5)
+    scaler.unscale_(opt)
+    norm, _, _ = GradientClipping(calibration_steps=5).observe_and_clip(model.parameters())
+    assert norm == pytest.approx(reference, rel=1e-5)
+
+
+class TinyModule(L.LightningModule):
+    def __init__(self, optimizer: str = "sgd") -> None:
+        super().__init__()
+        self.net = nn.Linear(8, 1)
+        self.optimizer = optimizer
+        self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.last_batch = batch
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, fused=self.optimizer == "fused")
+
+    def train_dataloader(self) -> DataLoader:
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(64, 8, generator=gen)
+        # Inputs grow along the (unshuffled) epoch, so later steps have larger norms and get clipped.
+        x = x * torch.linspace(1.0, 4.0, 64).unsqueeze(1)
+        y = x.sum(dim=1, keepdim=True) + torch.randn(64, 1, generator=gen)
+        return DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False)
+
+
+class NormRecorder(Callback):
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.norms.append(global_grad_norm(pl_module.parameters()).item())
+
+
+def tiny_trainer(callbacks: list[Callback], **kwargs) -> L.Trainer:
+    kwargs.setdefault("max_steps", 30)
+    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=callbacks, **kwargs)
+
+
+@pytest.mark.run
+def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
+    torch.manual_seed(6)
+    before, clip, after = NormRecorder(), GradientClipping(calibration_steps=10), NormRecorder()
+    trainer = tiny_trainer([before, clip, after])  # Lightning keeps this order for the hook
+    trainer.fit(TinyModule())
+
+    summary = clip.summary()
+    assert summary["steps_observed"] == 30 and len(before.norms) == 30
+    assert clip.calibration_norms == pytest.approx(before.norms[:10], rel=1e-6)
+    assert clip.threshold == np.percentile(clip.calibration_norms, 95) == summary["calibrated_threshold"]
+    assert after.norms[:10] == before.norms[:10]  # calibration never clips
+    for pre, post in zip(before.norms[10:], after.norms[10:]):
+        assert post <= clip.threshold * (1 + 1e-6)
+        assert post == pytest.approx(min(pre, clip.threshold), rel=1e-5)
+    assert summary["steps_clipped"] == sum(n > clip.threshold for n in before.norms[10:]) > 0
+    for key in ("clip/grad_norm", "clip/threshold", "clip/clipped"):
+        assert key in trainer.callback_metrics
+
+
+class ReferenceNorm(Callback):
+    """Next to the hook's gradient norm, the fp32 gradient norm of the same batch without any scaler."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[float, float]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        seen = global_grad_norm(pl_module.parameters()).item()
+        x, y = pl_module.last_batch
+        grads = torch.autograd.grad(nn.functional.mse_loss(pl_module.net(x), y), list(pl_module.parameters()))
+        reference = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+        self.pairs.append((seen, reference))
+
+
+@pytest.mark.run
+def test_lightning_fp16_amp_unscales_before_the_hook():
+    torch.manual_seed(6)
+    reference, clip = ReferenceNorm(), GradientClipping(calibration_steps=10)
+    trainer = tiny_trainer([reference, clip], plugins=[MixedPrecision("16-mixed", "cpu")])
+    trainer.fit(TinyModule())
+    assert trainer.precision_plugin.scaler is not None and trainer.precision_plugin.scaler.get_scale() > 1
+    finite = [(s, r) for s, r in reference.pairs if math.isfinite(s)]
+    assert len(finite) >= 20
+    # The first steps overflow while the scaler backs off from 65536: counted, never recorded.
+    assert clip.nonfinite_steps == len(reference.pairs) - len(finite) > 0
+    # fp16 autocast differs from fp32 a little; a missing unscale would be off by the loss scale (>= 512).
+    for seen, ref in finite:
+        assert seen == pytest.approx(ref, rel=0.05)
+    assert clip.calibration_norms == [s for s, _ in finite][:10]
+
+
+@pytest.mark.run
+def test_fused_optimizer_under_fp16_is_refused_at_fit_start():
+    trainer = tiny_trainer([GradientClipping()], plugins=[MixedPrecision("16-mixed", "cpu")])
+    with pytest.raises(RuntimeError, match="fused"):
+        trainer.fit(TinyModule(optimizer="fused"))
+    # mode off does not care
+    tiny_trainer([GradientClipping(mode="off")], plugins=[MixedPrecision("16-mixed", "cpu")],
+                 max_steps=2).fit(TinyModule(optimizer="fused"))
+
+
+@pytest.mark.run
+def test_trainer_gradient_clip_val_together_with_the_callback_is_refused():
+    trainer = tiny_trainer([GradientClipping(mode="fixed_norm", max_norm=1.0)], gradient_clip_val=1.0)
+    with pytest.raises(RuntimeError, match="gradient_clip_val"):
+        trainer.fit(TinyModule())
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"mode": "autoclip"},
+    {"percentile": 0},
+    {"percentile": 101},
+    {"percentile": True},
+    {"calibration_steps": 0},
+    {"calibration_steps": 2.5},
+    {"rolling_window": 0},
+    {"mode": "fixed_norm"},
+    {"mode": "fixed_norm", "max_norm": -1.0},
+    {"mode": "fixed_norm", "max_norm": float("inf")},
+    {"mode": "value"},
+    {"mode": "value", "clip_value": 0.0},
+    {"max_norm": 1.0},
+    {"clip_value": 1.0},
+    {"mode": "fixed_norm", "max_norm": 1.0, "rolling_window": 5},
+    {"log": "yes"},
+])
+def test_invalid_arguments_raise_value_error(kwargs):
+    with pytest.raises(ValueError):
+        GradientClipping(**kwargs)
+
+
+def test_fixed_norm_and_value_modes_match_torch():
+    gen = torch.Generator().manual_seed(7)
+    by_norm = GradientClipping(mode="fixed_norm", max_norm=1.5)
+    by_value = GradientClipping(mode="value", clip_value=0.4)
+    for scale in (0.1, 0.5, 1.0, 3.0):
+        params = random_grads(gen, scale)
+        mine, theirs = copy.deepcopy(params), copy.deepcopy(params)
+        _, threshold, clipped = by_norm.observe_and_clip(mine)
+        total = torch.nn.utils.clip_grad_norm_(theirs, 1.5)
+        assert threshold == 1.5 and clipped == (total.item() > 1.5)
+        assert all(torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0) for a, b in zip(mine, theirs))
+
+        mine, theirs = copy.deepcopy(params), copy.deepcopy(params)
+        _, _, clipped = by_value.observe_and_clip(mine)
+        torch.nn.utils.clip_grad_value_(theirs, 0.4)
+        assert clipped == any(p.grad.abs().max().item() > 0.4 for p in params)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine, theirs))
+
+
+def test_mode_off_never_changes_gradients():
+    gen = torch.Generator().manual_seed(8)
+    cb = GradientClipping(mode="off")
+    for scale in (1e-3, 1.0, 1e6):
+        params = random_grads(gen, scale)
+        before = [p.grad.clone() for p in params]
+        _, threshold, clipped = cb.observe_and_clip(params)
+        assert threshold is None and not clipped
+        assert all(torch.equal(p.grad, b) for p, b in zip(params, before))
+
+
+def test_state_dict_round_trip_continues_identically():
+    rng = np.random.default_rng(9)
+    norms = list(rng.lognormal(0.0, 1.0, size=40))
+    original = GradientClipping(calibration_steps=10, rolling_window=12)
+    first, rest = params_with_norms(norms[:15], seed=9), params_with_norms(norms[15:], seed=10)
+    for p in first:
+        original.observe_and_clip([p])
+
+    # Through torch.save/load with weights_only, as a Lightning checkpoint would carry it.
+    buffer = io.BytesIO()
+    torch.save(original.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = GradientClipping(calibration_steps=10, rolling_window=12)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert resumed.summary() == original.summary()
+
+    for p in rest:
+        twin = p.detach().clone().requires_grad_(True)
+        twin.grad = p.grad.clone()
+        assert original.observe_and_clip([p]) == resumed.observe_and_clip([twin])
+        assert torch.equal(p.grad, twin.grad)
+    assert resumed.summary() == original.summary()
+    assert list(resumed.window) == list(original.window)
+
+    with pytest.raises(ValueError, match="settings"):
+        GradientClipping(calibration_steps=10, rolling_window=6).load_state_dict(original.state_dict())

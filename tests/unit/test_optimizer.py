@@ -1,0 +1,65 @@
+import pytest
+import torch
+from torch import nn
+
+from trainer.config import AdamWConfig, SGDConfig
+from trainer.optimizer import build_optimizer, choose_implementation, parameter_groups
+
+
+def _net():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+
+
+def test_no_decay_on_norm_weights_and_biases_by_default():
+    groups = parameter_groups(_net(), 0.1, decay_norm_and_bias=False)
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert all(p.ndim > 1 for p in groups[0]["params"]) and all(p.ndim == 1 for p in groups[1]["params"])
+    assert len(groups[1]["params"]) == 3  # BN weight, BN bias, Linear bias
+    everything = parameter_groups(_net(), 0.1, decay_norm_and_bias=True)
+    assert len(everything) == 1 and len(everything[0]["params"]) == 5
+
+
+def test_implementation_choice():
+    assert choose_implementation("auto", "cuda", grad_scaler=False)[0] == "fused"
+    impl, why = choose_implementation("auto", "cuda", grad_scaler=True)
+    assert impl == "foreach" and "GradScaler" in why
+    assert choose_implementation("for_loop", "cpu", grad_scaler=False) == ("for_loop", "for_loop (as configured)")
+
+
+@pytest.mark.parametrize("cfg", [SGDConfig(), AdamWConfig()], ids=["sgd", "adamw"])
+@pytest.mark.parametrize("implementation", ["fused", "foreach", "for_loop"])
+def test_optimizer_gets_the_effective_values_and_kernel(cfg, implementation):
+    opt = build_optimizer(_net(), cfg, lr=0.03, weight_decay=0.2, implementation=implementation)
+    assert [g["lr"] for g in opt.param_groups] == [0.03, 0.03]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
+    assert bool(opt.param_groups[0].get("fused")) is (implementation == "fused")
+
+
+@pytest.mark.parametrize("cfg", [SGDConfig(), AdamWConfig()], ids=["sgd", "adamw"])
+def test_a_step_the_grad_scaler_skips_leaves_weights_and_state_unchanged(cfg):
+    """The default kernel under fp16 (foreach) must not move anything on an overflow step."""
+    torch.manual_seed(0)
+    net = _net()
+    implementation, _ = choose_implementation("auto", "cpu", grad_scaler=True)
+    opt = build_optimizer(net, cfg, lr=0.1, weight_decay=0.01, implementation=implementation)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    x = torch.randn(4, 3, 6, 6)
+    # One good step to create momentum / Adam moments.
+    scaler.scale(net(x).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    weights = {k: v.detach().clone() for k, v in net.named_parameters()}
+    state = {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for p, s in opt.state.items()}
+    # An overflowing step: every gradient is inf.
+    scaler.scale(net(x).sum()).backward()
+    for p in net.parameters():
+        p.grad.fill_(float("inf"))
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 512.0  # the scaler saw the overflow and backed off
+    for k, v in net.named_parameters():
+        assert torch.equal(v, weights[k]), k
+    for p, s in opt.state.items():
+        for k, v in s.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(state[id(p)][k])), k

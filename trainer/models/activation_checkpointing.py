@@ -1,0 +1,154 @@
+"""Selective activation checkpointing: trade compute for memory on chosen stages of a model.
+
+A checkpointed stage keeps only its input during the forward pass and recomputes its internals
+during backward, so the activations inside it are not held for the whole step. Choosing a few
+large stages (``layer3`` of a ResNet, a block of ``features``) is usually enough to fit a bigger
+batch or image at the cost of roughly one extra forward of those stages.
+
+The stage's module is not replaced: only its instance ``forward`` is patched. That keeps every
+parameter and buffer under its original name, so a checkpoint saved with checkpointing on loads
+with it off and the other way round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from trainer.errors import UserError, choices
+
+DEFAULT_KEY = "model.activation_checkpointing"
+
+
+class _CheckpointedForward:
+    """Replacement for a stage's ``forward``, stored on the instance.
+
+    A class rather than a closure: it holds the module as an ordinary attribute, so
+    ``copy.deepcopy`` (EMA copies, for example) and pickling rebind it to the copied module
+    instead of leaving the copy calling into the original.
+    """
+
+    def __init__(self, module: nn.Module, inner: Callable[..., Any] | None) -> None:
+        self.module = module
+        # Another instance-level forward that was already there (rare); None means the class's.
+        self.inner = inner
+
+    def _plain_forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.inner is not None:
+            return self.inner(*args, **kwargs)
+        return type(self.module).forward(self.module, *args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Checkpointing only pays off when a backward will follow: in eval or under no_grad
+        # nothing is stored anyway, and recomputation would never happen.
+        if not (self.module.training and torch.is_grad_enabled()):
+            return self._plain_forward(*args, **kwargs)
+        return checkpoint(
+            self._plain_forward,
+            *args,
+            use_reentrant=False,
+            # Dropout inside the stage must draw the same mask when recomputed, or the gradient
+            # would belong to a different forward than the loss.
+            preserve_rng_state=True,
+            context_fn=partial(_contexts, self.module),
+            **kwargs,
+        )
+
+
+def _contexts(stage: nn.Module) -> tuple[contextlib.AbstractContextManager[None],
+                                         contextlib.AbstractContextManager[None]]:
+    return contextlib.nullcontext(), _scratch_norm_buffers(stage)
+
+
+@contextlib.contextmanager
+def _scratch_norm_buffers(stage: nn.Module) -> Iterator[None]:
+    """During recomputation, let norm layers write their running statistics to throw-away copies.
+
+    The recompute is a second training-mode forward of the stage, so BatchNorm (and InstanceNorm
+    with ``track_running_stats``) would fold the same batch into ``running_mean``/``running_var``
+    again and count it twice in ``num_batches_tracked``. Setting momentum to 0 would not stop the
+    counter, and restoring the buffers in place afterwards would bump the version of tensors the
+    recomputed graph has saved for backward. Swapping in clones avoids both: the real buffers are
+    never touched by the recompute. The clones carry the current values, so a layer with
+    ``momentum=None`` (cumulative average) computes exactly what it did in the first forward.
+    """
+    saved: list[tuple[nn.Module, dict[str, torch.Tensor | None]]] = []
+    try:
+        for module in stage.modules():
+            if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+                originals = dict(module._buffers)
+                saved.append((module, originals))
+                for name, buffer in originals.items():
+                    if buffer is not None:
+                        module._buffers[name] = buffer.detach().clone()
+        yield
+    finally:
+        # Runs on early stop too: checkpoint ends the recompute by raising through this context
+        # once it has every tensor it needs.
+        for module, originals in saved:
+            module._buffers.update(originals)
+
+
+def apply_activation_checkpointing(
+    model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY
+) -> list[str]:
+    """Checkpoint each named submodule (dotted names: ``layer3``, ``features.4``) in training.
+
+    Returns the names applied, in the given order without repeats. An empty list does nothing.
+    Applying a stage twice is harmless. A stage nested in another one is refused: the outer
+    recompute already covers it, and nesting would recompute it twice.
+    Raises `UserError` naming `key` for a name the model does not have.
+    """
+    if isinstance(stages, str):
+        # A single name from a config (``activation_checkpointing: layer3``), not its letters.
+        stages = [stages]
+    wanted: list[str] = []
+    for name in stages:
+        if not isinstance(name, str) or not name.strip():
+            raise UserError(key, f"stage names must be non-empty strings, got {name!r}",
+                            choices(_candidate_names(model)))
+        name = name.strip()
+        if name not in wanted:
+            wanted.append(name)
+
+    modules: dict[str, nn.Module] = {}
+    for name in wanted:
+        try:
+            modules[name] = model.get_submodule(name)
+        except AttributeError:
+            raise UserError(key, f"no submodule named '{name}'",
+                            choices(_candidate_names(model))) from None
+
+    # Nesting is checked against stages applied earlier as well as this call's.
+    all_names = set(checkpointed_stages(model)) | set(wanted)
+    for name in wanted:
+        for other in all_names:
+            if other != name and name.startswith(other + "."):
+                raise UserError(key, f"'{name}' is inside '{other}', which is checkpointed as a "
+                                     "whole; list only one of them")
+
+    for name, module in modules.items():
+        if isinstance(module.__dict__.get("forward"), _CheckpointedForward):
+            continue
+        module.forward = _CheckpointedForward(module, module.__dict__.get("forward"))
+    return wanted
+
+
+def checkpointed_stages(model: nn.Module) -> list[str]:
+    """Dotted names of the submodules whose forward is checkpointed, in module order."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module.__dict__.get("forward"), _CheckpointedForward)]
+
+
+def _candidate_names(model: nn.Module) -> list[str]:
+    """Top-level and second-level children: the usual granularity of a stage, short to list."""
+    names: list[str] = []
+    for name, child in model.named_children():
+        names.append(name)
+        names.extend(f"{name}.{grandchild}" for grandchild, _ in child.named_children())
+    return names
