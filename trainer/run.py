@@ -80,6 +80,11 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     compiled = apply_compile(net, spec.compile)
     plan.derived["compile"] = Derived(spec.compile.mode, compiled)
 
+    task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
+                              optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
+    trainer, meter, checkpoint, clipping = _build_trainer(spec, plan, run_dir)
+    plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
+
     log.info("run folder %s", run_dir)
     for line in plan.lines():
         log.info("  %s", line)
@@ -87,10 +92,6 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     write_json_atomic(run_dir / "env.json", environment)
     # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
     write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(to_plain(cfg)))
-
-    task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
-                              optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
-    trainer, meter, checkpoint, clipping = _build_trainer(spec, plan, run_dir)
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -285,6 +286,20 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, A
         default_root_dir=str(run_dir),
     )
     return trainer, meter, checkpoint, clipping
+
+
+def _describe_clipping(state: dict[str, Any]) -> str:
+    mode = state["mode"]
+    if mode == "percentile":
+        text = f"clip to the {state['percentile']:g}th percentile of the first {state['calibration_steps']} steps' norms"
+        if state.get("rolling_window"):
+            text += f", then of the last {state['rolling_window']} (AutoClip)"
+        return text
+    if mode == "fixed_norm":
+        return f"clip the global norm to {state['max_norm']:g}"
+    if mode == "value":
+        return f"clamp each gradient to +-{state['clip_value']:g}"
+    return "no clipping"
 
 
 def _alignment(net: Any, spec: RunSpec, plan: Any) -> list[str]:
