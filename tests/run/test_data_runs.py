@@ -38,7 +38,7 @@ def test_imagefolder_of_png_digits(tmp_path):
 def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
     write_cifar_copy(tmp_path / "cifar", train_per_batch=300, test=200, batches=2)
     result = train(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.batch_size=32", "trainer.max_epochs=8",
-                    "optimizer.lr=0.01",
+                    "optimizer.lr=0.01", "optimizer.lr_scaling=none",
                     "model.widths=[16,32]", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
@@ -49,7 +49,7 @@ def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
 
 def test_a_team_model_plugged_in_by_target(tmp_path):
     result = train(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=48",
-                    "optimizer.lr=0.01", "trainer.max_epochs=10", *FAST], tmp_path / "run")
+                    "optimizer.lr=0.01", "optimizer.lr_scaling=none", "trainer.max_epochs=10", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
     assert summary["model"]["target"] == "tests.helpers.TinyMLP"

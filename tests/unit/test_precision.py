@@ -39,7 +39,9 @@ def test_tf32_on_cuda_unless_deterministic():
     assert resolve_tf32(False, "cuda", deterministic=False)[0] is False
 
 
-def test_grad_scaler_settings_reach_the_plugin():
+def test_grad_scaler_settings_reach_the_plugin(monkeypatch):
+    # Without a GPU torch builds a disabled scaler that keeps no settings; pretend CUDA is there.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = PrecisionConfig("fp16_mixed", scaler_init_scale=1024.0, scaler_growth_factor=4.0,
                           scaler_backoff_factor=0.25, scaler_growth_interval=50)
     kwargs = lightning_precision("16-mixed", "cuda", cfg)
