@@ -38,7 +38,7 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -
     """The optimizer kernel to use and why.
 
     Fused kernels (one kernel for the whole update) on CUDA where this torch has them; foreach
-    (batched per-tensor ops) otherwise, CPU included, where fused measured slower. With an fp16 GradScaler the default stays foreach:
+    (batched per-tensor ops) otherwise, CPU included, where fused measured no faster. With an fp16 GradScaler the default stays foreach:
     a fused step takes over unscaling, so gradient clipping would see scaled gradients, and fused
     SGD has been reported to advance momentum on steps the scaler skips.
     """
@@ -49,9 +49,9 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -
     if grad_scaler:
         return "foreach", "auto -> foreach (fp16 GradScaler: fused steps unscale on their own; see trainer/optimizer.py)"
     if device_type != "cuda":
-        # torch has fused CPU kernels, but on the 2-core CPU of the README they ran at 0.88x of
-        # foreach (benchmarks/practices.py); the default follows the measurement.
-        return "foreach", f"auto -> foreach (fused kernels measured slower than foreach on {device_type})"
+        # torch has fused CPU kernels, but on the 2-core CPU of the README they were no faster than
+        # foreach (0.88x and 0.99x in two sessions of benchmarks/practices.py): the default follows.
+        return "foreach", f"auto -> foreach (fused kernels measured no faster than foreach on {device_type})"
     if fused_supported(device_type):
         return "fused", f"auto -> fused (torch {torch.__version__} has fused kernels for {device_type})"
     return "foreach", f"auto -> foreach (no fused kernels for {device_type})"

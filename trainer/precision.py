@@ -22,7 +22,7 @@ def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
             return "bf16-mixed", "auto -> bf16-mixed (the GPU supports bf16)"
         if cuda:
             return "16-mixed", "auto -> 16-mixed with a GradScaler (the GPU has no bf16)"
-        # Measured on a 2-core CPU (benchmarks/practices.py): bf16 autocast ran at 0.08x of fp32.
+        # Measured on a 2-core CPU (benchmarks/practices.py): bf16 autocast ran at 0.08x-0.09x of fp32.
         return "32-true", f"auto -> 32-true (no CUDA device; bf16 autocast measured far slower on CPU)"
     if name == "fp16_mixed" and not cuda:
         # fp16 autocast with a GradScaler is a CUDA practice; a recipe written for a GPU still
@@ -37,7 +37,7 @@ def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
 def resolve_channels_last(setting: object, accelerator: str, net: torch.nn.Module) -> tuple[bool, str]:
     """NHWC lets cuDNN use tensor-core convolution kernels without transposes (timm measured +47%
     for ResNet-50 with AMP on an RTX 3090). Models without convolutions gain nothing. On CPU it
-    measured 1.13x for a small CNN on 2 cores (benchmarks/practices.py), too little evidence to
+    measured 1.05x-1.13x for a small CNN on 2 cores (benchmarks/practices.py), too little to
     change the default there, so it is an opt-in."""
     convolutional = any(isinstance(m, torch.nn.Conv2d) for m in net.modules())
     if setting == "auto":
