@@ -189,6 +189,8 @@ class RunSpec:
     clipping: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
+    #: The whole config as validated: plain containers, interpolations resolved.
+    resolved: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -251,7 +253,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     trainer = {k: v for k, v in trainer.items() if k in plain["trainer"]}
 
     return RunSpec(run, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
-                   clipping, list(stages), dict(group_choices or {}))
+                   clipping, list(stages), dict(group_choices or {}), plain)
 
 
 INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size")

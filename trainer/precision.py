@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from trainer.config import PrecisionConfig
 from trainer.errors import UserError
 
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "fp16_mixed": "16-mixed"}
@@ -67,13 +68,13 @@ def apply_tf32(enabled: bool, accelerator: str) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def lightning_precision(precision: str, accelerator: str, cfg: object) -> dict[str, object]:
+def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) -> dict[str, object]:
     """Trainer keyword arguments: a precision string, or for fp16 a plugin carrying our GradScaler."""
     if precision != "16-mixed" or accelerator != "cuda":
         return {"precision": precision}
     from lightning.pytorch.plugins.precision import MixedPrecision
 
     scaler = torch.amp.GradScaler(
-        "cuda", init_scale=cfg.scaler_init_scale, growth_factor=cfg.scaler_growth_factor,  # type: ignore[attr-defined]
-        backoff_factor=cfg.scaler_backoff_factor, growth_interval=cfg.scaler_growth_interval)  # type: ignore[attr-defined]
+        "cuda", init_scale=cfg.scaler_init_scale, growth_factor=cfg.scaler_growth_factor,
+        backoff_factor=cfg.scaler_backoff_factor, growth_interval=cfg.scaler_growth_interval)
     return {"plugins": [MixedPrecision("16-mixed", "cuda", scaler=scaler)]}

@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from trainer.config import RunSpec, locate_target
-from trainer.data.loader import LoaderSettings, resolve_loader
+from trainer.config import RunSpec
+from trainer.data.base import ImageClassificationData
+from trainer.data.loader import LoaderSettings
 from trainer.errors import UserError
 from trainer.optimizer import choose_implementation
 from trainer.precision import resolve_precision, resolve_tf32
@@ -71,8 +72,9 @@ def count_devices(devices: Any, accelerator: str) -> int:
     return int(devices)
 
 
-def resolve(spec: RunSpec, sample_bytes: int = 0) -> Plan:
-    """`sample_bytes`: one sample as the loader ships it (bounds the prefetch depth)."""
+def resolve(spec: RunSpec, datamodule: ImageClassificationData, sample_bytes: int = 0) -> Plan:
+    """`datamodule` resolves its own loader settings for the chosen device; `sample_bytes`, one
+    sample as its loader ships it, bounds the prefetch depth."""
     derived: dict[str, Derived] = {}
     accelerator, how = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))
     derived["trainer.accelerator"] = Derived(accelerator, how)
@@ -90,12 +92,7 @@ def resolve(spec: RunSpec, sample_bytes: int = 0) -> Plan:
     precision, how = resolve_precision(spec.precision.name, accelerator)
     derived["precision"] = Derived(precision, how)
 
-    data_cls = locate_target("data", spec.data["_target_"])
-    loader = resolve_loader(
-        spec.data.get("num_workers", "auto"), spec.data.get("pin_memory", "auto"),
-        spec.data.get("persistent_workers", "auto"), spec.data.get("prefetch_factor", "auto"),
-        in_memory=bool(getattr(data_cls, "in_memory", False)), cuda=accelerator == "cuda",
-        batch_bytes=sample_bytes * batch or None)
+    loader = datamodule.configure_loader(cuda=accelerator == "cuda", batch_bytes=sample_bytes * batch or None)
     for key, reason in loader.reasons.items():
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target, to_plain, validate
+from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target, validate
 from trainer.errors import UserError, exit_with, full_error_requested
 
 log = logging.getLogger("trainer")
@@ -57,8 +57,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     _route_library_logs()
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
     datamodule, info = _build_data(spec)
-    plan = resolve(spec, info.sample_bytes)
-    datamodule.loader = plan.loader
+    plan = resolve(spec, datamodule, info.sample_bytes)
     net = _build_model(spec, info)
 
     from trainer.compile import apply_compile
@@ -91,7 +90,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     environment = fingerprint()
     write_json_atomic(run_dir / "env.json", environment)
     # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
-    write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(to_plain(cfg)))
+    write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(spec.resolved))
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -194,8 +193,7 @@ def _route_library_logs() -> None:
 def _build_data(spec: RunSpec) -> tuple[Any, Any]:
     from hydra.utils import instantiate
 
-    data_cfg = dict(spec.data)
-    datamodule = _construct("data", lambda: instantiate(data_cfg, _convert_="all"))
+    datamodule = _construct("data", lambda: instantiate(spec.data, _convert_="all"))
     info = datamodule.inspect()
     train_size = info.sizes.get("train", 0)
     if train_size < datamodule.batch_size:

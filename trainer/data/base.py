@@ -67,8 +67,11 @@ class ImageClassificationData(L.LightningDataModule):
         return images
 
     # -- shared ---------------------------------------------------------------------------------
-    def configure_loader(self, cuda: bool) -> LoaderSettings:
-        self.loader = resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda)
+    def configure_loader(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
+        """Resolve this module's loader request (`auto` values) for the device; `batch_bytes`, one
+        batch as the loader ships it, bounds the prefetch depth."""
+        self.loader = resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda,
+                                     batch_bytes=batch_bytes)
         return self.loader
 
     def train_dataloader(self) -> DataLoader[Any]:
