@@ -31,6 +31,30 @@ def compose(overrides: Sequence[str] = ()) -> Any:
         return hydra_compose(config_name="train", overrides=list(overrides))
 
 
+def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | None:
+    """Compose as `train.py` does and run in this process (no interpreter start, no import cost);
+    returns summary.json, or None when the run wrote none (diagnose)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from trainer.cli import prepare
+    from trainer.run import run
+
+    prepare()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
+        choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}
+        run(cfg, run_dir=run_dir, group_choices=choices, overrides=list(overrides))
+    summary = run_dir / "summary.json"
+    return json.loads(summary.read_text()) if summary.exists() else None
+
+
+#: Overrides that shrink any recipe to a two-step run on tiny device-generated images.
+TINY = ["data=synthetic", "data.shape=[3,16,16]", "data.batch_size=4", "data.train_samples=8", "data.val_samples=4",
+        "data.test_samples=4", "trainer.max_steps=2", "trainer.max_epochs=1", "trainer.num_sanity_val_steps=0",
+        "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "checkpointing=off", "progress=off"]
+
+
 class Result:
     def __init__(self, proc: subprocess.CompletedProcess[str], run_dir: Path) -> None:
         self.returncode = proc.returncode

@@ -123,9 +123,9 @@ class PrecisionConfig:
 
 @dataclass
 class CompileConfig:
-    """torch.compile of the network. ``mode`` off leaves the model eager."""
+    """torch.compile of the network. ``mode`` off leaves the model eager; auto compiles on CUDA."""
 
-    mode: Literal["off", "default", "reduce-overhead", "max-autotune"]
+    mode: Literal["off", "auto", "default", "reduce-overhead", "max-autotune"]
     fullgraph: bool = False
     dynamic: Optional[bool] = None
 
@@ -152,6 +152,11 @@ class RunConfig:
     seed: Annotated[int, NON_NEGATIVE] = 42
     progress: Literal["auto", "rich", "plain", "off"] = "auto"
     progress_every_s: Annotated[float, POSITIVE] = 30.0
+    #: Time the parts of a training step on the composed config instead of training (trainer/diagnose.py).
+    diagnose: bool = False
+    diagnose_steps: Annotated[int, Range(ge=3)] = 20
+    #: Set by a ``+ladder=NAME`` config: the run is one stage of an optimization ladder.
+    ladder: Optional[str] = None
 
 
 OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
@@ -75,3 +75,64 @@ def register() -> None:
     plugins = Plugins.instance()
     plugins.register(RecipeConfigSource)
     plugins.register(RecipeSearchPath)
+
+
+# --- lineage: which recipe a recipe builds on, and what it changes ---------------------------------
+def recipe_dirs(search_path: Sequence[str] = ()) -> list[Path]:
+    """The shipped recipes folder plus any ``recipes://`` folder added to Hydra's search path."""
+    dirs = [RECIPES_DIR]
+    for entry in search_path:
+        if entry.startswith("recipes://"):
+            dirs.append(Path(entry[len("recipes://"):]))
+    return dirs
+
+
+def recipe_file(name: str, search_path: Sequence[str] = ()) -> Optional[Path]:
+    # Hydra appends the extra folders after ours, and the first match wins there too.
+    for folder in recipe_dirs(search_path):
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
+def parent_of(name: str, search_path: Sequence[str] = ()) -> Optional[str]:
+    """The recipe named first in this recipe's defaults list (a plain name, which Hydra reads as
+    ``recipe/NAME``), or None for a recipe that builds on the plain defaults."""
+    path = recipe_file(name, search_path)
+    if path is None:
+        return None
+    defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []  # type: ignore[union-attr]
+    for entry in defaults:
+        if isinstance(entry, str) and entry != "_self_" and "/" not in entry and recipe_file(entry, search_path):
+            return entry
+    return None
+
+
+def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """``{dotted key: [before, after]}`` for every key whose value differs (None where absent)."""
+    from trainer.report import config_changes
+
+    return {key: [old, new] for key, old, new in config_changes(dict(before), dict(after))}
+
+
+def with_recipe(overrides: Sequence[str], name: str) -> list[str]:
+    """The same command line with the recipe swapped for `name`."""
+    out = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != GROUP]
+    return [*out, f"+{GROUP}={name}"]
+
+
+def lineage(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],
+            compose_plain: Callable[[list[str]], Mapping[str, Any]],
+            search_path: Sequence[str] = ()) -> Optional[dict[str, Any]]:
+    """What the run records about its recipe: the file, the parent, and every key of the composed
+    config in which this run differs from the same command line with the parent recipe instead."""
+    if not name:
+        return None
+    path = recipe_file(name, search_path)
+    parent = parent_of(name, search_path)
+    record: dict[str, Any] = {"name": name, "file": str(path) if path else None, "parent": parent,
+                              "differs_from_parent": {}}
+    if parent:
+        record["differs_from_parent"] = differences(compose_plain(with_recipe(overrides, parent)), config)
+    return record

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,28 +38,37 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
 def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | None,
          overrides: list[str] | None) -> float | None:
     started = time.perf_counter()
+    multirun, search_path = False, []
     if run_dir is None or group_choices is None:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
 
         hydra_cfg = HydraConfig.get()
         run_dir = run_dir or Path(hydra_cfg.runtime.output_dir)
         group_choices = group_choices if group_choices is not None else {
-            k: str(v) for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+            k: str(v) for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v is not None}
         overrides = overrides if overrides is not None else list(hydra_cfg.overrides.task)
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        search_path = [str(entry.path) for entry in hydra_cfg.searchpath] if hydra_cfg.get("searchpath") else []
     spec = validate(cfg, group_choices)
+    if spec.run.ladder and not multirun:
+        raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
+                        f"python train.py -m +ladder={spec.run.ladder}")
 
     import lightning as L
     import torch
 
     from trainer.env import fingerprint
     from trainer.resolve import Derived, resolve
-    from trainer.summary import write_json_atomic, write_text_atomic
+    from trainer.atomic import write_text_atomic
+    from trainer.summary import write_json_atomic
 
     _route_library_logs()
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
     datamodule, info = _build_data(spec)
     plan = resolve(spec, datamodule, info.sample_bytes)
     net = _build_model(spec, info)
+    meter = _throughput_meter(net, info, plan)
 
     from trainer.compile import apply_compile
     from trainer.models.layers import count_parameters
@@ -76,12 +86,12 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     channels_last, how = resolve_channels_last(spec.precision.channels_last, plan.accelerator, net)
     plan.derived["precision.channels_last"] = Derived(channels_last, how)
     apply_tf32(plan.tf32, plan.accelerator)
-    compiled = apply_compile(net, spec.compile)
-    plan.derived["compile"] = Derived(spec.compile.mode, compiled)
+    compile_mode, how = apply_compile(net, spec.compile, plan.accelerator)
+    plan.derived["compile"] = Derived(compile_mode, how)
 
     task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
                               optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
-    trainer, meter, checkpoint, clipping = _build_trainer(spec, plan, run_dir)
+    trainer, checkpoint, clipping, losses = _build_trainer(spec, plan, run_dir, meter)
     plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
 
     log.info("run folder %s", run_dir)
@@ -91,6 +101,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     write_json_atomic(run_dir / "env.json", environment)
     # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
     write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(spec.resolved))
+    if spec.run.diagnose:
+        return _diagnose(spec, plan, datamodule, task, meter, run_dir)
+    recipe = _recipe_lineage(group_choices.get("recipe"), overrides or [], spec.resolved, search_path)
 
     summary: dict[str, Any] = {
         "status": "running",
@@ -98,6 +111,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         "command": " ".join([Path(sys.argv[0]).name, *(overrides or [])]),
         "overrides": overrides or [],
         "choices": dict(group_choices),
+        "recipe": recipe,
+        "ladder": spec.run.ladder,
         "seed": spec.run.seed,
         "derived": plan.to_dict(),
         "hyperparameters": {
@@ -114,14 +129,14 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                    "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
     }
     summary_path = run_dir / "summary.json"
+    from trainer.summary import peak_memory, reset_peak_memory, split_metrics
+
+    memory_device = (torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "cuda"
+                     else torch.device("cpu"))
+    peak_reset = reset_peak_memory(memory_device)
     fit_started = time.perf_counter()
     try:
-        with warnings.catch_warnings():
-            # The loader settings were chosen and printed with their reasons above; Lightning's
-            # generic "few workers" hint would only contradict them (e.g. in-memory data).
-            warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-            # Lightning 2.6 calls a torch pytree API that newer torch deprecates: nothing to act on.
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+        with _quiet_library_warnings():
             trainer.fit(task, datamodule=datamodule)
             fit_seconds = time.perf_counter() - fit_started
             fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
@@ -136,8 +151,6 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
         write_json_atomic(summary_path, summary)
         raise
-
-    from trainer.summary import peak_memory, split_metrics
 
     metrics = split_metrics(fit_metrics)
     optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -155,8 +168,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         best_checkpoint=checkpoint.best_model_path if use_best else None,
         optimizer_param_groups=param_groups,
         throughput=meter.summary(),
+        loss=losses.summary(),
         clipping=clipping.summary(),
-        peak_memory=peak_memory(task.device if plan.accelerator != "cpu" else torch.device("cpu")),
+        peak_memory=peak_memory(memory_device, peak_reset),
         steps=trainer.global_step,
         epochs=trainer.current_epoch,
         fit_time_s=fit_seconds,
@@ -165,6 +179,17 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     write_json_atomic(summary_path, summary)
     _report(summary)
     return metrics.get("val", {}).get("acc")
+
+
+@contextlib.contextmanager
+def _quiet_library_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        # The loader settings were chosen and printed with their reasons above; Lightning's
+        # generic "few workers" hint would only contradict them (e.g. in-memory data).
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        # Lightning 2.6 calls a torch pytree API that newer torch deprecates: nothing to act on.
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+        yield
 
 
 class _DropAdverts(logging.Filter):
@@ -242,19 +267,66 @@ def _construct(group: str, build: Any) -> Any:
         raise
 
 
-def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, Any]:
+def _throughput_meter(net: Any, info: Any, plan: Any) -> Any:
+    """The meter, told the model's FLOPs per sample (counted before activation checkpointing and
+    compile change the module) and the device's peak, where both are known, for MFU."""
+    import torch
+
+    from trainer.callbacks.throughput import ThroughputMeter
+    from trainer.mfu import peak_flops, training_flops_per_sample
+    from trainer.resolve import Derived
+
+    flops, how = training_flops_per_sample(net, (info.in_channels, *info.image_size))
+    plan.derived["model.flops_per_sample"] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
+    if plan.accelerator == "cuda":
+        peak, peak_how = peak_flops(torch.cuda.get_device_name(), plan.precision, plan.tf32)
+    else:
+        peak, peak_how = None, f"no known peak for the {plan.accelerator.upper()}: MFU left out"
+    plan.derived["device.peak_flops"] = Derived(f"{peak / 1e12:.1f} TFLOP/s" if peak else None, peak_how)
+    return ThroughputMeter(flops_per_sample=flops, peak_flops=peak, mfu_note=peak_how if peak else peak_how)
+
+
+def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, Any],
+                    search_path: list[str]) -> dict[str, Any] | None:
+    """The recipe, its parent, and the keys in which this run differs from the parent's run."""
+    from trainer.recipes import lineage
+
+    def compose_plain(parent_overrides: list[str]) -> dict[str, Any]:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        from trainer.config import to_plain
+
+        if GlobalHydra.instance().is_initialized():
+            cfg = compose(config_name="train", overrides=parent_overrides)
+        else:  # called outside a Hydra app (tests, notebooks)
+            with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "conf"),
+                                       version_base="1.3"):
+                cfg = compose(config_name="train", overrides=parent_overrides)
+        plain = to_plain(cfg)
+        plain.pop("hydra", None)
+        return plain
+
+    try:
+        return lineage(name, overrides, resolved, compose_plain, search_path)
+    except Exception as ex:  # noqa: BLE001 - the record is informative; the run must not die of it
+        log.warning("could not compare recipe %s with its parent: %s", name, str(ex).splitlines()[0])
+        return {"name": name, "error": str(ex).splitlines()[0]}
+
+
+def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any]:
     import lightning as L
 
+    from trainer.callbacks.loss_record import LossRecord
     from trainer.callbacks.progress import PlainProgress
-    from trainer.callbacks.throughput import ThroughputMeter
     from trainer.checkpoint import build_checkpointing
     from trainer.logger import build_loggers
 
     from hydra.utils import instantiate
 
-    meter = ThroughputMeter()
+    losses = LossRecord()
     clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
-    callbacks: list[Any] = [clipping, meter]
+    callbacks: list[Any] = [clipping, meter, losses]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     if checkpoint is not None:
         callbacks.append(checkpoint)
@@ -283,7 +355,50 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path) -> tuple[Any, Any, A
         enable_progress_bar=progress == "rich",
         default_root_dir=str(run_dir),
     )
-    return trainer, meter, checkpoint, clipping
+    return trainer, checkpoint, clipping, losses
+
+
+def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, run_dir: Path) -> None:
+    """`diagnose=true`: time the parts of a step on the composed config instead of training."""
+    import dataclasses
+
+    import torch
+
+    from trainer.diagnose import diagnose
+    from trainer.optimizer import build_optimizer
+
+    steps = spec.run.diagnose_steps
+    # The full step runs the real loop and callbacks, only shorter: no validation, checkpoints,
+    # loggers or progress output, and just enough steps for the meter's windows.
+    short = dataclasses.replace(
+        spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
+        run=dataclasses.replace(spec.run, progress="off"),
+        trainer={**spec.trainer, "max_steps": meter.warmup_steps + 1 + steps, "max_epochs": -1,
+                 "limit_val_batches": 0, "num_sanity_val_steps": 0, "limit_train_batches": None})
+    trainer, _, _, _ = _build_trainer(short, plan, run_dir, meter)
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "cuda" else torch.device(
+        plan.accelerator)
+    task.to(device)
+    optimizer = build_optimizer(task.net, spec.optimizer, plan.lr, plan.weight_decay, plan.optimizer_implementation)
+    precision_plugin = trainer.precision_plugin
+
+    def full_step() -> float | None:
+        with _quiet_library_warnings():
+            trainer.fit(task, datamodule=datamodule)
+        return meter.summary()["samples_per_s"]
+
+    context = {"accelerator": plan.accelerator, "precision": plan.precision, "tf32": plan.tf32,
+               "channels_last": task.channels_last, "compile": plan.derived["compile"].value,
+               "optimizer_implementation": plan.optimizer_implementation,
+               "num_workers": plan.loader.num_workers, "pin_memory": plan.loader.pin_memory,
+               "device_normalize": getattr(datamodule, "device_normalize", True),
+               "activation_checkpointing": spec.activation_checkpointing,
+               "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules())}
+    from trainer.data.synthetic import SyntheticDataModule
+
+    diagnose(datamodule, task, optimizer, precision_plugin.forward_context, getattr(precision_plugin, "scaler", None),
+             device, full_step, context, run_dir, steps=steps, sweep=not isinstance(datamodule, SyntheticDataModule))
+    return None
 
 
 def _describe_clipping(state: dict[str, Any]) -> str:

@@ -4,32 +4,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import resource
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.atomic import write_text_atomic
+
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(_jsonable(data), indent=2) + "\n")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _jsonable(value: Any) -> Any:
@@ -48,13 +33,44 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def peak_memory(device: torch.device) -> dict[str, Any]:
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start the peak-memory count afresh for this run; False where the platform cannot.
+
+    On CPU the peak resident set (VmHWM) is reset through /proc/self/clear_refs (Linux >= 4.0), so
+    the jobs of a multirun, which share one process, each report their own peak.
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(device: torch.device, reset_done: bool = True) -> dict[str, Any]:
     if device.type == "cuda":
         return {"what": "peak CUDA memory allocated by tensors", "bytes": torch.cuda.max_memory_allocated(device),
                 "reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    high_water = _vm_hwm() if reset_done else None
+    if high_water is not None:
+        return {"what": "peak resident memory of the process during this run (CPU run)", "bytes": high_water}
     # ru_maxrss is in KiB on Linux.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"what": "peak resident memory of the process (CPU run)", "bytes": rss}
+    return {"what": "peak resident memory of the process since it started (CPU run)", "bytes": rss}
+
+
+def _vm_hwm() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:

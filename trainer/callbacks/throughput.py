@@ -37,17 +37,26 @@ def synchronize(device: torch.device) -> None:
 class ThroughputMeter(Callback):
     INCLUDES = "data wait + forward + backward + optimizer step; excludes validation and warm-up"
 
-    def __init__(self, warmup_steps: int = 5, window_steps: int = 10) -> None:
+    def __init__(self, warmup_steps: int = 5, window_steps: int = 10, flops_per_sample: int | None = None,
+                 peak_flops: float | None = None, mfu_note: str = "") -> None:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
+        self.flops_per_sample = flops_per_sample
+        self.peak_flops = peak_flops
+        self.mfu_note = mfu_note
         self.window_rates: list[float] = []
         self._partial: list[tuple[int, float]] = []
         self._steps_seen = 0
+        # (clock at the window's start, samples and steps since); the clock is read only after a
+        # device synchronize, at the start and the end of a window: syncing every step would stop
+        # the host from queueing the next step while the device finishes this one.
         self._anchor: tuple[float, int, int] | None = None
-        self._last: tuple[float, int] = (0.0, 0)
+
+    @property
+    def mfu_known(self) -> bool:
+        return bool(self.flops_per_sample and self.peak_flops)
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_partial()
         self._anchor = None  # the first step of an epoch includes starting the loader
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
@@ -55,33 +64,44 @@ class ThroughputMeter(Callback):
         self._steps_seen += 1
         if self._steps_seen <= self.warmup_steps:
             return
-        synchronize(pl_module.device)
-        now = time.perf_counter()
         if self._anchor is None:
-            self._anchor = (now, 0, 0)
+            synchronize(pl_module.device)
+            self._anchor = (time.perf_counter(), 0, 0)
             return
         start, samples, steps = self._anchor
         samples += batch_size_of(batch)
         steps += 1
-        if steps >= self.window_steps:
-            rate = samples / (now - start)
-            self.window_rates.append(rate)
-            pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
-            self._anchor = (now, 0, 0)
-        else:
+        if steps < self.window_steps:
             self._anchor = (start, samples, steps)
-            self._last = (now, samples)
+            return
+        synchronize(pl_module.device)
+        now = time.perf_counter()
+        rate = samples / (now - start)
+        self.window_rates.append(rate)
+        pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+        if self.mfu_known:
+            pl_module.log("perf/mfu", rate * self.flops_per_sample / self.peak_flops,  # type: ignore[operator]
+                          on_step=True, on_epoch=False, batch_size=1)
+        self._anchor = (now, 0, 0)
 
-    def _close_partial(self) -> None:
+    def _close_partial(self, pl_module: L.LightningModule) -> None:
+        """An unfinished window ends at the next point where training pauses (validation, the
+        epoch's end); it is kept only for runs too short to fill one window."""
         if self._anchor is not None and self._anchor[2] > 0:
+            synchronize(pl_module.device)
             start, samples, _ = self._anchor
-            now, _ = self._last
-            if now > start:
-                self._partial.append((samples, now - start))
+            self._partial.append((samples, time.perf_counter() - start))
         self._anchor = None
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":  # not a stand-alone validate()
+            self._close_partial(pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close_partial(pl_module)
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._close_partial()
+        self._close_partial(pl_module)
 
     def summary(self) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -91,7 +111,7 @@ class ThroughputMeter(Callback):
         }
         if self.window_rates:
             result.update(samples_per_s=statistics.median(self.window_rates), windows=len(self.window_rates),
-                          method=f"median of {len(self.window_rates)} windows")
+                          method=f"median of {len(self.window_rates)} windows of {self.window_steps} steps")
         elif self._partial:
             samples = sum(s for s, _ in self._partial)
             seconds = sum(t for _, t in self._partial)
@@ -99,4 +119,8 @@ class ThroughputMeter(Callback):
                           method="run too short for a full window: all post-warm-up steps pooled")
         else:
             result.update(samples_per_s=None, windows=0, method="run too short: no step after warm-up")
+        rate = result["samples_per_s"]
+        result.update(flops_per_sample=self.flops_per_sample, peak_flops=self.peak_flops,
+                      mfu=rate * self.flops_per_sample / self.peak_flops if rate and self.mfu_known else None,
+                      mfu_note=self.mfu_note)
         return result

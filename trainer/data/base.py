@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
 import lightning as L
 import torch
@@ -36,10 +36,17 @@ class ImageClassificationData(L.LightningDataModule):
     ``data.*`` key, before training starts) and `setup` (build ``train_set``, ``val_set`` and
     ``test_set``). They may override `device_transform` to augment or normalize whole batches on
     the device after the host-to-device copy.
+
+    `device_normalize` (default true) says where batches are finished: on the device after the copy
+    (uint8 or raw tensors travel, timm's PrefetchLoader idea), or on the host inside the loader, one
+    sample at a time, as a plain PyTorch pipeline does (the baseline a ladder starts from).
     """
 
     #: The data set lives in memory as tensors: loader workers would only add copies.
     in_memory: ClassVar[bool] = False
+    #: The module has its own host-side path for ``device_normalize=false`` (else the base class
+    #: runs `device_transform` per sample inside the loader).
+    finishes_on_host_itself: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -49,8 +56,10 @@ class ImageClassificationData(L.LightningDataModule):
         pin_memory: Union[bool, Auto] = "auto",
         persistent_workers: Union[bool, Auto] = "auto",
         prefetch_factor: Union[Annotated[int, AT_LEAST_ONE], Auto, None] = "auto",
+        device_normalize: bool = True,
     ) -> None:
         super().__init__()
+        self.device_normalize = device_normalize
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self._loader_request = (num_workers, pin_memory, persistent_workers, prefetch_factor)
@@ -87,6 +96,8 @@ class ImageClassificationData(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build this split")
         loader = self.loader or self.configure_loader(cuda=torch.cuda.is_available())
+        if not self.device_normalize and not self.finishes_on_host_itself:
+            dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
         return DataLoader(
             dataset,
             batch_size=self.batch_size if train else self.eval_batch_size,
@@ -97,6 +108,28 @@ class ImageClassificationData(L.LightningDataModule):
         )
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return self.finish_batch(batch, training=bool(self.trainer is not None and self.trainer.training))
+
+    def finish_batch(self, batch: Any, training: bool) -> Any:
+        """A batch on the device as the step receives it (`device_transform` unless finished on the host)."""
         images, labels = batch
-        training = bool(self.trainer is not None and self.trainer.training)
+        if not self.device_normalize:
+            return images, labels
         return self.device_transform(images, training), labels
+
+
+class _FinishedOnHost(Dataset[Any]):
+    """Applies a data module's batch transform to one sample at a time, in the loader."""
+
+    def __init__(self, dataset: Dataset[Any], transform: Callable[[torch.Tensor, bool], torch.Tensor],
+                 training: bool) -> None:
+        self.dataset = dataset
+        self.transform = transform
+        self.training = training
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        image, label = self.dataset[index]
+        return self.transform(image.unsqueeze(0), self.training).squeeze(0), label

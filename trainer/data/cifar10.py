@@ -67,7 +67,8 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 class CIFAR10DataModule(ImageClassificationData):
     """The whole set is held in memory as uint8 (150 MB); batches travel as uint8 and are
-    translated, flipped and normalized on the device."""
+    translated, flipped and normalized on the device (on the host, per sample, with
+    ``device_normalize=false``)."""
 
     in_memory = True
 
@@ -88,7 +89,8 @@ class CIFAR10DataModule(ImageClassificationData):
 
     def _folder(self) -> Path:
         if self.root is None:
-            raise UserError("data.root", "not set", f"the folder holding {FOLDER}/ (data.root=/path)")
+            raise UserError("data.root", "not set", f"data.root=/path/holding/{FOLDER}, or data=synthetic for a "
+                            "throughput-only run")
         root = Path(self.root).expanduser()
         if not root.is_dir():
             raise UserError("data.root", f"'{root}' does not exist or is not a folder", f"the folder holding {FOLDER}/")
@@ -108,7 +110,7 @@ class CIFAR10DataModule(ImageClassificationData):
         train_n, test_n = len(self._arrays["train"][1]), len(self._arrays["test"][1])
         val_n = int(round(train_n * self.val_fraction))
         return DataInfo(10, 3, (32, 32), {"train": train_n - val_n, "val": val_n, "test": test_n},
-                        class_names=CLASSES, sample_bytes=3 * 32 * 32)
+                        class_names=CLASSES, sample_bytes=3 * 32 * 32 * (1 if self.device_normalize else 4))
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:

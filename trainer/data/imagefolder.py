@@ -54,6 +54,8 @@ class ImageFolderDataModule(ImageClassificationData):
     (timm's PrefetchLoader idea); otherwise the workers do it in float32.
     """
 
+    finishes_on_host_itself = True  # torchvision transforms v2 in the workers, in float32
+
     def __init__(
         self,
         root: Optional[str] = None,
@@ -61,7 +63,6 @@ class ImageFolderDataModule(ImageClassificationData):
         train_crop_scale: Sequence[Annotated[float, Range(gt=0, le=1)]] = (0.08, 1.0),
         hflip: bool = True,
         eval_crop_fraction: Annotated[float, Range(gt=0, le=1)] = 0.875,
-        device_normalize: bool = True,
         mean: Sequence[float] = (0.485, 0.456, 0.406),
         std: Sequence[Annotated[float, Range(gt=0)]] = (0.229, 0.224, 0.225),
         **loader: Any,
@@ -72,14 +73,14 @@ class ImageFolderDataModule(ImageClassificationData):
         self.train_crop_scale = tuple(train_crop_scale)
         self.hflip = hflip
         self.eval_crop_fraction = eval_crop_fraction
-        self.device_normalize = device_normalize
         self.mean, self.std = list(mean), list(std)
         self._classes: Optional[dict[str, int]] = None
         self._splits: dict[str, Path] = {}
 
     def inspect(self) -> DataInfo:
         if self.root is None:
-            raise UserError("data.root", "not set", "a folder holding train/ and val/ class folders (data.root=/path)")
+            raise UserError("data.root", "not set", "data.root=/path/to/dataset (an ImageNet-style folder with train/ and "
+                            "val/ class folders), or data=synthetic for a throughput-only run")
         root = Path(self.root).expanduser()
         if not root.is_dir():
             raise UserError("data.root", f"'{root}' does not exist or is not a folder",

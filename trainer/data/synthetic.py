@@ -31,7 +31,7 @@ class _BatchIndices(Dataset[int]):
 class SyntheticDataModule(ImageClassificationData):
     """Each class has a fixed random pattern; a sample is ``signal * pattern + N(0, 1)`` noise.
 
-    The loader carries only a batch number; `on_after_batch_transfer` draws the batch on the device
+    The loader carries only a batch number; `transfer_batch_to_device` draws the batch on the device
     from a generator seeded by (seed, split, batch number), so every epoch sees the same samples and
     runs are reproducible, with no host work and no host-to-device copy.
     """
@@ -64,8 +64,11 @@ class SyntheticDataModule(ImageClassificationData):
     def inspect(self) -> DataInfo:
         sizes = {"train": (self.samples["train"] // self.batch_size) * self.batch_size,
                  "val": self.samples["val"], "test": self.samples["test"]}
+        notes = ["synthetic: generated on the device, no input pipeline cost"]
+        if not self.device_normalize:
+            notes.append("device_normalize=false has no effect: batches are made on the device")
         return DataInfo(self.num_classes, self.shape[0], (self.shape[1], self.shape[2]), sizes,
-                        notes=["synthetic: generated on the device, no input pipeline cost"], sample_bytes=0)
+                        notes=notes, sample_bytes=0)
 
     def setup(self, stage: Optional[str] = None) -> None:
         # Whole batches only: the loader's batch size is 1 batch number.
@@ -84,8 +87,8 @@ class SyntheticDataModule(ImageClassificationData):
         split, index = batch
         return self.make_batch(split, int(index), device)
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return batch
+    def finish_batch(self, batch: Any, training: bool) -> Any:
+        return batch  # made finished on the device
 
     def make_batch(self, split: str, index: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._patterns is None or self._patterns.device != device:

@@ -1,0 +1,82 @@
+"""The ladder as one multirun with its comparison, and the diagnosis of a composed config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, run_in_process
+
+pytestmark = pytest.mark.run
+
+STAGES = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channels_last", "resnet50_compile",
+          "resnet50_optimized"]
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("ladder")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "-m", "+ladder=resnet18_cpu", "model=small_cnn", "data=synthetic",
+         "data.shape=[3,8,8]", "data.batch_size=4", "data.train_samples=64", "data.val_samples=8", "trainer.max_steps=16",
+         "progress=off", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sweep, proc
+
+
+def test_each_stage_is_one_job_in_ladder_order(ladder):
+    sweep, _ = ladder
+    summaries = [json.loads((sweep / str(i) / "summary.json").read_text()) for i in range(len(STAGES))]
+    assert [s["choices"]["recipe"] for s in summaries] == STAGES
+    assert all(s["status"] == "completed" and s["ladder"] == "resnet18_cpu" for s in summaries)
+    # the command line shrinks every stage: it wins over the ladder's own sizes
+    assert all(s["steps"] == 16 and s["data"]["image_size"] == [8, 8] for s in summaries)
+    assert all(s["throughput"]["windows"] == 1 for s in summaries)
+
+
+def test_the_comparison_is_printed_and_saved_as_markdown_and_png(ladder):
+    sweep, proc = ladder
+    markdown = (sweep / "comparison.md").read_text()
+    rows = [line for line in markdown.splitlines() if line.startswith("| resnet50_")]
+    assert [row.split("|")[1].strip() for row in rows] == STAGES
+    assert rows[0].split("|")[4].strip() == "1.00x"
+    assert "precision.channels_last=true" in rows[3]
+    assert (sweep / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| resnet50_optimized |" in proc.stdout
+
+
+def test_the_report_command_rewrites_the_comparison(ladder):
+    sweep, _ = ladder
+    (sweep / "comparison.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(sweep)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (sweep / "comparison.md").is_file() and "resnet50_compile" in proc.stdout
+
+
+def test_diagnose_times_the_parts_of_a_step_and_sweeps_the_workers(tmp_path):
+    from trainer.data.loader import usable_cpus
+
+    assert run_in_process(["diagnose=true", "diagnose_steps=4", "trainer.max_epochs=1"], tmp_path) is None
+    record = json.loads((tmp_path / "diagnosis.json").read_text())
+    ms = record["ms_per_step"]
+    assert set(ms) == {"data_pipeline", "forward", "forward_backward", "forward_backward_optimizer", "full_step"}
+    assert all(v > 0 for v in ms.values())
+    assert ms["forward"] < ms["forward_backward"]
+    assert record["verdict"] in {"input-bound", "compute-bound", "optimizer-bound", "host-overhead-bound"}
+    assert record["try_next"]
+    workers = [w["num_workers"] for w in record["worker_sweep"]]
+    assert workers[0] == 0 and workers[-1] == usable_cpus()
+    assert (tmp_path / "diagnosis.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "summary.json").exists()  # a diagnosis does not pretend to be a training run
+
+
+def test_diagnose_on_device_made_data_skips_the_worker_sweep_and_says_why(tmp_path):
+    run_in_process(["diagnose=true", "diagnose_steps=3", "data=synthetic", "data.shape=[3,8,8]",
+                    "data.batch_size=8", "data.train_samples=64"], tmp_path)
+    record = json.loads((tmp_path / "diagnosis.json").read_text())
+    assert record["worker_sweep"] == [] and any("worker sweep skipped" in n for n in record["notes"])

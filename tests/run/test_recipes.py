@@ -1,0 +1,95 @@
+"""Every recipe in recipes/ runs; recipes record what they change from their parent; the first
+losses of the quickstart recipe match stored values."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import RECIPES, TINY, run_in_process
+
+pytestmark = pytest.mark.run
+
+RECIPE_NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "digits_quickstart_first_losses.json"
+
+
+def test_the_shipped_recipes_are_there():
+    assert {"digits_quickstart", "cifar10_resnet18", "resnet50_baseline", "resnet50_optimized"} <= set(RECIPE_NAMES)
+
+
+@pytest.mark.parametrize("name", RECIPE_NAMES)
+def test_every_recipe_runs_two_steps_on_tiny_synthetic_data(name, tmp_path):
+    summary = run_in_process([f"+recipe={name}", *TINY], tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["steps"] == 2
+    assert summary["recipe"]["name"] == name
+    assert summary["choices"]["recipe"] == name
+    assert len(summary["loss"]["first"]) == 2 and all(math.isfinite(v) for v in summary["loss"]["first"])
+
+
+def test_a_stage_records_exactly_the_keys_it_changes_from_its_parent(tmp_path):
+    summary = run_in_process(["+recipe=resnet50_channels_last", *TINY], tmp_path)
+    assert summary["recipe"]["parent"] == "resnet50_amp"
+    assert summary["recipe"]["differs_from_parent"] == {"precision.channels_last": [False, True]}
+
+
+def test_the_baseline_differs_from_optimized_by_the_practices_switched_off():
+    from trainer.recipes import differences, with_recipe
+
+    from tests.helpers import compose
+    from trainer.config import to_plain
+
+    base = to_plain(compose(with_recipe(TINY, "resnet50_baseline")))
+    optimized = to_plain(compose(with_recipe(TINY, "resnet50_optimized")))
+    changed = differences(optimized, base)
+    assert changed["precision.name"] == ["auto", "fp32"]
+    assert changed["precision.channels_last"] == ["auto", False]
+    assert changed["precision.tf32"] == ["auto", False]
+    assert changed["compile.mode"] == ["auto", "off"]
+    assert changed["clipping.mode"] == ["percentile", "off"]
+    assert changed["optimizer.lr_scaling"] == ["linear", "none"]
+    assert changed["optimizer.implementation"] == ["auto", "for_loop"]
+    assert changed["optimizer.decay_norm_and_bias"] == [False, True]
+    assert changed["data.num_workers"] == ["auto", 0] and changed["data.device_normalize"] == [True, False]
+    # Keys that only the percentile clipping choice has appear as removed; nothing else changes.
+    assert set(changed) - {k for k in changed if k.startswith("clipping.")} == {
+        "precision.name", "precision.channels_last", "precision.tf32", "compile.mode", "optimizer.lr_scaling",
+        "optimizer.implementation", "optimizer.decay_norm_and_bias", "data.num_workers", "data.pin_memory",
+        "data.persistent_workers", "data.device_normalize"}
+
+
+def test_a_resnet50_recipe_without_a_data_folder_says_how_to_set_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(["+recipe=resnet50_optimized", "trainer.max_steps=1"], tmp_path)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data.root: not set")
+    assert "data=synthetic" in err[0]
+
+
+def test_a_ladder_outside_a_multirun_is_refused_with_the_command_to_use(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(["+ladder=resnet18_cpu", *TINY], tmp_path)
+    assert stopped.value.code == 2
+    assert "python train.py -m +ladder=resnet18_cpu" in capsys.readouterr().err
+
+
+def test_digits_quickstart_first_losses_match_the_stored_values(tmp_path):
+    """Deterministic CPU settings: the first losses are a fingerprint of the whole training path
+    (data split and order, initialization, loss, optimizer, lr schedule). Regenerate after an
+    intended change with UPDATE_GOLDEN=1."""
+    summary = run_in_process(["+recipe=digits_quickstart", "trainer.deterministic=true", "trainer.max_steps=8",
+                              "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=1",
+                              "trainer.limit_test_batches=1", "checkpointing=off", "progress=off"], tmp_path)
+    losses = summary["loss"]["first"][:8]
+    assert len(losses) == 8
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps({"recipe": "digits_quickstart", "losses": losses}, indent=2) + "\n")
+    stored = json.loads(GOLDEN.read_text())["losses"]
+    assert losses == pytest.approx(stored, rel=1e-4, abs=1e-5)

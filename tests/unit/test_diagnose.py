@@ -1,0 +1,79 @@
+"""The diagnosis verdict from timings: each of the four kinds, and the switch it names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer.diagnose import Timings, median_ms, shares, sweep_workers, verdict
+
+GPU = {"accelerator": "cuda", "precision": "32-true", "tf32": False, "channels_last": False, "compile": "off",
+       "optimizer_implementation": "foreach", "num_workers": 2, "pin_memory": True, "device_normalize": True,
+       "convolutional": True, "best_workers": 8}
+
+
+def timings(data, forward, fb, step, full):
+    return Timings(64, data, forward, fb, step, full)
+
+
+def test_a_loader_slower_than_the_model_is_input_bound_and_names_the_best_worker_count():
+    v = verdict(timings(data=50, forward=5, fb=15, step=18, full=52), dict(GPU))
+    assert v.kind == "input-bound"
+    assert v.try_next[0] == "data.num_workers=8 (fastest in the sweep)"
+
+
+def test_host_finished_batches_are_named_when_input_bound():
+    v = verdict(timings(50, 5, 15, 18, 52), {**GPU, "best_workers": 2, "device_normalize": False})
+    assert v.kind == "input-bound" and any(t.startswith("data.device_normalize=true") for t in v.try_next)
+
+
+def test_a_step_mostly_outside_data_and_arithmetic_is_host_overhead_bound():
+    v = verdict(timings(data=1, forward=2, fb=5, step=6, full=20), dict(GPU))
+    assert v.kind == "host-overhead-bound"
+    assert v.try_next[0].startswith("compile=reduce_overhead")
+
+
+def test_a_heavy_optimizer_step_is_optimizer_bound():
+    v = verdict(timings(data=1, forward=3, fb=8, step=14, full=15), {**GPU, "optimizer_implementation": "for_loop"})
+    assert v.kind == "optimizer-bound"
+    assert v.try_next[:2] == ["optimizer.implementation=fused", "optimizer.implementation=foreach"]
+
+
+def test_otherwise_compute_bound_with_the_practices_not_yet_on():
+    v = verdict(timings(data=1, forward=10, fb=30, step=33, full=35), dict(GPU))
+    assert v.kind == "compute-bound"
+    assert v.try_next[:4] == ["precision=bf16_mixed (or fp16_mixed on GPUs without bf16)",
+                              "precision.channels_last=true", "compile=default", "precision.tf32=true"]
+    on = verdict(timings(1, 10, 30, 33, 35), {**GPU, "precision": "bf16-mixed", "channels_last": True,
+                                              "compile": "default"})
+    assert not any(t.startswith(("precision", "compile")) for t in on.try_next)
+
+
+def test_compute_bound_on_cpu_says_the_arithmetic_is_the_limit():
+    v = verdict(timings(1, 10, 30, 33, 35), {**GPU, "accelerator": "cpu"})
+    assert v.kind == "compute-bound" and v.try_next[0].startswith("a GPU")
+
+
+def test_shares_add_up_to_the_full_step():
+    t = timings(data=1, forward=10, fb=30, step=33, full=40)
+    assert sum(shares(t).values()) == pytest.approx(1.0)
+    assert (t.backward_ms, t.optimizer_ms, t.remainder_ms) == (20, 3, 7)
+
+
+def test_median_ms_times_each_call():
+    calls = []
+    ms = median_ms(lambda: calls.append(1), torch.device("cpu"), warmup=2, repeats=5)
+    assert len(calls) == 7 and ms >= 0
+
+
+def test_the_worker_sweep_covers_zero_powers_of_two_and_the_cpu_count():
+    from trainer.data.digits import DigitsDataModule
+
+    data = DigitsDataModule(batch_size=64)
+    data.setup("fit")
+    data.configure_loader(cuda=False)
+    before = data.loader
+    results = sweep_workers(data, torch.device("cpu"), steps=2, cpus=2)
+    assert [r["num_workers"] for r in results] == [0, 1, 2]
+    assert all(r["samples_per_s"] > 0 for r in results)
+    assert data.loader is before  # the run's own settings are put back

@@ -1,0 +1,267 @@
+"""The multirun comparison, on hand-written sweep folders (no training)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from trainer.errors import UserError
+from trainer.report import (
+    ComparisonCallback,
+    Job,
+    comparison_rows,
+    config_changes,
+    load_jobs,
+    stage_name,
+    to_markdown,
+    write_comparison,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MiB = 2**20
+
+
+def config(precision: str = "fp32") -> dict[str, Any]:
+    return {
+        "seed": 42,
+        "data": {"batch_size": 64, "num_workers": 2, "mean": [0.5, 0.5, 0.5]},
+        "precision": {"name": precision, "channels_last": False},
+        "trainer": {"max_epochs": 1},
+    }
+
+
+def summary(recipe: str | None, samples_per_s: float | None, peak_mib: float, loss: float, acc: float,
+            precision: str = "32-true", status: str = "completed") -> dict[str, Any]:
+    choices = {"data": "synthetic", "model": "resnet18", "precision": "fp32"}
+    if recipe:
+        choices["recipe"] = recipe
+    return {
+        "status": status,
+        "choices": choices,
+        "overrides": [f"+recipe={recipe}"] if recipe else [],
+        "recipe": {"name": recipe, "parent": None, "differs_from_parent": {}},
+        "throughput": {"samples_per_s": samples_per_s, "method": "median of 5 windows",
+                       "includes": "data wait and step", "mfu": None, "mfu_note": "peak unknown"},
+        "peak_memory": {"what": "peak CUDA memory allocated by tensors", "bytes": int(peak_mib * MiB)},
+        "loss": {"final": loss, "last_steps": 20, "mean": loss, "spread": 0.0125, "min": loss, "max": loss},
+        "metrics": {"val": {"acc": acc, "loss": loss}, "test": {"acc": acc}},
+        "derived": {"precision": {"value": precision, "how": f"auto -> {precision}"},
+                    "data.num_workers": {"value": 2, "how": "auto -> 2 (2 CPUs)"}},
+        "device": {"accelerator": "cuda", "name": "NVIDIA H200"},
+    }
+
+
+def write_job(sweep: Path, number: int, summary_data: dict[str, Any] | None,
+              config_data: dict[str, Any] | None) -> Path:
+    folder = sweep / str(number)
+    folder.mkdir(parents=True)
+    if summary_data is not None:
+        (folder / "summary.json").write_text(json.dumps(summary_data))
+    if config_data is not None:
+        (folder / "config_resolved.yaml").write_text(yaml.safe_dump(config_data))
+    return folder
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """A ladder of four jobs: baseline, bf16 (twice as fast), a failed compile stage, a job that
+    died before writing its summary. Plus things the reader must skip."""
+    root = tmp_path / "multirun"
+    write_job(root, 0, summary("resnet50_baseline", 100.0, 1000, 1.23456, 0.5), config("fp32"))
+    write_job(root, 1, summary("resnet50_bf16", 200.0, 600, 1.2, 0.55, precision="bf16-mixed"),
+              config("bf16_mixed"))
+    failed = summary("resnet50_compile", 300.0, 500, 1.1, 0.6, precision="bf16-mixed", status="failed")
+    failed["error"] = "RuntimeError: CUDA out of memory"
+    compile_config = config("bf16_mixed")
+    compile_config["compile"] = {"mode": "default"}
+    write_job(root, 2, failed, compile_config)
+    no_summary = write_job(root, 10, None, None)  # numeric order: 10 comes after 2, not after 1
+    (no_summary / ".hydra").mkdir()
+    (no_summary / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["+recipe=resnet50_broken"]))
+    (root / ".hydra").mkdir()
+    (root / "notes").mkdir()
+    (root / "multirun.yaml").write_text("{}\n")
+    return root
+
+
+def test_jobs_are_read_in_numeric_order_skipping_other_entries(sweep: Path):
+    jobs = load_jobs(sweep)
+    assert [j.number for j in jobs] == [0, 1, 2, 10]
+    assert jobs[3].summary is None and jobs[3].config is None
+    assert jobs[1].config["precision"]["name"] == "bf16_mixed"
+
+
+def test_stage_names():
+    with_recipe = Job(0, Path("0"), summary("resnet50_baseline", 1.0, 1, 1.0, 1.0), None)
+    overrides_only = Job(1, Path("1"), {"choices": {"data": "digits"}, "overrides": ["model=resnet18", "data=digits"]},
+                         None)
+    nothing = Job(7, Path("7"), None, None)
+    assert stage_name(with_recipe) == "resnet50_baseline"
+    assert stage_name(overrides_only) == "model=resnet18 data=digits"
+    assert stage_name(nothing) == "job 7"
+
+
+def test_config_changes_finds_changed_added_and_removed_keys():
+    before = {"a": {"b": 1, "gone": "x"}, "lst": [1, 2], "same": {"k": True}}
+    after = {"a": {"b": 2, "new": None}, "lst": [1, 2, 3], "same": {"k": True}, "top": 5}
+    assert config_changes(before, after) == [
+        ("a.b", 1, 2),
+        ("a.gone", "x", None),
+        ("a.new", None, None),
+        ("lst", [1, 2], [1, 2, 3]),
+        ("top", None, 5),
+    ]
+    assert config_changes(before, before) == []
+    # `true` and `1` are different settings even though Python calls them equal.
+    assert config_changes({"flag": True}, {"flag": 1}) == [("flag", True, 1)]
+
+
+def test_rows_speed_up_changes_and_failures(sweep: Path):
+    rows = comparison_rows(load_jobs(sweep))
+    baseline, bf16, failed, missing = rows
+    assert baseline.changed == "(first stage)"
+    assert baseline.speedup == pytest.approx(1.0)
+    assert bf16.speedup == pytest.approx(2.0)
+    assert bf16.changed == "precision.name=bf16_mixed"
+    assert bf16.peak_mib == pytest.approx(600)
+    assert bf16.final_loss == pytest.approx(1.2) and bf16.loss_spread == pytest.approx(0.0125)
+    assert bf16.val_acc == pytest.approx(0.55)
+    # A failed job shows its status and no numbers, even where its summary has some.
+    assert failed.status == "failed"
+    assert (failed.samples_per_s, failed.speedup, failed.peak_mib, failed.final_loss, failed.val_acc) == (
+        None, None, None, None, None)
+    assert failed.changed == "compile.mode=default"
+    assert missing.status == "no summary.json"
+    assert missing.stage == "+recipe=resnet50_broken"  # named from Hydra's own overrides.yaml
+    assert missing.changed == "(no config_resolved.yaml)"
+
+
+def test_changes_are_cut_after_four_items(tmp_path: Path):
+    many = config("fp32")
+    many["trainer"].update(max_epochs=2, a=1, b=2, c=3, d=4)
+    write_job(tmp_path, 0, summary("base", 100.0, 1, 1.0, 1.0), config("fp32"))
+    write_job(tmp_path, 1, summary("many", 100.0, 1, 1.0, 1.0), many)
+    changed = comparison_rows(load_jobs(tmp_path))[1].changed
+    assert changed == "trainer.a=1, trainer.b=2, trainer.c=3, trainer.d=4, (+1 more)"
+
+
+def test_no_speed_up_without_a_baseline_throughput(tmp_path: Path):
+    write_job(tmp_path, 0, summary("base", None, 1, 1.0, 1.0), config())
+    write_job(tmp_path, 1, summary("next", 150.0, 1, 1.0, 1.0), config("bf16_mixed"))
+    rows = comparison_rows(load_jobs(tmp_path))
+    assert rows[1].samples_per_s == pytest.approx(150.0) and rows[1].speedup is None
+
+
+def test_markdown_table_and_details(sweep: Path):
+    jobs = load_jobs(sweep)
+    markdown = to_markdown(comparison_rows(jobs), jobs)
+    lines = markdown.splitlines()
+    assert lines[0].startswith("# ") and str(sweep) in lines[0] and "NVIDIA H200" in lines[0]
+    assert "median of 5 windows" in markdown and "data wait and step" in markdown
+    header = "| stage | what it changed | samples/s | speed-up | peak MiB | final loss | loss spread | val acc |"
+    assert header in lines
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[1] == "| resnet50_baseline | (first stage) | 100 | 1.00x | 1000 | 1.2346 | 0.0125 | 0.5000 |"
+    assert table[2] == "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x | 600 | 1.2000 | 0.0125 | 0.5500 |"
+    assert table[3] == "| resnet50_compile (failed) | compile.mode=default | - | - | - | - | - | - |"
+    assert table[4].startswith("| +recipe=resnet50_broken (no summary.json) | (no config_resolved.yaml) | - |")
+    details = markdown.split("## Details", 1)[1]
+    assert "- config changes vs job 0:\n  - `precision.name`: `fp32` -> `bf16_mixed`" in details
+    # Only the derived value that moved is listed for the second stage.
+    assert "- derived values that differ from job 0:\n  - `precision`: `32-true` -> `bf16-mixed` (auto -> bf16-mixed)" \
+        in details
+    assert "`data.num_workers`: " not in details
+    assert "  - `compile.mode`: `(absent)` -> `default`" in details
+    assert "error: RuntimeError: CUDA out of memory" in details
+
+
+def test_thousands_separator(tmp_path: Path):
+    write_job(tmp_path, 0, summary("base", 12345.6, 81920.4, 1.0, 1.0), config())
+    jobs = load_jobs(tmp_path)
+    markdown = to_markdown(comparison_rows(jobs), jobs)
+    assert "| base | (first stage) | 12,346 | 1.00x | 81920 |" in markdown
+
+
+def test_write_comparison_writes_both_files(sweep: Path):
+    markdown_path, chart_path, markdown = write_comparison(sweep)
+    assert markdown_path == sweep / "comparison.md" and chart_path == sweep / "comparison.png"
+    assert markdown_path.read_text() == markdown
+    assert chart_path.read_bytes().startswith(PNG_MAGIC)
+    assert chart_path.stat().st_size > 5000
+    # Temporary files of the atomic writes are gone.
+    assert sorted(p.name for p in sweep.iterdir() if p.is_file()) == ["comparison.md", "comparison.png",
+                                                                     "multirun.yaml"]
+    # Rewriting replaces the files, and the report's own files are not mistaken for jobs.
+    assert write_comparison(sweep)[2] == markdown
+
+
+def test_chart_when_nothing_was_measured(tmp_path: Path):
+    write_job(tmp_path, 0, None, None)
+    _, chart_path, markdown = write_comparison(tmp_path)
+    assert chart_path.read_bytes().startswith(PNG_MAGIC)
+    assert "no throughput to compare with" in markdown
+
+
+def test_empty_or_missing_folder_is_a_user_error(tmp_path: Path):
+    with pytest.raises(UserError) as empty:
+        write_comparison(tmp_path)
+    assert str(tmp_path) in empty.value.line() and "no job folders" in empty.value.line()
+    with pytest.raises(UserError, match="is not a folder"):
+        write_comparison(tmp_path / "absent")
+    assert not (tmp_path / "comparison.md").exists()
+
+
+def test_cli_writes_and_prints(sweep: Path):
+    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(sweep)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x |" in proc.stdout
+    assert str(sweep / "comparison.png") in proc.stdout
+    assert (sweep / "comparison.md").is_file()
+
+
+def test_cli_on_an_empty_folder_exits_2_with_one_line(tmp_path: Path):
+    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
+    assert str(tmp_path) in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def hydra_config(sweep_dir: Path, mode: str = "MULTIRUN") -> Any:
+    return OmegaConf.create({"hydra": {"mode": mode, "sweep": {"dir": str(sweep_dir)}}})
+
+
+def test_callback_writes_and_prints_the_table(sweep: Path, capsys: pytest.CaptureFixture[str]):
+    ComparisonCallback().on_multirun_end(config=hydra_config(sweep))
+    out = capsys.readouterr().out
+    assert "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x |" in out
+    assert "## Details" not in out  # the table only; the details are in the file
+    assert str(sweep / "comparison.md") in out and str(sweep / "comparison.png") in out
+    assert (sweep / "comparison.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_callback_reports_a_failure_as_one_line_without_raising(tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        ComparisonCallback().on_multirun_end(config=hydra_config(tmp_path / "missing"))
+        ComparisonCallback().on_multirun_end(config=OmegaConf.create({"hydra": {}}))  # no sweep dir at all
+    messages = [r.getMessage() for r in caplog.records if r.name == "trainer"]
+    assert len(messages) == 2
+    assert "comparison report not written" in messages[0] and str(tmp_path / "missing") in messages[0]
+    assert all("\n" not in m for m in messages)
+
+
+def test_callback_does_nothing_for_a_single_run(sweep: Path, capsys: pytest.CaptureFixture[str]):
+    ComparisonCallback().on_multirun_end(config=hydra_config(sweep, mode="RUN"))
+    assert capsys.readouterr().out == ""
+    assert not (sweep / "comparison.md").exists()

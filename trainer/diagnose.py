@@ -1,0 +1,333 @@
+"""`diagnose=true`: where the time of one training step goes, on this machine, for this config.
+
+Four timings of the composed run, each the median over timed repeats after warm-up, with the
+device synchronized before every clock read:
+
+1. the data pipeline alone: the training loader as configured, the copy to the device and the
+   device-side finishing, no model;
+2. forward alone, on a batch already on the device;
+3. forward + backward + optimizer step on that batch (forward + backward is timed too, so the
+   optimizer's share is known);
+4. the full training step: Lightning's loop with every callback of the real run, measured by the
+   same throughput meter as training.
+
+From them: per-part milliseconds and shares of the full step, a verdict (input-bound,
+compute-bound, optimizer-bound or host-overhead-bound) and the switch to try next. The loader's
+worker count is swept too. Written as diagnosis.json and diagnosis.png in the run folder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from trainer.callbacks.throughput import synchronize
+from trainer.data.base import ImageClassificationData
+from trainer.data.loader import resolve_loader, usable_cpus
+
+log = logging.getLogger("trainer")
+
+# Verdict thresholds, as shares of the full step. A loader slower than 90% of the compute time
+# cannot hide behind it; a remainder above 30% of the step is neither data nor model arithmetic.
+INPUT_BOUND_RATIO = 0.9
+OVERHEAD_SHARE = 0.3
+OPTIMIZER_SHARE = 0.3
+
+
+@dataclass
+class Timings:
+    batch_size: int
+    data_ms: float
+    forward_ms: float
+    forward_backward_ms: float
+    step_ms: float  # forward + backward + optimizer step
+    full_ms: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def backward_ms(self) -> float:
+        return max(0.0, self.forward_backward_ms - self.forward_ms)
+
+    @property
+    def optimizer_ms(self) -> float:
+        return max(0.0, self.step_ms - self.forward_backward_ms)
+
+    @property
+    def remainder_ms(self) -> float:
+        """Full step minus the model's arithmetic: waiting for data plus host and framework work."""
+        return max(0.0, self.full_ms - self.step_ms)
+
+
+@dataclass
+class Verdict:
+    kind: str  # input-bound | compute-bound | optimizer-bound | host-overhead-bound
+    reason: str
+    try_next: list[str]
+
+
+def median_ms(run_once: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median milliseconds of `run_once`, device synchronized around each call."""
+    for _ in range(warmup):
+        run_once()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run_once()
+        synchronize(device)
+        samples.append((time.perf_counter() - start) * 1000)
+    return statistics.median(samples)
+
+
+def _batches(datamodule: ImageClassificationData, device: torch.device) -> Iterator[Any]:
+    """Training batches as the step receives them: from the loader, on the device, finished."""
+    while True:
+        for batch in datamodule.train_dataloader():
+            batch = datamodule.transfer_batch_to_device(batch, device, 0)
+            yield datamodule.finish_batch(batch, training=True)
+
+
+def time_data_pipeline(datamodule: ImageClassificationData, device: torch.device, steps: int,
+                       warmup: int) -> float:
+    """Milliseconds per batch from the training loader to a finished batch on the device."""
+    batches = _batches(datamodule, device)
+    try:
+        return median_ms(lambda: next(batches), device, warmup, steps)
+    finally:
+        batches.close()  # shuts the loader's workers down
+
+
+def sweep_workers(datamodule: ImageClassificationData, device: torch.device, steps: int,
+                  cpus: int | None = None) -> list[dict[str, Any]]:
+    """Samples/s of the data pipeline for 0, 1, 2, 4, ... workers up to the usable CPUs."""
+    cpus = cpus or usable_cpus()
+    counts = sorted({0, cpus, *itertools.takewhile(lambda n: n <= cpus, (2**i for i in range(10)))})
+    configured = datamodule.loader
+    results = []
+    try:
+        for workers in counts:
+            datamodule.loader = resolve_loader(workers, configured.pin_memory if configured else "auto", False,
+                                               "auto", in_memory=datamodule.in_memory, cuda=device.type == "cuda")
+            # Warm-up covers the workers' start and their first prefetched batches.
+            ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * workers)
+            results.append({"num_workers": workers, "ms_per_batch": ms,
+                            "samples_per_s": datamodule.batch_size / (ms / 1000)})
+    finally:
+        datamodule.loader = configured
+    return results
+
+
+def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
+               scaler: Any, device: torch.device, steps: int, warmup: int) -> tuple[float, float, float]:
+    """(forward, forward + backward, forward + backward + optimizer step) in ms on one resident batch."""
+    images, labels = batch
+    task.train()
+
+    def forward() -> torch.Tensor:
+        with forward_context():
+            return task._loss(task(images), labels)
+
+    def forward_backward() -> None:
+        loss = forward()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+    def full_step() -> None:
+        forward_backward()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    try:
+        # Warm the whole path once first: a compiled model compiles here, not inside a timing.
+        median_ms(full_step, device, warmup, 1)
+        forward_ms = median_ms(forward, device, 1, steps)
+        fb_ms = median_ms(forward_backward, device, 1, steps)
+        optimizer.zero_grad(set_to_none=True)
+        step_ms = median_ms(full_step, device, 1, steps)
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+    return forward_ms, fb_ms, step_ms
+
+
+def verdict(t: Timings, context: dict[str, Any]) -> Verdict:
+    """Name the bottleneck and the switches worth trying, from the timings and the run's settings."""
+    cuda = context.get("accelerator") == "cuda"
+    full = t.full_ms or 1e-9
+    if t.data_ms >= INPUT_BOUND_RATIO * t.step_ms and t.remainder_ms > 0.15 * full:
+        tries = []
+        best = context.get("best_workers")
+        if best is not None and best != context.get("num_workers"):
+            tries.append(f"data.num_workers={best} (fastest in the sweep)")
+        if not context.get("device_normalize", True):
+            tries.append("data.device_normalize=true (ship uint8, finish on the device)")
+        if cuda and not context.get("pin_memory"):
+            tries.append("data.pin_memory=true")
+        tries.append("cheaper decoding: smaller stored images, or pre-decoded data")
+        return Verdict("input-bound", f"the loader needs {t.data_ms:.1f} ms per batch, the model's step "
+                       f"{t.step_ms:.1f} ms: the device waits for data", tries)
+    if t.remainder_ms > OVERHEAD_SHARE * full:
+        tries = []
+        if cuda and context.get("compile") != "reduce-overhead":
+            tries.append("compile=reduce_overhead (CUDA graphs: one launch for the whole step)")
+        tries += ["a larger data.batch_size (the per-step cost is paid per batch)",
+                  "trainer.log_every_n_steps=50 (fewer host syncs for logging)"]
+        return Verdict("host-overhead-bound", f"{t.remainder_ms:.1f} ms of the {t.full_ms:.1f} ms step "
+                       f"({t.remainder_ms / full:.0%}) is neither data loading nor model arithmetic: Python, "
+                       "the training loop, callbacks and logging", tries)
+    if t.optimizer_ms > OPTIMIZER_SHARE * t.step_ms:
+        tries = []
+        implementation = context.get("optimizer_implementation")
+        if cuda and implementation != "fused":
+            tries.append("optimizer.implementation=fused")
+        if implementation == "for_loop":
+            tries.append("optimizer.implementation=foreach")
+        tries.append("a larger data.batch_size (one update per more samples)")
+        return Verdict("optimizer-bound", f"the optimizer step takes {t.optimizer_ms:.1f} ms of the model's "
+                       f"{t.step_ms:.1f} ms ({t.optimizer_ms / max(t.step_ms, 1e-9):.0%})", tries)
+    tries = []
+    if cuda:
+        if context.get("precision") == "32-true":
+            tries.append("precision=bf16_mixed (or fp16_mixed on GPUs without bf16)")
+        if not context.get("channels_last") and context.get("convolutional"):
+            tries.append("precision.channels_last=true")
+        if context.get("compile") == "off":
+            tries.append("compile=default")
+        if context.get("precision") == "32-true" and not context.get("tf32"):
+            tries.append("precision.tf32=true")
+    else:
+        tries.append("a GPU: on this CPU the arithmetic itself is the limit (bf16 autocast measured slower here)")
+    if context.get("activation_checkpointing"):
+        tries.append("model.activation_checkpointing=[] if memory allows (recomputation costs compute)")
+    tries.append("a smaller model or image size, if the task allows")
+    return Verdict("compute-bound", f"forward + backward + optimizer take {t.step_ms:.1f} ms of the "
+                   f"{t.full_ms:.1f} ms step ({t.step_ms / full:.0%})", tries)
+
+
+def shares(t: Timings) -> dict[str, float]:
+    full = t.full_ms or 1e-9
+    return {"forward": t.forward_ms / full, "backward": t.backward_ms / full, "optimizer": t.optimizer_ms / full,
+            "data wait + host overhead": t.remainder_ms / full}
+
+
+def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]]) -> list[str]:
+    rows = [("data pipeline alone", t.data_ms), ("forward alone", t.forward_ms),
+            ("forward + backward", t.forward_backward_ms), ("forward + backward + optimizer", t.step_ms),
+            ("full training step", t.full_ms)]
+    lines = [f"diagnosis at batch {t.batch_size} (ms per step, median after warm-up, device synchronized):"]
+    lines += [f"  {name:<32} {ms:9.2f} ms  {t.batch_size / (ms / 1000) if ms else 0:10,.0f} samples/s"
+              for name, ms in rows]
+    lines.append("shares of the full step: " + ", ".join(f"{k} {v:.0%}" for k, v in shares(t).items()))
+    if workers:
+        lines.append("loader workers: " + ", ".join(f"{w['num_workers']} -> {w['samples_per_s']:,.0f}/s" for w in workers))
+    lines += [f"verdict: {v.kind}: {v.reason}", "try next: " + "; ".join(v.try_next)]
+    lines += [f"note: {n}" for n in t.notes]
+    return lines
+
+
+def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from trainer.atomic import replace_atomic
+
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    try:
+        left = axes[0]
+        parts = [("forward", t.forward_ms), ("backward", t.backward_ms), ("optimizer", t.optimizer_ms),
+                 ("data wait + host", t.remainder_ms)]
+        start = 0.0
+        for (name, ms), colour in zip(parts, ("#4c72b0", "#55a868", "#c44e52", "#8172b2")):
+            left.barh(["full step"], [ms], left=start, color=colour, label=f"{name} {ms:.1f} ms")
+            start += ms
+        left.barh(["data alone"], [t.data_ms], color="#dd8452", label=f"data pipeline alone {t.data_ms:.1f} ms")
+        left.set_xlabel("ms per step")
+        left.set_title(f"{v.kind} (batch {t.batch_size})")
+        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+        right = axes[1]
+        if workers:
+            right.plot([w["num_workers"] for w in workers], [w["samples_per_s"] for w in workers], marker="o")
+            right.xaxis.set_major_locator(MaxNLocator(integer=True))
+            right.set_xlabel("loader workers")
+            right.set_ylabel("data pipeline samples/s")
+            right.set_title("worker sweep")
+        else:
+            right.text(0.5, 0.5, "worker sweep not applicable", ha="center", va="center")
+            right.set_axis_off()
+        figure.tight_layout()
+        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(figure)
+
+
+def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.optim.Optimizer,
+             forward_context: Callable[[], Any], scaler: Any, device: torch.device,
+             full_step_samples_per_s: Callable[[], float | None], context: dict[str, Any], run_dir: Path,
+             steps: int = 20, sweep: bool = True) -> dict[str, Any]:
+    """Run the four timings and the worker sweep; write diagnosis.json and diagnosis.png."""
+    from trainer.summary import write_json_atomic
+
+    notes: list[str] = []
+    datamodule.setup("fit")
+    batch_size = datamodule.batch_size
+    data_ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
+                                                                            if datamodule.loader else 0))
+    batches = _batches(datamodule, device)
+    try:
+        resident = next(batches)
+    finally:
+        batches.close()
+    forward_ms, fb_ms, step_ms = time_model(task, optimizer, resident, forward_context, scaler, device, steps,
+                                            warmup=3)
+    rate = full_step_samples_per_s()
+    if not rate:
+        raise RuntimeError("the full-step run produced no timed window")
+    full_ms = batch_size / rate * 1000
+    if full_ms < step_ms:
+        notes.append("the full step measured faster than the model alone: timing noise on a busy machine; "
+                     "rerun with a larger diagnose_steps")
+    timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes)
+
+    workers: list[dict[str, Any]] = []
+    if not sweep:
+        notes.append("worker sweep skipped: the data is made on the device, there is no loader to tune")
+    else:
+        workers = sweep_workers(datamodule, device, steps)
+        context["best_workers"] = max(workers, key=lambda w: w["samples_per_s"])["num_workers"]
+    result_verdict = verdict(timings, context)
+    for line in report_lines(timings, result_verdict, workers):
+        log.info(line)
+    record = {
+        "batch_size": batch_size,
+        "steps_timed": steps,
+        "method": "median of timed repeats after warm-up, device synchronized before each clock read; "
+                  "the full step is the training meter's median window",
+        "ms_per_step": {"data_pipeline": data_ms, "forward": forward_ms, "forward_backward": fb_ms,
+                        "forward_backward_optimizer": step_ms, "full_step": full_ms},
+        "derived_ms": {"backward": timings.backward_ms, "optimizer": timings.optimizer_ms,
+                       "data_wait_and_host_overhead": timings.remainder_ms},
+        "shares_of_full_step": shares(timings),
+        "verdict": result_verdict.kind,
+        "reason": result_verdict.reason,
+        "try_next": result_verdict.try_next,
+        "worker_sweep": workers,
+        "context": context,
+        "notes": notes,
+    }
+    write_json_atomic(run_dir / "diagnosis.json", record)
+    plot(timings, result_verdict, workers, run_dir / "diagnosis.png")
+    log.info("diagnosis written: %s, %s", run_dir / "diagnosis.json", run_dir / "diagnosis.png")
+    return record

@@ -1,0 +1,568 @@
+"""The side-by-side comparison of one multirun: what each stage of an optimization ladder bought.
+
+A ladder (baseline -> data pipeline -> mixed precision -> channels_last -> compile -> ...) is one
+Hydra multirun whose jobs differ by config overrides only. Each job leaves a `summary.json` and
+its `config_resolved.yaml`; this module reads them back and writes `SWEEP/comparison.md` (a table
+of samples/s, speed-up over the first stage, peak memory, loss and accuracy, then per stage the
+exact config and derived-value changes) and `SWEEP/comparison.png` (the same numbers as bars).
+
+It reads files only, so it runs the same at the end of a sweep (`ComparisonCallback`, registered
+under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.report SWEEP_DIR`).
+A job that crashed, or never wrote its summary, shows up as such; it never stops the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from hydra.experimental.callback import Callback
+
+from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.errors import UserError, exit_with, full_error_requested
+
+log = logging.getLogger("trainer")
+
+MARKDOWN_NAME = "comparison.md"
+CHART_NAME = "comparison.png"
+COLUMNS = ("stage", "what it changed", "samples/s", "speed-up", "peak MiB", "final loss", "loss spread", "val acc")
+CHANGES_SHOWN = 4  # more than this does not fit a table cell; the Details section lists them all
+FIRST_STAGE = "(first stage)"
+NO_SUMMARY = "no summary.json"
+_SWEEP_LAYOUT = "a Hydra multirun folder holding job folders named 0, 1, 2, ..."
+
+
+class _Missing:
+    """A key absent from one of two configs (distinct from a key whose value is null)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass
+class Job:
+    """One job folder of a sweep and what it left behind (None where a file is missing)."""
+
+    number: int
+    folder: Path
+    summary: dict[str, Any] | None
+    config: dict[str, Any] | None
+    # Hydra's own record of the command line, for naming a job that died before its summary.
+    hydra_overrides: list[str] = field(default_factory=list)
+    # Why a file that exists could not be used (half-written or not a mapping).
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the comparison table; numbers are None where the job has none to show."""
+
+    number: int
+    stage: str
+    changed: str
+    samples_per_s: float | None
+    speedup: float | None
+    peak_mib: float | None
+    final_loss: float | None
+    loss_spread: float | None
+    val_acc: float | None
+    status: str
+
+
+# --------------------------------------------------------------------------- reading a sweep
+
+
+def load_jobs(sweep_dir: Path) -> list[Job]:
+    """The job folders of `sweep_dir` (named 0, 1, 2, ...) in job order, with their files read."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        return []
+    numbered = [(int(p.name), p) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    return [_load_job(number, folder) for number, folder in sorted(numbered)]
+
+
+def _load_job(number: int, folder: Path) -> Job:
+    problems: list[str] = []
+    summary = _read_mapping(folder / "summary.json", json.loads, problems)
+    config = _read_mapping(folder / "config_resolved.yaml", _yaml_load, problems)
+    overrides = _read_mapping(folder / ".hydra" / "overrides.yaml", _yaml_load, [], mapping=False)
+    return Job(number, folder, summary, config,
+               hydra_overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
+               problems=problems)
+
+
+def _yaml_load(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _read_mapping(path: Path, parse: Callable[[str], Any], problems: list[str], mapping: bool = True) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        value = parse(path.read_text(encoding="utf-8"))
+    except Exception as ex:  # noqa: BLE001 - any unreadable file is reported, never fatal
+        problems.append(f"{path.name} unreadable ({type(ex).__name__}: {_first_line(str(ex))})")
+        return None
+    if mapping and not isinstance(value, dict):
+        problems.append(f"{path.name} holds a {type(value).__name__}, not a mapping")
+        return None
+    return value
+
+
+def stage_name(job: Job) -> str:
+    """The recipe's name when the job used one, else its overrides, else ``job N``."""
+    summary = job.summary or {}
+    choices = summary.get("choices")
+    if isinstance(choices, dict) and choices.get("recipe"):
+        return str(choices["recipe"])
+    overrides = summary.get("overrides")
+    if not isinstance(overrides, list) or not overrides:
+        overrides = job.hydra_overrides
+    if overrides:
+        return " ".join(str(o) for o in overrides)
+    return f"job {job.number}"
+
+
+# --------------------------------------------------------------------------- config differences
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": [1, 2]}``; lists stay whole values."""
+    if not isinstance(config, dict):
+        return {prefix: config} if prefix else {}
+    if not config and prefix:
+        return {prefix: {}}  # an empty section is still a setting, e.g. `trainer.plugins: {}`
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(flatten(value, dotted))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def config_changes(previous_config: dict[str, Any] | None, config: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    """Dotted keys whose value differs between two configs, as ``(key, before, after)`` sorted by
+    key; a key present on one side only has None on the other."""
+    return [(key, None if before is MISSING else before, None if after is MISSING else after)
+            for key, before, after in _changes(previous_config, config)]
+
+
+def _changes(previous_config: dict[str, Any] | None, config: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
+    before, after = flatten(previous_config or {}), flatten(config or {})
+    return [(key, before.get(key, MISSING), after.get(key, MISSING))
+            for key in sorted(before.keys() | after.keys())
+            if not _same(before.get(key, MISSING), after.get(key, MISSING))]
+
+
+def _same(a: Any, b: Any) -> bool:
+    # YAML's `true` and `1` compare equal in Python but are different settings.
+    if isinstance(a, bool) != isinstance(b, bool):
+        return False
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a is b or a == b
+
+
+def _earlier_with(jobs: Sequence[Job], index: int, has: Callable[[Job], Any]) -> Job | None:
+    """The nearest job before `index` that has something to compare against (a crashed job may not)."""
+    for earlier in reversed(jobs[:index]):
+        if has(earlier):
+            return earlier
+    return None
+
+
+def _what_changed(jobs: Sequence[Job], index: int) -> str:
+    if index == 0:
+        return FIRST_STAGE
+    job = jobs[index]
+    if job.config is None:
+        return "(no config_resolved.yaml)"
+    previous = _earlier_with(jobs, index, lambda j: j.config is not None)
+    if previous is None:
+        return "(no earlier config to compare)"
+    changes = _changes(previous.config, job.config)
+    if not changes:
+        return "(no config change)"
+    items = [f"{key}={_after_text(after)}" for key, _, after in changes[:CHANGES_SHOWN]]
+    if len(changes) > CHANGES_SHOWN:
+        items.append(f"(+{len(changes) - CHANGES_SHOWN} more)")
+    text = ", ".join(items)
+    if previous is not jobs[index - 1]:
+        text += f" (vs job {previous.number})"
+    return text
+
+
+def _after_text(value: Any) -> str:
+    return "(removed)" if value is MISSING else _value_text(value)
+
+
+def _value_text(value: Any, limit: int = 40) -> str:
+    """Values as a person would write them in an override: ``true``, ``null``, ``0.001``, ``[1, 2]``."""
+    if value is MISSING:
+        return "(absent)"
+    if value is None:
+        text = "null"
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_value_text(v, limit) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{k}: {_value_text(v, limit)}" for k, v in value.items()) + "}"
+    else:
+        text = str(value)
+    text = _first_line(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- the rows
+
+
+def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
+    """One row per job, in job order; speed-ups are relative to the first job's samples/s."""
+    baseline = _samples_per_s(jobs[0]) if jobs else None
+    rows = []
+    for index, job in enumerate(jobs):
+        status = _status(job)
+        numbers: dict[str, float | None] = dict.fromkeys(
+            ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc"))
+        if status == "completed":
+            summary = job.summary or {}
+            rate = _samples_per_s(job)
+            peak = _number(_get(summary, "peak_memory", "bytes"))
+            numbers.update(
+                samples_per_s=rate,
+                speedup=rate / baseline if rate is not None and baseline else None,
+                peak_mib=peak / 2**20 if peak is not None else None,
+                final_loss=_number(_get(summary, "loss", "final")),
+                loss_spread=_number(_get(summary, "loss", "spread")),
+                val_acc=_number(_get(summary, "metrics", "val", "acc")),
+            )
+        rows.append(Row(number=job.number, stage=stage_name(job), changed=_what_changed(jobs, index),
+                        status=status, **numbers))
+    return rows
+
+
+def _status(job: Job) -> str:
+    if job.summary is None:
+        return "unreadable summary.json" if any(p.startswith("summary.json") for p in job.problems) else NO_SUMMARY
+    return str(job.summary.get("status") or "unknown status")
+
+
+def _samples_per_s(job: Job) -> float | None:
+    if _status(job) != "completed":
+        return None
+    rate = _number(_get(job.summary, "throughput", "samples_per_s"))
+    # A zero or non-finite rate is no measurement; dividing by it would only print nonsense.
+    return rate if rate is not None and math.isfinite(rate) and rate > 0 else None
+
+
+def _get(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _number(value: Any) -> float | None:
+    """A float from summary.json, where non-finite floats are stored as the strings "nan"/"inf"."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The comparison table alone (what the sweep prints at its end)."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
+    for row in rows:
+        stage = row.stage if row.status == "completed" else f"{row.stage} ({row.status})"
+        cells = [stage, row.changed, _fmt(row.samples_per_s, "{:,.0f}"), _fmt(row.speedup, "{:.2f}x"),
+                 _fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
+                 _fmt(row.val_acc, "{:.4f}")]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def to_markdown(rows: Sequence[Row], jobs: Sequence[Job]) -> str:
+    """The whole report: title, how the numbers were measured, the table, then per-stage details."""
+    sweep = jobs[0].folder.parent if jobs else Path(".")
+    summaries = [j.summary for j in jobs if j.summary]
+    device = next((s["device"] for s in summaries if isinstance(s.get("device"), dict)), None)
+    title = f"# Stage comparison: `{sweep}`"
+    if device:
+        title += f" on {_device_text(device)}"
+    lines = [title, ""]
+    lines += _notes(rows, jobs, summaries)
+    lines += ["", markdown_table(rows), "", "## Details", ""]
+    for index, row in enumerate(rows):
+        lines += _details(jobs, index, row)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _device_text(device: dict[str, Any]) -> str:
+    name, accelerator = device.get("name"), device.get("accelerator")
+    if name and accelerator:
+        return f"{name} ({accelerator})"
+    return str(name or accelerator or "an unknown device")
+
+
+def _notes(rows: Sequence[Row], jobs: Sequence[Job], summaries: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    measured = next(((j, j.summary["throughput"]) for j in jobs
+                     if j.summary and isinstance(j.summary.get("throughput"), dict)), None)
+    if measured:
+        job, throughput = measured
+        how = "; ".join(f"{label}{throughput[key]}" for key, label in (("method", ""), ("includes", "includes "))
+                        if throughput.get(key))
+        if how:
+            notes.append(f"Throughput: {how} (as job {job.number} reports it).")
+    if rows and rows[0].samples_per_s is not None:
+        notes.append(f"Speed-up is relative to the first stage (job {rows[0].number}).")
+    elif rows:
+        notes.append(f"No speed-up: the first stage (job {rows[0].number}) has no throughput to compare with.")
+    memory = next((s["peak_memory"]["what"] for s in summaries
+                   if isinstance(s.get("peak_memory"), dict) and s["peak_memory"].get("what")), None)
+    if memory:
+        notes.append(f"Peak memory: {memory}.")
+    # Ratios across different hardware measure the hardware too; say so rather than hide it.
+    devices = sorted({_device_text(s["device"]) for s in summaries if isinstance(s.get("device"), dict)})
+    if len(devices) > 1:
+        notes.append(f"Warning: the jobs ran on different devices ({', '.join(devices)}); "
+                     "speed-ups compare hardware as well as settings.")
+    return [" ".join(notes)] if notes else []
+
+
+def _details(jobs: Sequence[Job], index: int, row: Row) -> list[str]:
+    job = jobs[index]
+    summary = job.summary or {}
+    heading = f"### job {job.number}" + ("" if row.stage == f"job {job.number}" else f": {_cell(row.stage)}")
+    lines = [heading, "", f"- status: {row.status}"]
+    if summary.get("error"):
+        lines.append(f"- error: {_first_line(str(summary['error']))}")
+    if row.status == "running":
+        lines.append("- the summary still says running: the job was killed before it could finish, or is still going")
+    lines += [f"- {problem}" for problem in job.problems]
+    if summary.get("overrides"):
+        lines.append("- overrides: " + " ".join(f"`{o}`" for o in summary["overrides"]))
+    recipe = summary.get("recipe")
+    if isinstance(recipe, dict) and recipe.get("name"):
+        parent = f", extends `{recipe['parent']}`" if recipe.get("parent") else ""
+        lines.append(f"- recipe `{recipe['name']}`{parent}")
+    lines += _config_details(jobs, index)
+    lines += _derived_details(jobs, index)
+    throughput = summary.get("throughput")
+    if isinstance(throughput, dict) and throughput.get("mfu") is not None:
+        lines.append(f"- MFU {_fmt(_number(throughput['mfu']), '{:.1%}')}"
+                     + (f" ({throughput['mfu_note']})" if throughput.get("mfu_note") else ""))
+    return lines + [""]
+
+
+def _config_details(jobs: Sequence[Job], index: int) -> list[str]:
+    job = jobs[index]
+    if index == 0:
+        return ["- config: the first stage, the reference for the others"]
+    if job.config is None:
+        return ["- config changes: unknown (no config_resolved.yaml)"]
+    previous = _earlier_with(jobs, index, lambda j: j.config is not None)
+    if previous is None:
+        return ["- config changes: no earlier job left a config to compare with"]
+    changes = _changes(previous.config, job.config)
+    if not changes:
+        return [f"- config changes vs job {previous.number}: none"]
+    return [f"- config changes vs job {previous.number}:"] + [
+        f"  - `{key}`: `{_value_text(before, 80)}` -> `{_value_text(after, 80)}`" for key, before, after in changes]
+
+
+def _derived_details(jobs: Sequence[Job], index: int) -> list[str]:
+    derived = _derived(jobs[index])
+    if not derived:
+        return []
+    previous = _earlier_with(jobs, index, _derived) if index else None
+    if previous is None:
+        return ["- derived values:"] + [f"  - `{key}` = `{_value_text(value, 80)}`" + (f" ({how})" if how else "")
+                                        for key, (value, how) in derived.items()]
+    before = _derived(previous)
+    differing = [(key, before.get(key, (MISSING, ""))[0], value, how) for key, (value, how) in derived.items()
+                 if not _same(before.get(key, (MISSING, ""))[0], value)]
+    differing += [(key, value, MISSING, "") for key, (value, _) in before.items() if key not in derived]
+    if not differing:
+        return [f"- derived values: as in job {previous.number}"]
+    return [f"- derived values that differ from job {previous.number}:"] + [
+        f"  - `{key}`: `{_value_text(old, 80)}` -> `{_value_text(new, 80)}`" + (f" ({how})" if how else "")
+        for key, old, new, how in sorted(differing, key=lambda d: d[0])]
+
+
+def _derived(job: Job) -> dict[str, tuple[Any, str]]:
+    derived = (job.summary or {}).get("derived")
+    if not isinstance(derived, dict):
+        return {}
+    return {str(k): (v.get("value"), _first_line(str(v.get("how") or ""))) if isinstance(v, dict) else (v, "")
+            for k, v in derived.items()}
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _cell(text: str) -> str:
+    # A `|` would split the cell and a newline would end the table row.
+    return _first_line(str(text)).replace("|", "\\|") or "-"
+
+
+def _first_line(text: str) -> str:
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+# --------------------------------------------------------------------------- chart
+
+
+def plot(rows: Sequence[Row], path: Path) -> Path:
+    """Bars of samples/s per stage (annotated with the speed-up) beside bars of peak memory,
+    written atomically as a PNG. Stages without a number get no bar but keep their place."""
+    # No pyplot: a bare Figure on the Agg canvas leaves the process's plotting state untouched,
+    # which matters inside a Hydra process or a notebook that imported this module.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = [_short(f"{r.number}: {r.stage}") for r in rows]
+    positions = list(range(len(rows)))
+    height = max(2.5, 0.5 * len(rows) + 1.5)
+    figure = Figure(figsize=(12, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    speed_axes, memory_axes = figure.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
+
+    def bars(axes: Any, values: list[float | None], color: str, notes: list[str], title: str) -> None:
+        present = [(p, v) for p, v in zip(positions, values) if v is not None and math.isfinite(v)]
+        if present:
+            axes.barh([p for p, _ in present], [v for _, v in present], color=color)
+        top = max((v for _, v in present), default=1.0) or 1.0
+        for position, value, note in zip(positions, values, notes):
+            shown = value if value is not None and math.isfinite(value) else 0.0
+            if note:
+                axes.text(shown + top * 0.01, position, note, va="center", fontsize=9)
+        axes.set_xlim(0, top * 1.25)
+        axes.set_title(title)
+        axes.grid(axis="x", alpha=0.3)
+
+    missing = [r.status if r.status != "completed" else "not measured" for r in rows]
+    bars(speed_axes, [r.samples_per_s for r in rows], "tab:blue",
+         [(f"{r.samples_per_s:,.0f}" + (f"  ({r.speedup:.2f}x)" if r.speedup is not None else ""))
+          if r.samples_per_s is not None else missing[i] for i, r in enumerate(rows)],
+         "training throughput (samples/s)")
+    bars(memory_axes, [r.peak_mib for r in rows], "tab:orange",
+         [f"{r.peak_mib:,.0f}" if r.peak_mib is not None else missing[i] for i, r in enumerate(rows)],
+         "peak memory (MiB)")
+    speed_axes.set_yticks(positions, labels)
+    # Every stage keeps its slot, bar or not, with the first stage on top as in the table.
+    speed_axes.set_ylim(len(rows) - 0.5, -0.5)
+    path = Path(path)
+    replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    return path
+
+
+def _short(text: str, limit: int = 45) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_comparison(sweep_dir: Path) -> tuple[Path, Path, str]:
+    """Write ``comparison.md`` and ``comparison.png`` into `sweep_dir`; return their paths and the Markdown."""
+    markdown_path, chart_path, markdown, _ = _write(Path(sweep_dir))
+    return markdown_path, chart_path, markdown
+
+
+def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row]]:
+    if not sweep_dir.is_dir():
+        raise UserError(str(sweep_dir), "is not a folder", _SWEEP_LAYOUT)
+    jobs = load_jobs(sweep_dir)
+    if not jobs:
+        hint = " (it is a single run's folder: pass the multirun folder above its jobs)" \
+            if (sweep_dir / "summary.json").is_file() else ""
+        raise UserError(str(sweep_dir), f"holds no job folders{hint}", _SWEEP_LAYOUT)
+    rows = comparison_rows(jobs)
+    markdown = to_markdown(rows, jobs)
+    markdown_path, chart_path = sweep_dir / MARKDOWN_NAME, sweep_dir / CHART_NAME
+    write_text_atomic(markdown_path, markdown)
+    plot(rows, chart_path)
+    return markdown_path, chart_path, markdown, rows
+
+
+# --------------------------------------------------------------------------- Hydra callback and CLI
+
+
+class ComparisonCallback(Callback):
+    """Writes the comparison when a multirun ends. Register it in the primary config:
+
+    ``hydra: {callbacks: {comparison: {_target_: trainer.report.ComparisonCallback}}}``
+    """
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        try:
+            mode = _get_config(config, "hydra", "mode")
+            if mode is not None and str(mode).split(".")[-1] != "MULTIRUN":
+                return
+            markdown_path, chart_path, _, rows = _write(Path(str(config.hydra.sweep.dir)))
+            print(markdown_table(rows))
+            print(f"comparison: {markdown_path}")
+            print(f"chart:      {chart_path}")
+        except Exception as ex:  # noqa: BLE001 - the jobs' own results must stay visible
+            line = ex.line() if isinstance(ex, UserError) else f"{type(ex).__name__}: {_first_line(str(ex))}"
+            log.warning("comparison report not written: %s", line)
+
+
+def _get_config(config: Any, *keys: str) -> Any:
+    for key in keys:
+        try:
+            config = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+        except Exception:  # noqa: BLE001 - a missing node (OmegaConf may raise) means "not set"
+            return None
+        if config is None:
+            return None
+    return config
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.report",
+        description="Compare the jobs of one multirun folder: writes comparison.md and comparison.png into it.")
+    parser.add_argument("sweep_dir", type=Path, help="the multirun folder (e.g. outputs/multirun/DATE/TIME)")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        markdown_path, chart_path, markdown = write_comparison(args.sweep_dir)
+    except UserError as ex:
+        if full_error_requested():
+            raise
+        exit_with(ex.line())
+    sys.stdout.write(markdown)
+    print(f"\ncomparison: {markdown_path}\nchart:      {chart_path}")
+
+
+if __name__ == "__main__":
+    main()
