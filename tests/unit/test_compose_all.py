@@ -11,6 +11,8 @@ GROUP_DIRS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "hydra
 CHOICES = [(group.name, f.stem) for group in GROUP_DIRS for f in sorted(group.glob("*.yaml"))]
 # Choices that need a value only the person can give.
 EXTRA = {("model", "custom"): ["model._target_=tests.helpers.TinyMLP"]}
+# Groups with no default: added with +group=choice.
+OPTIONAL_GROUPS = {"ladder"}
 
 
 def test_every_group_has_choices_and_every_file_is_covered():
@@ -21,8 +23,11 @@ def test_every_group_has_choices_and_every_file_is_covered():
 
 @pytest.mark.parametrize("group, choice", CHOICES, ids=[f"{g}={c}" for g, c in CHOICES])
 def test_group_choice_composes_and_validates(group, choice):
-    spec = validate(compose([f"{group}={choice}", *EXTRA.get((group, choice), [])]))
+    prefix = "+" if group in OPTIONAL_GROUPS else ""
+    spec = validate(compose([f"{prefix}{group}={choice}", *EXTRA.get((group, choice), [])]))
     assert spec is not None
+    if group == "ladder":
+        assert spec.run.ladder == choice
 
 
 RECIPE_NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))
