@@ -132,7 +132,7 @@ def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_
 
     def forward() -> torch.Tensor:
         with forward_context():
-            return task._loss(task(images), labels)
+            return task.compute_loss(task(images), labels)
 
     def forward_backward() -> None:
         loss = forward()

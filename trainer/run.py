@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import inspect
 import logging
 import sys
@@ -133,6 +134,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     memory_device = (torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "cuda"
                      else torch.device("cpu"))
+    # The jobs of a multirun share this process: collect the previous job's reference cycles
+    # (trainer <-> module) before counting this run's peak, or its model would still be resident.
+    gc.collect()
     peak_reset = reset_peak_memory(memory_device)
     fit_started = time.perf_counter()
     try:
@@ -283,7 +287,7 @@ def _throughput_meter(net: Any, info: Any, plan: Any) -> Any:
     else:
         peak, peak_how = None, f"no known peak for the {plan.accelerator.upper()}: MFU left out"
     plan.derived["device.peak_flops"] = Derived(f"{peak / 1e12:.1f} TFLOP/s" if peak else None, peak_how)
-    return ThroughputMeter(flops_per_sample=flops, peak_flops=peak, mfu_note=peak_how if peak else peak_how)
+    return ThroughputMeter(flops_per_sample=flops, peak_flops=peak, mfu_note=peak_how)
 
 
 def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, Any],

@@ -47,14 +47,14 @@ class ClassificationTask(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # Loss in fp32 whatever the autocast dtype: log-softmax of half logits loses precision.
         return F.cross_entropy(logits.float(), labels)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         images, labels = batch
         logits = self(images)
-        loss = self._loss(logits, labels)
+        loss = self.compute_loss(logits, labels)
         self.train_acc(logits.detach(), labels)
         n = labels.shape[0]
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
@@ -71,7 +71,7 @@ class ClassificationTask(L.LightningModule):
         images, labels = batch
         logits = self(images)
         n = labels.shape[0]
-        self.log(f"{split}/loss", self._loss(logits, labels), on_epoch=True, batch_size=n)
+        self.log(f"{split}/loss", self.compute_loss(logits, labels), on_epoch=True, batch_size=n)
         metric(logits, labels)
         self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
 
