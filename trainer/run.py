@@ -50,7 +50,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             k: str(v) for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v is not None}
         overrides = overrides if overrides is not None else list(hydra_cfg.overrides.task)
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
-        search_path = [str(entry.path) for entry in hydra_cfg.searchpath] if hydra_cfg.get("searchpath") else []
+        search_path = [str(entry) for entry in hydra_cfg.searchpath or []]
     spec = validate(cfg, group_choices)
     if spec.run.ladder and not multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
@@ -300,6 +300,9 @@ def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, 
         from hydra.core.global_hydra import GlobalHydra
 
         from trainer.config import to_plain
+
+        if search_path:  # a team's recipes folder: the parent may live there
+            parent_overrides = [*parent_overrides, f"hydra.searchpath=[{','.join(search_path)}]"]
 
         if GlobalHydra.instance().is_initialized():
             cfg = compose(config_name="train", overrides=parent_overrides)

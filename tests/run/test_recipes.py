@@ -93,3 +93,19 @@ def test_digits_quickstart_first_losses_match_the_stored_values(tmp_path):
         GOLDEN.write_text(json.dumps({"recipe": "digits_quickstart", "losses": losses}, indent=2) + "\n")
     stored = json.loads(GOLDEN.read_text())["losses"]
     assert losses == pytest.approx(stored, rel=1e-4, abs=1e-5)
+
+
+def test_a_team_recipe_folder_on_the_search_path_records_its_own_parent(tmp_path):
+    from tests.helpers import train
+
+    team = tmp_path / "team_recipes"
+    team.mkdir()
+    (team / "team_base.yaml").write_text("# @package _global_\ndefaults:\n  - override /model: resnet18\n"
+                                         "  - _self_\noptimizer:\n  lr: 0.01\n")
+    (team / "team_fast.yaml").write_text("# @package _global_\ndefaults:\n  - team_base\n  - _self_\n"
+                                         "optimizer:\n  lr: 0.02\n")
+    result = train(["+recipe=team_fast", f"hydra.searchpath=[recipes://{team}]", *TINY], tmp_path / "run")
+    assert result.returncode == 0, result
+    recipe = result.summary["recipe"]
+    assert recipe["parent"] == "team_base" and recipe["file"] == str(team / "team_fast.yaml")
+    assert recipe["differs_from_parent"] == {"optimizer.lr": [0.01, 0.02]}

@@ -1,0 +1,64 @@
+"""The throughput meter: warm-up skipped, windows of whole steps, a device sync only at window
+edges, MFU only where both FLOPs and the peak are known."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import trainer.callbacks.throughput as throughput
+from trainer.callbacks.throughput import ThroughputMeter
+
+
+class FakeModule:
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.logged = []
+
+    def log(self, name, value, **kwargs):
+        self.logged.append((name, value))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake clock advancing 0.5 s per step, and a count of device syncs."""
+    state = SimpleNamespace(now=0.0, syncs=0)
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: state.now)
+    monkeypatch.setattr(throughput, "synchronize", lambda device: setattr(state, "syncs", state.syncs + 1))
+    return state
+
+
+def steps(meter, module, clock, n, batch=8):
+    for _ in range(n):
+        clock.now += 0.5
+        meter.on_train_batch_end(None, module, {}, torch.zeros(batch, 1), 0)
+
+
+def test_windows_after_warm_up_sync_only_at_their_edges(clock):
+    meter, module = ThroughputMeter(warmup_steps=5, window_steps=10), FakeModule()
+    steps(meter, module, clock, 5 + 1 + 20)
+    assert meter.window_rates == [16.0, 16.0]  # 10 steps x 8 samples / 5 s
+    assert clock.syncs == 3  # the anchor and two window ends, not one per step
+    assert [name for name, _ in module.logged] == ["perf/samples_per_s"] * 2
+    s = meter.summary()
+    assert s["samples_per_s"] == 16.0 and s["mfu"] is None
+
+
+def test_mfu_is_reported_and_logged_when_flops_and_peak_are_known(clock):
+    meter = ThroughputMeter(warmup_steps=0, window_steps=4, flops_per_sample=1e9, peak_flops=1e12)
+    module = FakeModule()
+    steps(meter, module, clock, 1 + 4)
+    assert meter.summary()["mfu"] == pytest.approx(16.0 * 1e9 / 1e12)
+    assert ("perf/mfu", pytest.approx(0.016)) in module.logged
+
+
+def test_a_run_too_short_for_a_window_pools_its_steps_at_the_next_pause(clock):
+    meter, module = ThroughputMeter(warmup_steps=2, window_steps=10), FakeModule()
+    steps(meter, module, clock, 2 + 1 + 4)
+    meter.on_train_end(None, module)
+    s = meter.summary()
+    assert s["windows"] == 0 and s["samples_per_s"] == pytest.approx(32 / 2.0)
+    assert "too short" in s["method"]
