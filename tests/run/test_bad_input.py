@@ -1,8 +1,12 @@
-"""Each bad input ends with one line naming the key, exit code 2, no traceback, before training."""
+"""Each bad input ends with one line naming the key, exit code 2, no traceback, before training.
+
+The cases run `train.py` in a forked child (`train_forked`: same entry point and exit code, no new
+import of torch); one case runs in a fresh interpreter, as a person would, to keep that path honest.
+"""
 
 import pytest
 
-from tests.helpers import train, write_digit_pngs
+from tests.helpers import train, train_forked, write_digit_pngs
 
 pytestmark = pytest.mark.run
 
@@ -25,8 +29,13 @@ CASES = {
 
 @pytest.mark.parametrize("args, key", CASES.values(), ids=CASES.keys())
 def test_bad_input_is_one_line(tmp_path, args, key):
-    result = train(args, tmp_path / "run")
+    result = train_forked(args, tmp_path / "run")
     _assert_one_line_error(result, key)
+
+
+def test_bad_input_is_one_line_in_a_fresh_interpreter(tmp_path):
+    result = train(["optimizer.learning_rate=0.1"], tmp_path / "run")
+    _assert_one_line_error(result, "optimizer.learning_rate")
 
 
 def test_folders_without_images(tmp_path):
@@ -34,10 +43,10 @@ def test_folders_without_images(tmp_path):
     (empty / "train" / "cat").mkdir(parents=True)
     (empty / "val" / "cat").mkdir(parents=True)
     (empty / "train" / "cat" / "notes.txt").write_text("not an image")
-    result = train(["data=imagefolder", f"data.root={empty}"], tmp_path / "run1")
+    result = train_forked(["data=imagefolder", f"data.root={empty}"], tmp_path / "run1")
     _assert_one_line_error(result, "data.root")
     assert "no images" in result.stderr
-    result = train(["data=cifar10", f"data.root={empty}"], tmp_path / "run2")
+    result = train_forked(["data=cifar10", f"data.root={empty}"], tmp_path / "run2")
     _assert_one_line_error(result, "data.root")
 
 
@@ -45,7 +54,8 @@ def test_val_classes_must_exist_in_train(tmp_path):
     root = tmp_path / "pngs"
     write_digit_pngs(root, {"train": 2}, classes=[0, 1], size=8)
     write_digit_pngs(root, {"val": 2}, classes=[0, 2], size=8)
-    result = train(["data=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=2"], tmp_path / "run")
+    result = train_forked(["data=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=2"],
+                          tmp_path / "run")
     _assert_one_line_error(result, str(root / "val"))
     assert "digit_2" in result.stderr
 
