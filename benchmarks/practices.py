@@ -36,6 +36,7 @@ PRACTICES = [
     ("95th-percentile clipping (cost)", "clipping=percentile", "clipping=off"),
     ("activation checkpointing (cost)", "model.activation_checkpointing=[features.4,features.5]",
      "model.activation_checkpointing=[]"),
+    ("non-finite guard (cost)", "nonfinite=skip", "nonfinite=off"),
 ]
 
 
@@ -52,11 +53,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting (median reported)")
     parser.add_argument("--base", nargs="*", default=[], help="overrides added to the base config")
     parser.add_argument("--out", type=Path, help="also write the table to this Markdown file")
+    parser.add_argument("--only", nargs="*", default=[], help="rows whose name contains one of these words")
     args = parser.parse_args()
     base = BASE + args.base
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, on, off) in enumerate(PRACTICES):
+        chosen = [p for p in PRACTICES if not args.only or any(word in p[0] for word in args.only)]
+        for i, (name, on, off) in enumerate(chosen):
             rates: dict[str, list[float]] = {"on": [], "off": []}
             memory: dict[str, list[float]] = {"on": [], "off": []}
             device = ""

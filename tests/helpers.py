@@ -216,3 +216,25 @@ class ExplodingMLP(TinyMLP):
             if self.calls == self.fail_at:
                 raise RuntimeError("simulated crash in the forward pass")
         return super().forward(x)
+
+
+class NaNMLP(TinyMLP):
+    """Outputs NaN on the training forward calls listed in `nan_at` (1-based), or on every call from
+    `nan_from` on, and keeps a copy of its first layer's weights as each training call saw them."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int],
+                 nan_at: Sequence[int] = (), nan_from: int = 0) -> None:
+        super().__init__(num_classes, in_channels, image_size)
+        self.nan_at = set(nan_at)
+        self.nan_from = nan_from
+        self.calls = 0
+        self.seen_weights: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.calls += 1
+            self.seen_weights.append(self.net[1].weight.detach().clone())
+            if self.calls in self.nan_at or (self.nan_from and self.calls >= self.nan_from):
+                return out * float("nan")
+        return out

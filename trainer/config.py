@@ -192,6 +192,7 @@ class RunSpec:
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
     clipping: dict[str, Any] = field(default_factory=dict)
+    nonfinite: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
     #: The whole config as validated: plain containers, interpolations resolved.
@@ -201,8 +202,8 @@ class RunSpec:
         return dataclasses.asdict(self)
 
 
-GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "logger",
-          "trainer")
+GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "nonfinite",
+          "logger", "trainer")
 
 
 def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, str] | None = None) -> RunSpec:
@@ -240,6 +241,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     check_value("model.activation_checkpointing", stages, list[str])
     model = _target("model", model_values, skip=INJECTED_MODEL_ARGS)
     clipping = _target("clipping", plain["clipping"], skip=())
+    nonfinite = _target("nonfinite", plain["nonfinite"], skip=())
     loggers = {}
     for name, spec in plain["logger"].items():
         if spec is None:
@@ -258,7 +260,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     trainer = {k: v for k, v in trainer.items() if k in plain["trainer"]}
 
     return RunSpec(run, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
-                   clipping, list(stages), dict(group_choices or {}), plain)
+                   clipping, nonfinite, list(stages), dict(group_choices or {}), plain)
 
 
 INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size")

@@ -92,7 +92,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
                               optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
-    trainer, checkpoint, clipping, losses = _build_trainer(spec, plan, run_dir, meter)
+    trainer, checkpoint, clipping, losses, guard = _build_trainer(spec, plan, run_dir, meter)
     plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
 
     log.info("run folder %s", run_dir)
@@ -150,7 +150,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             test_results = trainer.test(task, datamodule=datamodule, ckpt_path="best" if use_best else None,
                                         verbose=False)
     except BaseException as ex:
-        summary.update(status="interrupted" if isinstance(ex, KeyboardInterrupt) else "failed",
+        summary.update(nonfinite=guard.summary(),
+                       status="interrupted" if isinstance(ex, KeyboardInterrupt) else "failed",
                        error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
         write_json_atomic(summary_path, summary)
@@ -174,6 +175,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         throughput=meter.summary(),
         loss=losses.summary(),
         clipping=clipping.summary(),
+        nonfinite=guard.summary(),
         peak_memory=peak_memory(memory_device, peak_reset),
         steps=trainer.global_step,
         epochs=trainer.current_epoch,
@@ -321,7 +323,7 @@ def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, 
         return {"name": name, "error": str(ex).splitlines()[0]}
 
 
-def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any]:
+def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any, Any]:
     import lightning as L
 
     from trainer.callbacks.loss_record import LossRecord
@@ -333,7 +335,9 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
 
     losses = LossRecord()
     clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
-    callbacks: list[Any] = [clipping, meter, losses]
+    guard = _construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all"))
+    # The guard goes first: a step it skips has no gradients left for clipping to record.
+    callbacks: list[Any] = [guard, clipping, meter, losses]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     if checkpoint is not None:
         callbacks.append(checkpoint)
@@ -362,7 +366,7 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
         enable_progress_bar=progress == "rich",
         default_root_dir=str(run_dir),
     )
-    return trainer, checkpoint, clipping, losses
+    return trainer, checkpoint, clipping, losses, guard
 
 
 def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, run_dir: Path) -> None:
@@ -382,7 +386,7 @@ def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, 
         run=dataclasses.replace(spec.run, progress="off"),
         trainer={**spec.trainer, "max_steps": meter.warmup_steps + 1 + steps, "max_epochs": -1,
                  "limit_val_batches": 0, "num_sanity_val_steps": 0, "limit_train_batches": None})
-    trainer, _, _, _ = _build_trainer(short, plan, run_dir, meter)
+    trainer, *_ = _build_trainer(short, plan, run_dir, meter)
     device = torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "cuda" else torch.device(
         plan.accelerator)
     task.to(device)
