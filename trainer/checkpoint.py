@@ -1,12 +1,34 @@
-"""The `checkpointing` group: the last checkpoint and the best by a validation metric."""
+"""The `checkpointing` group, and checkpoints that cannot be half-written or poisoned.
+
+- Writes are atomic: a temporary file in the checkpoint's folder, fsync, rename. A crash at any
+  moment leaves the previous file as it was. (Lightning's own writer streams into the target
+  path, so a kill mid-write leaves a truncated file under the real name.)
+- Reads use ``torch.load(weights_only=True)``: tensors, plain containers and numbers only. A
+  checkpoint whose pickle would import or call anything else is refused with one line, before any
+  of it runs.
+- Saved keys are those of the plain model: no ``_orig_mod.`` (torch.compile) or leading
+  ``module.`` (DataParallel / DDP wrappers); loading strips them too, so checkpoints move freely
+  between compiled, wrapped and plain models.
+- `export_safetensors` writes the model's weights alone as safetensors, for sharing.
+"""
 
 from __future__ import annotations
 
+import pickle
+import zipfile
 from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
 
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from trainer.atomic import replace_atomic
 from trainer.config import CheckpointingConfig
+from trainer.errors import UserError
+
+COMPILE_PREFIX = "_orig_mod."
+WRAPPER_PREFIX = "module."
 
 
 def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpoint | None:
@@ -23,3 +45,118 @@ def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpo
         save_top_k=cfg.save_top_k,
         every_n_epochs=cfg.every_n_epochs,
     )
+
+
+def clean_key(key: str) -> str:
+    """The key as the plain model names it."""
+    if key.startswith(WRAPPER_PREFIX):
+        key = key[len(WRAPPER_PREFIX):]
+    if key.startswith(COMPILE_PREFIX):
+        key = key[len(COMPILE_PREFIX):]
+    return key.replace("." + COMPILE_PREFIX, ".")
+
+
+def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    cleaned = {clean_key(k): v for k, v in state_dict.items()}
+    if len(cleaned) != len(state_dict):
+        raise ValueError("state dict has keys that differ only by _orig_mod./module. prefixes")
+    return cleaned
+
+
+def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+    """Load a (clean or prefixed) state dict into `module`, which may itself be compiled or wrapped."""
+    inner = module
+    while True:
+        if isinstance(inner, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
+            inner = inner.module
+        elif hasattr(inner, "_orig_mod") and isinstance(inner._orig_mod, torch.nn.Module):
+            inner = inner._orig_mod  # torch.compile(module) wraps it in an OptimizedModule
+        else:
+            break
+    return inner.load_state_dict(clean_state_dict(state_dict), strict=strict)
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Read a checkpoint safely; a refused, truncated or missing file is a one-line `UserError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(str(path), "checkpoint not found", "the path of a .ckpt file")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as ex:
+        reason = str(ex).strip().splitlines()[0] if str(ex).strip() else type(ex).__name__
+        raise UserError(str(path), f"refused: its pickle asks for more than tensors and plain data ({reason[:200]})",
+                        "a checkpoint of tensors and plain containers, as this framework writes them") from None
+    except (EOFError, zipfile.BadZipFile, RuntimeError) as ex:
+        raise UserError(str(path), f"not a readable checkpoint (truncated or not written by torch.save): "
+                        f"{str(ex).splitlines()[0][:200] if str(ex) else type(ex).__name__}",
+                        "a complete .ckpt file") from None
+    if not isinstance(checkpoint, dict):
+        raise UserError(str(path), f"holds a {type(checkpoint).__name__}, not a checkpoint dictionary",
+                        "a .ckpt file written by this framework")
+    if isinstance(checkpoint.get("state_dict"), Mapping):
+        checkpoint["state_dict"] = clean_state_dict(checkpoint["state_dict"])
+    return checkpoint
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint reader and writer, made atomic, weights-only and prefix-free.
+
+    Replaces `TorchCheckpointIO` deliberately (see the module docstring): every checkpoint the
+    Trainer writes or reads, `last.ckpt`, the best ones and `ckpt_path=` loads, goes through here.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None:
+            raise TypeError("SafeCheckpointIO takes no storage_options")
+        if isinstance(checkpoint.get("state_dict"), Mapping):
+            checkpoint = {**checkpoint, "state_dict": clean_state_dict(checkpoint["state_dict"])}
+        replace_atomic(Path(path), lambda tmp: torch.save(checkpoint, tmp))
+
+    def load_checkpoint(self, path: Any, map_location: Optional[Callable[..., Any]] = None,
+                        weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if weights_only is False:
+            raise UserError(str(path), "asked to load with weights_only=False", "weights-only loading")
+        return load_checkpoint(path, map_location if map_location is not None else "cpu")
+
+
+def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str = "net.") -> Path:
+    """The model's weights from a training checkpoint as a safetensors file (`prefix` stripped, so
+    the keys are the network's own); returns the written path."""
+    from safetensors.torch import save_file
+
+    checkpoint = load_checkpoint(checkpoint_path)
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, Mapping) or not state:
+        raise UserError(str(checkpoint_path), "has no state_dict", "a training checkpoint (.ckpt)")
+    weights = {k[len(prefix):] if k.startswith(prefix) else k: v.detach().contiguous().cpu()
+               for k, v in state.items() if isinstance(v, torch.Tensor)}
+    out = Path(out)
+    metadata = {"source": str(checkpoint_path), "global_step": str(checkpoint.get("global_step", ""))}
+    replace_atomic(out, lambda tmp: save_file(weights, str(tmp), metadata=metadata))
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m trainer.checkpoint export CKPT OUT.safetensors``"""
+    import argparse
+
+    from trainer.errors import exit_with, full_error_requested
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint")
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="write a checkpoint's model weights as safetensors")
+    export.add_argument("checkpoint", type=Path)
+    export.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        written = export_safetensors(args.checkpoint, args.out)
+    except UserError as ex:
+        if full_error_requested():
+            raise
+        exit_with(ex.line())
+    print(f"wrote {written}")
+
+
+if __name__ == "__main__":
+    main()

@@ -148,7 +148,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                 raise KeyboardInterrupt
             use_best = checkpoint is not None and bool(checkpoint.best_model_path)
             test_results = trainer.test(task, datamodule=datamodule, ckpt_path="best" if use_best else None,
-                                        verbose=False)
+                                        verbose=False, weights_only=True)
     except BaseException as ex:
         summary.update(nonfinite=guard.summary(),
                        status="interrupted" if isinstance(ex, KeyboardInterrupt) else "failed",
@@ -328,7 +328,7 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
 
     from trainer.callbacks.loss_record import LossRecord
     from trainer.callbacks.progress import PlainProgress
-    from trainer.checkpoint import build_checkpointing
+    from trainer.checkpoint import SafeCheckpointIO, build_checkpointing
     from trainer.logger import build_loggers
 
     from hydra.utils import instantiate
@@ -356,6 +356,9 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
     trainer_kwargs = dict(spec.trainer)
     trainer_kwargs.update(accelerator=plan.accelerator, **lightning_precision(plan.precision, plan.accelerator,
                                                                                spec.precision))
+    # Every checkpoint the Trainer writes or reads goes through SafeCheckpointIO (atomic,
+    # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO.
+    trainer_kwargs["plugins"] = [*trainer_kwargs.get("plugins", []), SafeCheckpointIO()]
     if plan.tf32 and trainer_kwargs.get("benchmark") is None:
         trainer_kwargs["benchmark"] = True  # cuDNN autotuning goes with TF32 (both off when deterministic)
     trainer = L.Trainer(
