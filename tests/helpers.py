@@ -238,3 +238,19 @@ class NaNMLP(TinyMLP):
             if self.calls in self.nan_at or (self.nan_from and self.calls >= self.nan_from):
                 return out * float("nan")
         return out
+
+
+class MemoryHungryMLP(TinyMLP):
+    """Raises CUDA's out-of-memory error on training forward call `fail_at` (injected: no GPU needed)."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], fail_at: int = 25) -> None:
+        super().__init__(num_classes, in_channels, image_size)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
+        return super().forward(x)

@@ -155,6 +155,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                        error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
         write_json_atomic(summary_path, summary)
+        if isinstance(ex, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError in newer torch
+            raise _out_of_memory(ex, spec, checkpoint) from None
         raise
 
     metrics = split_metrics(fit_metrics)
@@ -185,6 +187,21 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     write_json_atomic(summary_path, summary)
     _report(summary)
     return metrics.get("val", {}).get("acc")
+
+
+def _out_of_memory(ex: BaseException, spec: RunSpec, checkpoint: Any) -> UserError:
+    """Device memory ran out: one line with the batch size and the switches that need less memory
+    (what was saved before stays as it was: checkpoints are only ever replaced atomically)."""
+    batch = int(spec.data["batch_size"])
+    saved = ""
+    last = getattr(checkpoint, "last_model_path", "") if checkpoint is not None else ""
+    if last and Path(last).is_file():
+        saved = f"; the last checkpoint is intact: {last}"
+    reason = str(ex).strip().splitlines()[0][:160] if str(ex).strip() else "out of memory"
+    return UserError("data.batch_size", f"out of device memory at batch size {batch} ({reason}){saved}",
+                     f"data.batch_size={max(1, batch // 2)} with trainer.accumulate_grad_batches="
+                     f"{2 * int(spec.trainer.get('accumulate_grad_batches', 1))} (same global batch), "
+                     "precision=bf16_mixed, model.activation_checkpointing=[STAGE,...], a smaller data.image_size")
 
 
 @contextlib.contextmanager

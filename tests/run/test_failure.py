@@ -21,3 +21,23 @@ def test_crash_after_the_first_epoch_keeps_its_checkpoint_and_writes_a_failed_su
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 19 and checkpoint["epoch"] == 0
     assert "net.net.1.weight" in checkpoint["state_dict"]
+
+
+def test_out_of_memory_is_one_line_naming_the_batch_size_and_earlier_checkpoints_stay(tmp_path, capsys):
+    import json
+
+    from tests.helpers import run_in_process
+
+    # 19 steps per epoch: call 25 is inside epoch 2, after epoch 1's checkpoint was written.
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(["model=custom", "model._target_=tests.helpers.MemoryHungryMLP", "+model.fail_at=25",
+                        "trainer.max_epochs=3", "trainer.num_sanity_val_steps=0", "progress=off"], tmp_path)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data.batch_size: out of device memory at batch size 64")
+    assert "data.batch_size=32 with trainer.accumulate_grad_batches=2" in err[0]
+    assert "the last checkpoint is intact" in err[0]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "OutOfMemoryError" in summary["error"]
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 19
