@@ -112,6 +112,9 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120) -> Re
                 sys.stdout = open(1, "w", buffering=1, closefd=False)
                 sys.stderr = open(2, "w", buffering=1, closefd=False)
                 os.environ.pop("HYDRA_FULL_ERROR", None)
+                # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
+                # DataLoader workers) and enough for a run that is meant to stop early.
+                torch.set_num_threads(1)
                 sys.argv = [str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
                 try:
                     runpy.run_path(str(REPO / "train.py"), run_name="__main__")

@@ -64,8 +64,58 @@ def describe_user_error(ex: BaseException) -> str | None:
     if isinstance(ex, ConfigCompositionException):
         if isinstance(cause, ConfigKeyError) or isinstance(cause, OmegaConfBaseException):
             return _composition_key_error(ex, cause)
-        return _first_line(str(ex))
+        return _keyed(_first_line(str(ex)))
+    if isinstance(ex, ValueError) and "Config group override must be a string" in str(ex):
+        return _group_value_error()
     return None
+
+
+def _keyed(message: str) -> str:
+    """Hydra's composition messages name the key in quotes; put it first, as every other line does."""
+    match = re.search(r"'([^']+)'", message)
+    if not match:
+        return message
+    key = match.group(1)
+    if "already at" in message:
+        return UserError(key, "is already in the config, so it cannot be added with '+'",
+                         f"{key}=VALUE to change it, or ++{key}=VALUE to add or change").line()
+    return f"{key}: {message}"
+
+
+def _group_value_error() -> str:
+    """`optimizer=0.1`: a number, boolean or null where a group expects the name of a choice."""
+    import sys
+
+    import yaml
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = _config_groups()
+    parser = OverridesParser.create()
+    for arg in sys.argv[1:]:
+        match = re.match(r"^[+~]*([A-Za-z_][\w/]*)=(.*)$", arg)
+        if match and match.group(1) in groups:
+            group, value = match.group(1), match.group(2)
+            try:  # typed exactly as Hydra reads it (`off` stays a string, `0.1` is a float)
+                parsed = parser.parse_override(arg).value()
+            except Exception:  # noqa: BLE001 - an unparsable override is not this case
+                continue
+            if not isinstance(parsed, (str, list)):
+                return UserError(group, f"'{value}' is not the name of a choice",
+                                 choices(groups[group]) or f"a file of conf/{group}/").line()
+    return "a config group was given a number, boolean or null instead of the name of a choice"
+
+
+def _config_groups() -> dict[str, list[str]]:
+    from pathlib import Path
+
+    from trainer.recipes import RECIPES_DIR
+
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in conf.iterdir()
+              if d.is_dir() and d.name != "hydra"}
+    groups["recipe"] = sorted(f.stem for f in RECIPES_DIR.glob("*.yaml"))
+    return groups
 
 
 def _missing_config(ex: Any) -> str:
