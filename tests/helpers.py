@@ -217,13 +217,16 @@ class ExplodingMLP(TinyMLP):
         if self.training:
             self.calls += 1
             if self.calls == self.fail_at:
-                raise RuntimeError("simulated crash in the forward pass")
+                raise self.failure()
         return super().forward(x)
+
+    def failure(self) -> BaseException:
+        return RuntimeError("simulated crash in the forward pass")
 
 
 class NaNMLP(TinyMLP):
     """Outputs NaN on the training forward calls listed in `nan_at` (1-based), or on every call from
-    `nan_from` on, and keeps a copy of its first layer's weights as each training call saw them."""
+    `nan_from` on."""
 
     def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int],
                  nan_at: Sequence[int] = (), nan_from: int = 0) -> None:
@@ -231,29 +234,18 @@ class NaNMLP(TinyMLP):
         self.nan_at = set(nan_at)
         self.nan_from = nan_from
         self.calls = 0
-        self.seen_weights: list[torch.Tensor] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
         if self.training:
             self.calls += 1
-            self.seen_weights.append(self.net[1].weight.detach().clone())
             if self.calls in self.nan_at or (self.nan_from and self.calls >= self.nan_from):
                 return out * float("nan")
         return out
 
 
-class MemoryHungryMLP(TinyMLP):
+class MemoryHungryMLP(ExplodingMLP):
     """Raises CUDA's out-of-memory error on training forward call `fail_at` (injected: no GPU needed)."""
 
-    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], fail_at: int = 25) -> None:
-        super().__init__(num_classes, in_channels, image_size)
-        self.fail_at = fail_at
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            self.calls += 1
-            if self.calls == self.fail_at:
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
-        return super().forward(x)
+    def failure(self) -> BaseException:
+        return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
