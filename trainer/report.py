@@ -196,6 +196,9 @@ def _what_changed(jobs: Sequence[Job], index: int) -> str:
     changes = _changes(previous.config, job.config)
     if not changes:
         return "(no config change)"
+    # Settings that changed value first; keys that only came or went with a group's choice (a
+    # clipping mode's own options, say) are the least telling and go last.
+    changes.sort(key=lambda change: (change[1] is MISSING or change[2] is MISSING, change[0]))
     items = [f"{key}={_after_text(after)}" for key, _, after in changes[:CHANGES_SHOWN]]
     if len(changes) > CHANGES_SHOWN:
         items.append(f"(+{len(changes) - CHANGES_SHOWN} more)")
