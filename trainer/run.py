@@ -59,6 +59,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     import lightning as L
     import torch
 
+    from trainer.callbacks.graceful import GracefulStop, StoppedBySignal
     from trainer.env import fingerprint
     from trainer.resolve import Derived, resolve
     from trainer.atomic import write_text_atomic
@@ -144,17 +145,33 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             trainer.fit(task, datamodule=datamodule)
             fit_seconds = time.perf_counter() - fit_started
             fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
+            stopped = next((c.outcome() for c in trainer.callbacks if isinstance(c, GracefulStop)), None)
+            if stopped is not None:
+                raise stopped
             if trainer.interrupted:
                 raise KeyboardInterrupt
             use_best = checkpoint is not None and bool(checkpoint.best_model_path)
             test_results = trainer.test(task, datamodule=datamodule, ckpt_path="best" if use_best else None,
                                         verbose=False, weights_only=True)
     except BaseException as ex:
+        # Lightning ends a SIGTERM'd fit with its own SIGTERMException; the checkpoint was written
+        # by GracefulStop at the end of that step, so the run stopped cleanly.
+        ex = next((c.outcome() for c in trainer.callbacks if isinstance(c, GracefulStop) and c.outcome()), ex)
         summary.update(nonfinite=guard.summary(),
-                       status="interrupted" if isinstance(ex, KeyboardInterrupt) else "failed",
+                       status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal))
+                       or type(ex).__name__ == "SIGTERMException" else "failed",
                        error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
         write_json_atomic(summary_path, summary)
+        if type(ex).__name__ == "SIGTERMException":  # Lightning's, outside the training steps
+            sys.stderr.write("stopped by SIGTERM outside a training step; no checkpoint written for it\n")
+            raise SystemExit(128 + 15) from None
+        if isinstance(ex, StoppedBySignal):
+            # A clean stop, not an error: the conventional exit status of a signalled process.
+            sys.stdout.flush()
+            sys.stderr.write(f"{ex}\n")
+            sys.stderr.flush()
+            raise SystemExit(128 + ex.signum) from None
         if isinstance(ex, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError in newer torch
             raise _out_of_memory(ex, spec, checkpoint) from None
         raise
@@ -343,6 +360,7 @@ def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, 
 def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any, Any]:
     import lightning as L
 
+    from trainer.callbacks.graceful import GracefulStop
     from trainer.callbacks.loss_record import LossRecord
     from trainer.callbacks.progress import PlainProgress
     from trainer.checkpoint import SafeCheckpointIO, build_checkpointing
@@ -351,10 +369,11 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
     from hydra.utils import instantiate
 
     losses = LossRecord()
+    stopper = GracefulStop()
     clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
     guard = _construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all"))
     # The guard goes first: a step it skips has no gradients left for clipping to record.
-    callbacks: list[Any] = [guard, clipping, meter, losses]
+    callbacks: list[Any] = [guard, clipping, meter, losses, stopper]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     if checkpoint is not None:
         callbacks.append(checkpoint)

@@ -1,0 +1,43 @@
+"""SIGTERM and SIGINT stop a run at the next step, after writing a checkpoint that loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.run
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_run_gracefully_with_a_checkpoint(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "trainer.max_epochs=30", "progress=plain", "progress_every_s=0.01",
+         f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # wait until training is under way (a progress line per step)
+            if re.search(r"epoch \d+\s+batch \d+/", line):
+                break
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    name = signal.Signals(signum).name
+    assert err.strip().splitlines()[-1].startswith(f"stopped by {name} at step ")
+    assert "Traceback" not in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == summary["steps"] >= 1
