@@ -14,6 +14,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("torch", "torchvision", "lightning", "hydra-core", "omegaconf", "torchmetrics", "numpy", "scikit-learn")
 
 
+def proc_kib(path: str, field: str) -> int | None:
+    """A ``field:  N kB`` line of a Linux /proc file (meminfo, self/status) in bytes; None elsewhere."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -59,7 +59,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     import lightning as L
     import torch
 
-    from trainer.callbacks.graceful import GracefulStop, StoppedBySignal
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from trainer.callbacks.graceful import StoppedBySignal
     from trainer.env import fingerprint
     from trainer.resolve import Derived, resolve
     from trainer.atomic import write_text_atomic
@@ -93,7 +95,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
                               optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
-    trainer, checkpoint, clipping, losses, guard = _build_trainer(spec, plan, run_dir, meter)
+    trainer, checkpoint, clipping, losses, guard, stopper = _build_trainer(spec, plan, run_dir, meter)
     plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
 
     log.info("run folder %s", run_dir)
@@ -145,7 +147,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             trainer.fit(task, datamodule=datamodule)
             fit_seconds = time.perf_counter() - fit_started
             fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
-            stopped = next((c.outcome() for c in trainer.callbacks if isinstance(c, GracefulStop)), None)
+            stopped = stopper.outcome()
             if stopped is not None:
                 raise stopped
             if trainer.interrupted:
@@ -156,14 +158,14 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     except BaseException as ex:
         # Lightning ends a SIGTERM'd fit with its own SIGTERMException; the checkpoint was written
         # by GracefulStop at the end of that step, so the run stopped cleanly.
-        ex = next((c.outcome() for c in trainer.callbacks if isinstance(c, GracefulStop) and c.outcome()), ex)
+        ex = stopper.outcome() or ex
         summary.update(nonfinite=guard.summary(),
-                       status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal))
-                       or type(ex).__name__ == "SIGTERMException" else "failed",
+                       status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal, SIGTERMException))
+                       else "failed",
                        error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
         write_json_atomic(summary_path, summary)
-        if type(ex).__name__ == "SIGTERMException":  # Lightning's, outside the training steps
+        if isinstance(ex, SIGTERMException):  # Lightning's, outside the training steps
             sys.stderr.write("stopped by SIGTERM outside a training step; no checkpoint written for it\n")
             raise SystemExit(128 + 15) from None
         if isinstance(ex, StoppedBySignal):
@@ -357,7 +359,7 @@ def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, 
         return {"name": name, "error": str(ex).splitlines()[0]}
 
 
-def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any, Any]:
+def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
     import lightning as L
 
     from trainer.callbacks.graceful import GracefulStop
@@ -405,7 +407,7 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
         enable_progress_bar=progress == "rich",
         default_root_dir=str(run_dir),
     )
-    return trainer, checkpoint, clipping, losses, guard
+    return trainer, checkpoint, clipping, losses, guard, stopper
 
 
 def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, run_dir: Path) -> None:

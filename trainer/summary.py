@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from trainer.atomic import write_text_atomic
+from trainer.env import proc_kib
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -54,23 +55,12 @@ def peak_memory(device: torch.device, reset_done: bool = True) -> dict[str, Any]
     if device.type == "cuda":
         return {"what": "peak CUDA memory allocated by tensors", "bytes": torch.cuda.max_memory_allocated(device),
                 "reserved_bytes": torch.cuda.max_memory_reserved(device)}
-    high_water = _vm_hwm() if reset_done else None
+    high_water = proc_kib("/proc/self/status", "VmHWM") if reset_done else None
     if high_water is not None:
         return {"what": "peak resident memory of the process during this run (CPU run)", "bytes": high_water}
     # ru_maxrss is in KiB on Linux.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"what": "peak resident memory of the process since it started (CPU run)", "bytes": rss}
-
-
-def _vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:

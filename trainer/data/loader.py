@@ -110,13 +110,11 @@ def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: in
 
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), else free physical pages; None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    from trainer.env import proc_kib
+
+    available = proc_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
