@@ -8,7 +8,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -82,12 +82,14 @@ def train(args: Sequence[str], run_dir: Path, env: dict[str, str] | None = None,
     return Result(proc, run_dir)
 
 
-def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120) -> Result:
+def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
+                 setup: Callable[[], None] | None = None) -> Result:
     """`python train.py ARGS` in a forked child of this process: the same entry point, Hydra
     composition, error handling and exit code as a new interpreter, without paying the ~10 s
     import of torch and Lightning again. For runs that stop before training (bad input): the child
     never touches a device or a loader worker. stdout and stderr are captured at the file
-    descriptors, so anything Python or a library writes is seen."""
+    descriptors, so anything Python or a library writes is seen. `setup` runs in the child first
+    (fault injection); a child killed by a signal N returns -N."""
     import runpy
     import signal
     import tempfile
@@ -116,6 +118,8 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120) -> Re
                 # DataLoader workers) and enough for a run that is meant to stop early.
                 torch.set_num_threads(1)
                 sys.argv = [str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
+                if setup is not None:
+                    setup()
                 try:
                     runpy.run_path(str(REPO / "train.py"), run_name="__main__")
                     code = 0

@@ -13,7 +13,10 @@ def replace_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     """`write(tmp)` fills a temporary file in the target's folder; it is fsynced and renamed over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file private (0600); the result should have the permissions any new file
+    # gets here (0666 less the umask), as a plain open() would give it.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(name)
     try:
@@ -24,6 +27,32 @@ def replace_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    # The rename itself is durable only once the folder's entry is on disk.
+    try:
+        folder = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder)
+    except OSError:
+        pass  # some file systems cannot sync a folder; the rename is still atomic
+    finally:
+        os.close(folder)
+
+
+def _umask() -> int:
+    # Linux reports it without changing it; os.umask() can only be read by setting it, which
+    # for a moment would apply to files other threads create.
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: Path, text: str) -> None:

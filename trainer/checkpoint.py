@@ -15,13 +15,15 @@
 from __future__ import annotations
 
 import pickle
+import time
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from trainer.atomic import replace_atomic
 from trainer.config import CheckpointingConfig
@@ -44,7 +46,50 @@ def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpo
         save_last=cfg.save_last,
         save_top_k=cfg.save_top_k,
         every_n_epochs=cfg.every_n_epochs,
+        # last.ckpt is also written by PeriodicCheckpoint and GracefulStop: replace it, do not
+        # version it to last-v1.ckpt (the best ones carry epoch and step in their names anyway).
+        enable_version_counter=False,
     )
+
+
+def build_periodic(cfg: CheckpointingConfig, run_dir: Path) -> PeriodicCheckpoint | None:
+    if not cfg.enabled or not (cfg.every_n_steps or cfg.every_minutes):
+        return None
+    return PeriodicCheckpoint(run_dir / "checkpoints", cfg.every_n_steps, cfg.every_minutes)
+
+
+class PeriodicCheckpoint(Callback):
+    """Writes ``checkpoints/last.ckpt`` inside epochs: every `every_n_steps` optimizer steps and/or
+    once `every_minutes` of training have passed since the last one. (ModelCheckpoint saves the
+    best ones at epoch ends; one instance cannot also do this without turning off its per-epoch
+    saving, and a second one would version the name to last-v1.ckpt.) The checkpoint holds the
+    loader's place in the epoch, so `resume` carries on from the next batch."""
+
+    def __init__(self, dirpath: Path, every_n_steps: int | None, every_minutes: float | None) -> None:
+        self.path = Path(dirpath) / "last.ckpt"
+        self.every_n_steps = every_n_steps
+        self.every_s = every_minutes * 60 if every_minutes else None
+        self._last_save = time.monotonic()
+        self._step_before = -1
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_save = time.monotonic()
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_before = int(trainer.global_step)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        if step == self._step_before:
+            return  # no optimizer step in this batch (gradient accumulation): its gradients are in no checkpoint
+        due = bool(self.every_n_steps and step % self.every_n_steps == 0)
+        due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)
+        # Every process must take the same decision: saving is a collective operation.
+        if trainer.strategy.broadcast(due):
+            trainer.save_checkpoint(str(self.path))
+            self._last_save = time.monotonic()
 
 
 def clean_key(key: str) -> str:
@@ -76,13 +121,14 @@ def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Any], strict:
     return inner.load_state_dict(clean_state_dict(state_dict), strict=strict)
 
 
-def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read a checkpoint safely; a refused, truncated or missing file is a one-line `UserError`."""
+def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint safely; a refused, truncated or missing file is a one-line `UserError`.
+    `mmap` maps the tensors instead of reading them (for a look at the other fields)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(str(path), "checkpoint not found", "the path of a .ckpt file")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as ex:
         reason = str(ex).strip().splitlines()[0] if str(ex).strip() else type(ex).__name__
         raise UserError(str(path), f"refused: its pickle asks for more than tensors and plain data ({reason[:200]})",

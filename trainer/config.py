@@ -143,6 +143,10 @@ class CheckpointingConfig:
     save_last: bool = True
     save_top_k: Annotated[int, Range(ge=-1)] = 1
     every_n_epochs: Annotated[int, AT_LEAST_ONE] = 1
+    #: Also write last.ckpt inside epochs, every N optimizer steps and/or every N minutes, so a
+    #: killed run loses at most that much (resume=auto carries on from it, mid-epoch).
+    every_n_steps: Optional[Annotated[int, AT_LEAST_ONE]] = None
+    every_minutes: Optional[Annotated[float, POSITIVE]] = None
 
 
 @dataclass
@@ -157,6 +161,18 @@ class RunConfig:
     diagnose_steps: Annotated[int, Range(ge=3)] = 20
     #: Set by a ``+ladder=NAME`` config: the run is one stage of an optimization ladder.
     ladder: Optional[str] = None
+    #: ``auto``: carry on from the newest valid checkpoint of the run named ``run.name``; a path:
+    #: from that checkpoint; null: start fresh (trainer/resume.py).
+    resume: Optional[str] = None
+
+
+@dataclass
+class RunIdentity:
+    """The `run` mapping: a run's stable name (its checkpoints are found by it after a requeue puts
+    it in a new folder) and the folder under which runs are kept."""
+
+    name: Optional[str] = None
+    root: str = "outputs"
 
 
 OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig}
@@ -182,6 +198,7 @@ class RunSpec:
     """The validated run: plain values with defaults filled, ready for `resolve` and `build`."""
 
     run: RunConfig
+    identity: RunIdentity
     data: dict[str, Any]
     model: dict[str, Any]
     optimizer: Union[SGDConfig, AdamWConfig]
@@ -211,7 +228,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     plain = to_plain(cfg)
     plain.pop("hydra", None)
     top_level = schema_of_dataclass(RunConfig)
-    allowed_top = sorted(set(GROUPS) | set(top_level.fields))
+    allowed_top = sorted(set(GROUPS) | set(top_level.fields) | {"run"})
     for key in plain:
         if key not in allowed_top:
             raise UserError(str(key), "unknown top-level key", choices(allowed_top))
@@ -220,6 +237,14 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
             raise UserError(group, "missing or not a mapping", f"a choice of the {group} group ({group}=NAME)")
 
     run = RunConfig(**check_mapping("", {k: plain[k] for k in top_level.fields if k in plain}, top_level, "the run"))
+    if not isinstance(plain.get("run", {}), dict):
+        raise UserError("run", "not a mapping", "run.name=NAME, run.root=FOLDER")
+    run_values = dict(plain.get("run", {}))
+    if isinstance(run_values.get("name"), (int, float)) and not isinstance(run_values["name"], bool):
+        run_values["name"] = str(run_values["name"])  # run.name=2024 is a name, not a number
+    identity = _dataclass("run", run_values, RunIdentity)
+    if identity.name is not None and not identity.name.strip():
+        raise UserError("run.name", "is empty", "a name for the run (or leave it unset for the default)")
     optimizer = _choice("optimizer", plain["optimizer"], OPTIMIZERS)
     scheduler = _choice("scheduler", plain["scheduler"], SCHEDULERS)
     precision = _dataclass("precision", plain["precision"], PrecisionConfig)
@@ -259,7 +284,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     trainer = check_mapping("trainer", trainer, _trainer_schema(lightning.Trainer), "lightning.Trainer")
     trainer = {k: v for k, v in trainer.items() if k in plain["trainer"]}
 
-    return RunSpec(run, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
+    return RunSpec(run, identity, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
                    clipping, nonfinite, list(stages), dict(group_choices or {}), plain)
 
 

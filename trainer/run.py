@@ -55,6 +55,11 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     if spec.run.ladder and not multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.run.ladder}")
+    from trainer.resume import default_name, resolve_resume, write_identity
+
+    name = spec.identity.name or default_name(group_choices, overrides or [])
+    resume_from = resolve_resume(spec.run.resume, name, Path(spec.identity.root), run_dir)
+    write_identity(run_dir, name, str(resume_from.path) if resume_from else None)
 
     import lightning as L
     import torch
@@ -69,7 +74,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     _route_library_logs()
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
-    datamodule, info = _build_data(spec)
+    datamodule, info = _build_data(spec, run_dir)
     plan = resolve(spec, datamodule, info.sample_bytes)
     net = _build_model(spec, info)
     meter = _throughput_meter(net, info, plan)
@@ -98,7 +103,13 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     trainer, checkpoint, clipping, losses, guard, stopper = _build_trainer(spec, plan, run_dir, meter)
     plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
 
-    log.info("run folder %s", run_dir)
+    log.info("run %s, folder %s", name, run_dir)
+    if resume_from is not None:
+        from trainer.resume import check_fits
+
+        check_fits(resume_from.path, task.state_dict())
+        log.info("resuming from %s (step %d, epoch %d%s)", resume_from.path, resume_from.global_step,
+                 resume_from.epoch, ", mid-epoch" if resume_from.mid_epoch else "")
     for line in plan.lines():
         log.info("  %s", line)
     environment = fingerprint()
@@ -111,7 +122,10 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     summary: dict[str, Any] = {
         "status": "running",
+        "run_name": name,
         "run_dir": str(run_dir),
+        "resumed_from": ({"path": str(resume_from.path), "global_step": resume_from.global_step,
+                          "epoch": resume_from.epoch, "mid_epoch": resume_from.mid_epoch} if resume_from else None),
         "command": " ".join([Path(sys.argv[0]).name, *(overrides or [])]),
         "overrides": overrides or [],
         "choices": dict(group_choices),
@@ -144,7 +158,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     fit_started = time.perf_counter()
     try:
         with _quiet_library_warnings():
-            trainer.fit(task, datamodule=datamodule)
+            trainer.fit(task, datamodule=datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
+                        weights_only=True)
             fit_seconds = time.perf_counter() - fit_started
             fit_metrics = {k: v for k, v in trainer.callback_metrics.items()}
             stopped = stopper.outcome()
@@ -231,6 +246,10 @@ def _quiet_library_warnings() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         # Lightning 2.6 calls a torch pytree API that newer torch deprecates: nothing to act on.
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+        # The data modules keep the place in the data order themselves (trainer/data/base.py),
+        # which Lightning cannot see; and the resume line says which checkpoint was read.
+        warnings.filterwarnings("ignore", message=".*your dataloader is not resumable.*")
+        warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
         yield
 
 
@@ -257,10 +276,11 @@ def _route_library_logs() -> None:
             handler.addFilter(_DropAdverts())
 
 
-def _build_data(spec: RunSpec) -> tuple[Any, Any]:
+def _build_data(spec: RunSpec, run_dir: Path) -> tuple[Any, Any]:
     from hydra.utils import instantiate
 
     datamodule = _construct("data", lambda: instantiate(spec.data, _convert_="all"))
+    datamodule.attach_run(run_dir, spec.run.seed)
     info = datamodule.inspect()
     train_size = info.sizes.get("train", 0)
     if train_size < datamodule.batch_size:
@@ -365,7 +385,8 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
     from trainer.callbacks.graceful import GracefulStop
     from trainer.callbacks.loss_record import LossRecord
     from trainer.callbacks.progress import PlainProgress
-    from trainer.checkpoint import SafeCheckpointIO, build_checkpointing
+    from trainer.callbacks.rng import RNGState
+    from trainer.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
     from trainer.logger import build_loggers
 
     from hydra.utils import instantiate
@@ -375,7 +396,11 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
     clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
     guard = _construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all"))
     # The guard goes first: a step it skips has no gradients left for clipping to record.
-    callbacks: list[Any] = [guard, clipping, meter, losses, stopper]
+    # RNGState: the random generators' states go into every checkpoint and come back on resume.
+    callbacks: list[Any] = [guard, clipping, meter, losses, stopper, RNGState()]
+    periodic = build_periodic(spec.checkpointing, run_dir)
+    if periodic is not None:
+        callbacks.append(periodic)
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     if checkpoint is not None:
         callbacks.append(checkpoint)

@@ -49,7 +49,7 @@ def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
 
 def test_a_team_model_plugged_in_by_target(tmp_path):
     result = train(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=48",
-                    "optimizer.lr=0.01", "optimizer.lr_scaling=none", "trainer.max_epochs=10", *FAST], tmp_path / "run")
+                    "optimizer.lr=0.01", "optimizer.lr_scaling=none", "trainer.max_epochs=15", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
     assert summary["model"]["target"] == "tests.helpers.TinyMLP"

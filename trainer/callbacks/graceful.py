@@ -2,8 +2,9 @@
 
 A scheduler's SIGTERM (preemption, a requeue, `scancel`) or a person's Ctrl-C should not cost the
 work since the last epoch's checkpoint: the signal only sets a flag; at the end of the current
-training step the callback writes `checkpoints/last.ckpt` (atomically, see trainer/checkpoint.py)
-and asks Lightning to stop. A second SIGINT while it finishes the step interrupts at once.
+training step (the optimizer step, under gradient accumulation) the callback writes
+`checkpoints/last.ckpt` (atomically, see trainer/checkpoint.py) and asks Lightning to stop; the run
+carries on exactly from there with ``resume=auto``. A second SIGINT while it finishes the step interrupts at once.
 The handlers are installed while training steps run (not during the sanity check, validation at the
 end or testing), and only in the main thread.
 """
@@ -37,6 +38,7 @@ class GracefulStop(Callback):
         self.checkpoint: str | None = None
         self.step: int | None = None
         self._previous: dict[int, Any] = {}
+        self._step_before = -1
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received == signal.SIGINT and signum == signal.SIGINT:
@@ -52,10 +54,16 @@ class GracefulStop(Callback):
         for signum in self.SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_before = int(trainer.global_step)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         if self.received is None or self.checkpoint is not None:
             return
+        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._step_before:
+            return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path))
         self.checkpoint, self.step = str(path), int(trainer.global_step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
 
 import lightning as L
@@ -10,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.loader import LoaderSettings, resolve_loader
+from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
 from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE
 
 Auto = Literal["auto"]
@@ -47,6 +49,9 @@ class ImageClassificationData(L.LightningDataModule):
     #: The module has its own host-side path for ``device_normalize=false`` (else the base class
     #: runs `device_transform` per sample inside the loader).
     finishes_on_host_itself: ClassVar[bool] = False
+    #: Its host-side training transforms draw random numbers even with ``device_normalize`` (e.g.
+    #: random crops in the workers): each sample then gets its own seed (trainer/data/resumable.py).
+    random_on_host: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -67,6 +72,17 @@ class ImageClassificationData(L.LightningDataModule):
         self.train_set: Dataset[Any] | None = None
         self.val_set: Dataset[Any] | None = None
         self.test_set: Dataset[Any] | None = None
+        #: Set by the run (`attach_run`): its folder, for reports a module writes, and its seed,
+        #: from which the training order of every epoch follows.
+        self.run_dir: Path | None = None
+        self.run_seed = 0
+        self._train_sampler: EpochSampler | None = None
+        self._resume_position: dict[str, int] | None = None
+        self._items_per_batch = 1
+
+    def attach_run(self, run_dir: Path | None, seed: int) -> None:
+        self.run_dir = run_dir
+        self.run_seed = seed
 
     # -- to implement ---------------------------------------------------------------------------
     def inspect(self) -> DataInfo:
@@ -96,19 +112,54 @@ class ImageClassificationData(L.LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build this split")
         loader = self.loader or self.configure_loader(cuda=torch.cuda.is_available())
-        if not self.device_normalize and not self.finishes_on_host_itself:
+        host_finishing = not self.device_normalize and not self.finishes_on_host_itself
+        if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
+        if not train:
+            return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False,
+                              generator=own_generator(self.run_seed), **loader.dataloader_kwargs())
+        # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
+        # shuffle=True (see trainer/data/resumable.py for why).
+        seeded = self.random_on_host or host_finishing
+        sampler = self.train_sampler(len(dataset), self.batch_size, seeded=seeded)  # type: ignore[arg-type]
         return DataLoader(
-            dataset,
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
+            SeededSamples(dataset) if seeded else dataset,
+            sampler=sampler,
+            batch_size=self.batch_size,
             # A short last batch skews BatchNorm statistics and recompiles compiled graphs.
-            drop_last=train,
+            drop_last=True,
+            generator=own_generator(self.run_seed),
             **loader.dataloader_kwargs(),
         )
 
+    def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:
+        """The training loader's sampler, placed where a resumed checkpoint left off."""
+        self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded)
+        self._items_per_batch = items_per_batch
+        if self._resume_position is not None:
+            self._train_sampler.restore(self._resume_position)
+            self._resume_position = None
+        return self._train_sampler
+
+    # The place in the data order travels with the data module's state, which Lightning saves in
+    # every checkpoint and restores before anything asks for a loader. (Lightning's own route,
+    # `state_dict` on the DataLoader, is loaded only after `configure_optimizers` has already
+    # made the loader and its first iterator to count the steps for the schedule, and is then
+    # never applied: it resumed every epoch from its first batch in our tests.)
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_sampler is None or self.trainer is None:
+            return {}
+        return {"train_position": self._train_sampler.position(self.trainer.num_training_batches,
+                                                               self._items_per_batch)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_position = state_dict.get("train_position")
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        return self.finish_batch(batch, training=bool(self.trainer is not None and self.trainer.training))
+        training = bool(self.trainer is not None and self.trainer.training)
+        if training and self._train_sampler is not None:
+            self._train_sampler.taken += 1  # this batch reaches a training step (the resume position)
+        return self.finish_batch(batch, training=training)
 
     def finish_batch(self, batch: Any, training: bool) -> Any:
         """A batch on the device as the step receives it (`device_transform` unless finished on the host)."""

@@ -79,9 +79,13 @@ class SyntheticDataModule(ImageClassificationData):
     def _dataloader(self, dataset: Any, train: bool) -> Any:
         from torch.utils.data import DataLoader
 
+        from trainer.data.resumable import own_generator
+
         split = "train" if train else ("val" if dataset is self.val_set else "test")
-        return DataLoader(dataset, batch_size=None, shuffle=train, num_workers=0,
-                          collate_fn=lambda index: (split, index))
+        # One item is one batch number: the order of batches resumes mid-epoch like any module's.
+        sampler = self.train_sampler(len(dataset), 1) if train else None
+        return DataLoader(dataset, batch_size=None, sampler=sampler, num_workers=0,
+                          collate_fn=lambda index: (split, index), generator=own_generator(self.run_seed))
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         split, index = batch

@@ -1,0 +1,134 @@
+"""A run killed with SIGKILL at any moment and resumed with resume=auto ends with the same weights
+as a run that was never interrupted (deterministic CPU settings: one thread, the same seed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from tests.helpers import train_forked
+
+pytestmark = pytest.mark.run
+
+# Digits, 5 batches an epoch, 3 epochs; last.ckpt every 2 steps inside epochs, and at each epoch end
+# (with the best checkpoint). The device-side random shifts draw from the global torch RNG, so an
+# RNG state that is not restored shows up in the weights.
+RUN = ["trainer.max_epochs=3", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
+       "trainer.num_sanity_val_steps=1", "trainer.deterministic=true", "checkpointing.every_n_steps=2",
+       "progress=off", "logger=csv"]
+FINAL_STEP = 15
+
+
+def kill_at_step(step: int) -> Callable[[], None]:
+    """SIGKILL the process at the end of training step `step` (no handler runs, nothing is flushed)."""
+    def setup() -> None:
+        from trainer.callbacks.graceful import GracefulStop
+
+        original = GracefulStop.on_train_batch_end
+
+        def on_train_batch_end(self, trainer, *args, **kwargs):  # type: ignore[no-untyped-def]
+            original(self, trainer, *args, **kwargs)
+            if trainer.global_step == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        GracefulStop.on_train_batch_end = on_train_batch_end  # type: ignore[method-assign]
+    return setup
+
+
+def kill_during_save(number: int) -> Callable[[], None]:
+    """SIGKILL the process halfway through writing its `number`-th checkpoint file."""
+    def setup() -> None:
+        import trainer.checkpoint
+
+        real_save = torch.save
+        calls = {"n": 0}
+
+        def torn_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] < number or not isinstance(f, (str, Path)):
+                return real_save(obj, f, *args, **kwargs)
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            data = buffer.getvalue()
+            with open(f, "wb") as out:
+                out.write(data[: len(data) // 2])
+                out.flush()
+                os.fsync(out.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
+    return setup
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    root = tmp_path_factory.mktemp("reference")
+    result = train_forked([*RUN, f"run.root={root}", "run.name=reference"], root / "run")
+    assert result.returncode == 0, result
+    assert result.summary["steps"] == FINAL_STEP
+    return weights(root / "run" / "checkpoints" / "last.ckpt")
+
+
+CASES = {
+    # killed at step 3: last.ckpt of step 2, two batches into epoch 0
+    "mid-epoch 0": (kill_at_step(3), 2, True),
+    # killed at step 7: last.ckpt of step 6, one batch into epoch 1
+    "mid-epoch 1": (kill_at_step(7), 6, True),
+    # killed while writing the 4th file (last.ckpt at the end of epoch 0, just after the best
+    # checkpoint of step 5): the torn temporary is passed over, the best one of step 5 is newest
+    "during a checkpoint write": (kill_during_save(4), 5, False),
+    # killed at step 11: last.ckpt written after validation at the end of epoch 1 (step 10)
+    "after an epoch end": (kill_at_step(11), 10, False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, case):
+    kill, resumed_step, mid_epoch = CASES[case]
+    args = [*RUN, f"run.root={tmp_path}", "run.name=killed"]
+    killed = train_forked(args, tmp_path / "first", setup=kill)
+    assert killed.returncode == -signal.SIGKILL, killed
+    assert not (tmp_path / "first" / "summary.json").exists()  # it had no chance to write one
+
+    resumed = train_forked([*args, "resume=auto"], tmp_path / "second")
+    assert resumed.returncode == 0, resumed
+    summary = resumed.summary
+    assert summary["resumed_from"]["global_step"] == resumed_step
+    assert summary["resumed_from"]["mid_epoch"] is mid_epoch
+    assert summary["steps"] == FINAL_STEP
+    identity = json.loads((tmp_path / "second" / "run.json").read_text())
+    assert identity["name"] == "killed" and identity["resumed_from"] == summary["resumed_from"]["path"]
+
+    final = weights(tmp_path / "second" / "checkpoints" / "last.ckpt")
+    assert final.keys() == uninterrupted.keys()
+    different = [k for k in final if not torch.equal(final[k], uninterrupted[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def test_resume_asked_for_and_nothing_found_is_one_line_not_a_fresh_start(tmp_path):
+    result = train_forked(["resume=auto", "run.name=never-ran", f"run.root={tmp_path}"], tmp_path / "run")
+    assert result.returncode == 2, result
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "error: resume: auto found no readable checkpoint of run 'never-ran'")
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_resume_from_a_checkpoint_of_another_model_is_one_line(tmp_path, uninterrupted):
+    other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {"net.w": torch.zeros(2)}, "optimizer_states": [], "global_step": 3, "epoch": 0,
+                "loops": {}}, other)
+    result = train_forked([f"resume={other}", "progress=off"], tmp_path / "run")
+    assert result.returncode == 2, result
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: resume: {other} was written by another model") and "Traceback" not in result.stderr

@@ -1,0 +1,57 @@
+"""When the signal stop and the periodic checkpoint write: at optimizer-step boundaries only."""
+
+from __future__ import annotations
+
+import signal
+from types import SimpleNamespace
+
+from trainer.callbacks.graceful import GracefulStop
+from trainer.checkpoint import PeriodicCheckpoint
+
+
+class FakeTrainer(SimpleNamespace):
+    def __init__(self, accumulate: int = 1) -> None:
+        super().__init__(global_step=0, accumulate_grad_batches=accumulate, should_stop=False, sanity_checking=False,
+                         default_root_dir="/run", saved=[],
+                         strategy=SimpleNamespace(broadcast=lambda value: value))
+
+    def save_checkpoint(self, path: str) -> None:
+        self.saved.append((path, self.global_step))
+
+
+def batches(callback, trainer: FakeTrainer, count: int, steps_on: set[int]) -> None:
+    """`count` training batches; the optimizer steps on the batches in `steps_on` (1-based)."""
+    for batch in range(1, count + 1):
+        if hasattr(callback, "on_train_batch_start"):
+            callback.on_train_batch_start(trainer, None, None, batch - 1)
+        if batch in steps_on:
+            trainer.global_step += 1
+        callback.on_train_batch_end(trainer, None, None, None, batch - 1)
+
+
+def test_a_signal_under_gradient_accumulation_waits_for_the_optimizer_step():
+    stop, trainer = GracefulStop(), FakeTrainer(accumulate=4)
+    stop.received = signal.SIGTERM  # arrived during the first batch of an accumulation of four
+    batches(stop, trainer, 3, steps_on=set())
+    assert trainer.saved == [] and not trainer.should_stop  # the summed gradients are in no checkpoint
+    batches(stop, trainer, 1, steps_on={1})
+    assert trainer.saved == [("/run/checkpoints/last.ckpt", 1)] and trainer.should_stop
+    assert stop.outcome().step == 1
+
+
+def test_periodic_checkpoint_every_n_steps_once_per_step():
+    periodic, trainer = PeriodicCheckpoint("/run/checkpoints", every_n_steps=2, every_minutes=None), FakeTrainer(2)
+    batches(periodic, trainer, 12, steps_on={2, 4, 6, 8, 10, 12})  # accumulation of 2: 6 steps
+    assert trainer.saved == [("/run/checkpoints/last.ckpt", 2), ("/run/checkpoints/last.ckpt", 4),
+                             ("/run/checkpoints/last.ckpt", 6)]
+
+
+def test_periodic_checkpoint_by_time(monkeypatch):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr("trainer.checkpoint.time.monotonic", lambda: clock["now"])
+    periodic, trainer = PeriodicCheckpoint("/ckpt", every_n_steps=None, every_minutes=1), FakeTrainer()
+    periodic.on_train_start(trainer, None)
+    for _ in range(5):  # 25 s a step: due after the third step (75 s), then again 60 s later
+        clock["now"] += 25
+        batches(periodic, trainer, 1, steps_on={1})
+    assert [step for _, step in trainer.saved] == [3]

@@ -1,0 +1,168 @@
+"""A run's identity (`run.name`) and where it resumes from (`resume=auto|PATH`).
+
+Every run folder holds ``run.json`` with the run's name. ``resume=auto`` searches `run.root` for
+the folders of runs with this name (a requeued job lands in a new Hydra folder, so the folder is
+not the identity) and takes the newest checkpoint among them that reads back whole; files that do
+not (a kill during a write leaves only a hidden temporary, but a disk can still hand back a torn
+file) are passed over with a warning. Asked to resume and nothing found: an error, never a silent
+fresh start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from trainer.atomic import write_text_atomic
+from trainer.errors import UserError
+
+log = logging.getLogger("trainer")
+
+IDENTITY_FILE = "run.json"
+#: Overrides that do not change what a run computes, left out of its default name (a requeued job
+#: adds resume=auto; a person may change how progress is shown).
+_NOT_IN_NAME = ("resume", "run.", "progress", "progress_every_s", "diagnose", "diagnose_steps", "hydra.", "recipe",
+                "+recipe", "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
+                "logger", "trainer.log_every_n_steps")
+
+
+def default_name(choices: Mapping[str, str], overrides: Sequence[str]) -> str:
+    """The recipe (or ``data-model``), then the overrides that change the result, sorted:
+    ``digits-small_cnn`` or ``cifar10_resnet18,optimizer.lr=0.1``. The same command gives the same
+    name, which is what a requeue needs; different sweep jobs get different names."""
+    base = choices.get("recipe") or f"{choices.get('data', 'data')}-{choices.get('model', 'model')}"
+    kept = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key == "recipe" or any(key == p or (p.endswith(".") and key.startswith(p)) for p in _NOT_IN_NAME):
+            continue
+        kept.append(override.lstrip("+"))
+    return ",".join([base, *sorted(kept)])
+
+
+def write_identity(run_dir: Path, name: str, resumed_from: str | None) -> None:
+    record = {"name": name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "resumed_from": resumed_from}
+    write_text_atomic(run_dir / IDENTITY_FILE, json.dumps(record, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    global_step: int
+    epoch: int
+    mid_epoch: bool
+
+
+def read_resumable(path: Path) -> Checkpoint:
+    """Read the checkpoint's header fields (memory-mapped: the tensors are not read); a file that is
+    not a whole training checkpoint raises `UserError`."""
+    from trainer.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(path, map_location="cpu", mmap=True)
+    missing = [key for key in ("state_dict", "loops", "optimizer_states", "global_step", "epoch")
+               if key not in checkpoint]
+    if missing:
+        raise UserError(str(path), f"not a training checkpoint to resume from (no {', '.join(missing)})",
+                        "a .ckpt written by a training run (last.ckpt or a best checkpoint)")
+    fit_loop = checkpoint["loops"].get("fit_loop", {}) if isinstance(checkpoint["loops"], Mapping) else {}
+    batches = fit_loop.get("epoch_loop.batch_progress", {})
+    mid_epoch = bool(batches) and not batches.get("is_last_batch") and batches.get("current", {}).get("processed", 0) > 0
+    return Checkpoint(Path(path), int(checkpoint["global_step"]), int(checkpoint["epoch"]), mid_epoch)
+
+
+def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]:
+    """Run folders under `root` whose run.json carries `name`."""
+    found = []
+    if not root.is_dir():
+        return found
+    for current, folders, files in os.walk(root):
+        # A run folder's own subfolders (checkpoints, logs) hold no run folders: do not descend.
+        if IDENTITY_FILE in files:
+            folders[:] = []
+            folder = Path(current)
+            if exclude is not None and folder.resolve() == exclude.resolve():
+                continue
+            try:
+                record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and record.get("name") == name:
+                found.append(folder)
+        else:
+            folders[:] = [f for f in folders if not f.startswith(".")]
+    return found
+
+
+def find_latest(name: str, root: Path, exclude: Path | None = None) -> Checkpoint | None:
+    """The newest checkpoint (by modification time; last.ckpt first on a tie) of the runs named
+    `name` that reads back whole."""
+    candidates = []
+    for folder in runs_named(name, root, exclude):
+        checkpoints = folder / "checkpoints"
+        if checkpoints.is_dir():
+            # Hidden files are temporaries of writes in progress (trainer/atomic.py).
+            candidates += [p for p in checkpoints.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
+    candidates.sort(key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
+    for path in candidates:
+        try:
+            return read_resumable(path)
+        except UserError as ex:
+            log.warning("resume: passing over %s", ex.line())
+    return None
+
+
+def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) -> Checkpoint | None:
+    """What `resume` asks for, as a checkpoint; None when the run starts fresh."""
+    if request is None:
+        return None
+    if request == "auto":
+        found = find_latest(name, root, exclude=run_dir)
+        if found is None:
+            raise UserError("resume", f"auto found no readable checkpoint of run '{name}' under '{root}'",
+                            f"run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
+                            f"resume=PATH/TO/last.ckpt, or no resume to start fresh")
+        return found
+    path = Path(request).expanduser()
+    if path.is_dir():  # a run folder: its newest checkpoint
+        checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        files = sorted((p for p in checkpoints.glob("*.ckpt") if not p.name.startswith(".")),
+                       key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
+        if not files:
+            raise UserError("resume", f"no .ckpt file in '{checkpoints}'", "resume=auto, or the path of a .ckpt file")
+        path = files[0]
+    elif not path.is_file():
+        raise UserError("resume", f"'{path}' does not exist", "resume=auto, or the path of a .ckpt file or run folder")
+    return read_resumable(path)
+
+
+def check_fits(checkpoint_path: Path, model_state: Mapping[str, Any]) -> None:
+    """The checkpoint's weights fit this run's model: same names, same shapes (one line otherwise,
+    instead of Lightning's traceback from load_state_dict)."""
+    from trainer.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(checkpoint_path, map_location="cpu", mmap=True)["state_dict"]
+    from trainer.checkpoint import clean_state_dict
+
+    ours = clean_state_dict(model_state)
+    missing = sorted(set(ours) - set(saved))
+    unexpected = sorted(set(saved) - set(ours))
+    shapes = sorted(k for k in set(ours) & set(saved)
+                    if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(ours[k].shape))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} weights missing (e.g. {missing[0]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unknown weights (e.g. {unexpected[0]})")
+    if shapes:
+        key = shapes[0]
+        problems.append(f"{len(shapes)} of other shapes (e.g. {key}: {tuple(saved[key].shape)} in the checkpoint, "
+                        f"{tuple(ours[key].shape)} here)")
+    if problems:
+        raise UserError("resume", f"{checkpoint_path} was written by another model: {'; '.join(problems)}",
+                        "the model and data settings of the run that wrote it, or resume=null to start fresh")
