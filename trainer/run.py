@@ -174,6 +174,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         # Lightning ends a SIGTERM'd fit with its own SIGTERMException; the checkpoint was written
         # by GracefulStop at the end of that step, so the run stopped cleanly.
         ex = stopper.outcome() or ex
+        _record_bad_files(summary, datamodule)
         summary.update(nonfinite=guard.summary(),
                        status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal, SIGTERMException))
                        else "failed",
@@ -191,6 +192,11 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             raise SystemExit(128 + ex.signum) from None
         if isinstance(ex, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError in newer torch
             raise _out_of_memory(ex, spec, checkpoint) from None
+        from trainer.data.loader import loader_failure
+
+        failure = loader_failure(ex)  # a loader worker that raised or died: one line
+        if failure is not None and failure is not ex:
+            raise failure from None
         raise
 
     metrics = split_metrics(fit_metrics)
@@ -200,6 +206,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                      "fused": bool(g.get("fused")), "foreach": bool(g.get("foreach"))}
                     for g in (optimizer.param_groups if optimizer else [])]
     metrics.update(split_metrics(test_results[0] if test_results else {}))
+    _record_bad_files(summary, datamodule)
     summary.update(
         status="completed",
         metrics=metrics,
@@ -221,6 +228,13 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     write_json_atomic(summary_path, summary)
     _report(summary)
     return metrics.get("val", {}).get("acc")
+
+
+def _record_bad_files(summary: dict[str, Any], datamodule: Any) -> None:
+    """Files a data module found unreadable (image folders: by the scan and while loading)."""
+    report = getattr(datamodule, "bad_files_summary", None)
+    if report is not None:
+        summary["data"]["bad_files"] = report()
 
 
 def _out_of_memory(ex: BaseException, spec: RunSpec, checkpoint: Any) -> UserError:

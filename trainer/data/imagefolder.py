@@ -1,60 +1,89 @@
-"""Images in torchvision's ImageFolder layout: ``root/train/<class>/*``, ``root/val/<class>/*``."""
+"""Images in torchvision's ImageFolder layout: ``root/train/<class>/*``, ``root/val/<class>/*``
+(and optionally ``test/``), robust to the bad files real folders hold.
+
+Before training, every file in the class folders is checked (``data.scan``); unreadable ones are
+skipped and listed in the run folder (``data.bad_files=skip``) or stop the run naming the file
+(``error``); more than ``data.max_bad_share`` of a split unreadable stops the run either way. Files
+the scan cannot catch cheaply (a truncated JPEG has a valid header) are caught when loaded. Every
+image mode reaches the model as 8-bit RGB. The machinery is in `trainer.data.badfiles`.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence
 
 import torch
-from torchvision import datasets
 from torchvision.transforms import v2
 
+from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError,
+                                   ImageFiles, check_files, is_image_name, scan_threads, truncated_images_accepted)
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import normalize, random_flip
 from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, Range
+from trainer.schema import AT_LEAST_ONE, FRACTION, Range
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+log = logging.getLogger("trainer")
+
+SPLITS = ("train", "val", "test")
 
 
-def scan_split(folder: Path) -> dict[str, int]:
-    """Image count per class sub-folder (hidden folders skipped)."""
-    counts = {}
+def list_split(folder: Path) -> dict[str, list[str]]:
+    """Every file per class sub-folder, sorted, sub-folders included (as torchvision's ImageFolder
+    walks them). Hidden files and folders (a leading '.') are left out: ``.DS_Store``, ``.ipynb_checkpoints``."""
+    classes: dict[str, list[str]] = {}
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_dir() and not entry.name.startswith("."):
-            counts[entry.name] = sum(
-                1 for _, _, files in os.walk(entry.path) for f in files if f.lower().endswith(IMAGE_EXTENSIONS))
-    return counts
+        if not entry.is_dir() or entry.name.startswith("."):
+            continue
+        files = []
+        for parent, dirs, names in os.walk(entry.path, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            files += [os.path.join(parent, n) for n in sorted(names) if not n.startswith(".")]
+        classes[entry.name] = files
+    return classes
 
 
-class _FixedClassesImageFolder(datasets.ImageFolder):
-    """ImageFolder whose class indices come from the training split.
+@dataclass
+class _Scanned:
+    """What `inspect` learned of the folder: kept so a second call does not scan again."""
 
-    Plain ImageFolder numbers the classes of each folder on its own, so a val/ that lacks one class
-    would silently shift every label after it.
-    """
+    root: Path
+    scan: str
+    splits: dict[str, Path]
+    good: dict[str, dict[str, list[str]]]  # split -> class -> readable files
+    bad: list[BadFile]
+    totals: dict[str, int]
+    seconds: float
 
-    def __init__(self, root: str, class_to_idx: dict[str, int], **kwargs: Any) -> None:
-        self._given = class_to_idx
-        super().__init__(root, **kwargs)
 
-    def find_classes(self, directory: str) -> tuple[list[str], dict[str, int]]:
-        present = {e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith(".")}
-        mapping = {name: idx for name, idx in self._given.items() if name in present}
-        return sorted(mapping, key=mapping.get), mapping
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _names(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 class ImageFolderDataModule(ImageClassificationData):
     """Decoded and cropped on the host by loader workers (RandomResizedCrop for training, resize and
-    centre crop for evaluation). Grayscale, palette and RGBA images are converted to RGB.
+    centre crop for evaluation). Every image mode is converted to 8-bit RGB (`badfiles.to_rgb`).
 
     With `device_normalize` (default) batches travel as uint8, a quarter of the bytes of float32
     over PCIe and through the workers' shared memory, and are flipped and normalized on the device
     (timm's PrefetchLoader idea); otherwise the workers do it in float32.
+
+    Bad files: `bad_files` (skip | error), `max_bad_share` and `scan` (header | full | off); see
+    ``conf/data/imagefolder.yaml``. Set `run_dir` before `inspect` to get ``bad_files.tsv`` there;
+    `bad_files_summary` reports what was found, including files found later by loader workers.
     """
 
     finishes_on_host_itself = True  # torchvision transforms v2 in the workers, in float32
+    random_on_host = True  # RandomResizedCrop in the workers: a seed per sample (trainer/data/resumable.py)
 
     def __init__(
         self,
@@ -65,18 +94,36 @@ class ImageFolderDataModule(ImageClassificationData):
         eval_crop_fraction: Annotated[float, Range(gt=0, le=1)] = 0.875,
         mean: Sequence[float] = (0.485, 0.456, 0.406),
         std: Sequence[Annotated[float, Range(gt=0)]] = (0.229, 0.224, 0.225),
+        bad_files: Literal["skip", "error"] = "skip",
+        max_bad_share: Annotated[float, FRACTION] = 0.01,
+        scan: Literal["header", "full", "off"] = "header",
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
+        if bad_files not in ("skip", "error"):
+            raise UserError("data.bad_files", f"'{bad_files}' is not a policy", "skip, error")
+        if scan not in ("header", "full", "off"):
+            raise UserError("data.scan", f"'{scan}' is not a scan mode", "header, full, off")
+        if not 0.0 <= float(max_bad_share) <= 1.0:
+            raise UserError("data.max_bad_share", f"{max_bad_share} is not a share", "a number in [0, 1]")
         self.root = root
         self.image_size = image_size
         self.train_crop_scale = tuple(train_crop_scale)
         self.hflip = hflip
         self.eval_crop_fraction = eval_crop_fraction
         self.mean, self.std = list(mean), list(std)
+        self.bad_files = bad_files
+        self.max_bad_share = float(max_bad_share)
+        self.scan = scan
+        #: The run folder, for ``bad_files.tsv``; set by the run before `inspect` (None: list in memory).
+        self.run_dir: Optional[Path] = getattr(self, "run_dir", None)
         self._classes: Optional[dict[str, int]] = None
         self._splits: dict[str, Path] = {}
+        self._scanned: Optional[_Scanned] = None
+        self._bad_list: Optional[BadFileList] = None
+        self._notes: list[str] = []
 
+    # -- before training ----------------------------------------------------------------------------
     def inspect(self) -> DataInfo:
         if self.root is None:
             raise UserError("data.root", "not set", "data.root=/path/to/dataset (an ImageNet-style folder with train/ and "
@@ -90,33 +137,138 @@ class ImageFolderDataModule(ImageClassificationData):
                             "two numbers in (0, 1], low <= high")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise UserError("data.mean", "mean and std need one value per RGB channel", "lists of 3 numbers")
-        counts = {}
-        for split in ("train", "val", "test"):
+        scanned = self._scanned
+        if scanned is None or scanned.root != root or scanned.scan != self.scan:
+            scanned = self._scan_folder(root)
+            self._bad_list = BadFileList(self.bad_files, self.scan, self.max_bad_share, scanned.totals, scanned.bad)
+            if self.run_dir is not None:
+                self._bad_list.attach(Path(self.run_dir))
+            self._notes = self._judge(scanned)
+            self._scanned = scanned  # only once judged: a folder that failed fails again when asked again
+        assert self._bad_list is not None
+        if self.run_dir is not None and self._bad_list.path is None:
+            self._bad_list.attach(Path(self.run_dir))
+        self._splits = dict(scanned.splits)
+        train_classes = sorted(c for c, files in scanned.good["train"].items() if files)
+        self._classes = {name: i for i, name in enumerate(train_classes)}
+        sizes = {split: sum(len(files) for c, files in classes.items() if c in self._classes)
+                 for split, classes in scanned.good.items()}
+        notes = list(self._notes)
+        if "test" not in sizes:
+            notes.insert(0, "no test/ folder: test metrics are measured on val/")
+            sizes["test"] = sizes["val"]
+        if scanned.bad:
+            notes.append(self._bad_note(scanned.bad))
+        pixel_bytes = 1 if self.device_normalize else 4
+        return DataInfo(len(train_classes), 3, (self.image_size, self.image_size), sizes, notes, train_classes,
+                        sample_bytes=3 * self.image_size**2 * pixel_bytes)
+
+    def _scan_folder(self, root: Path) -> _Scanned:
+        """List every split, check its files as `scan` says; stop on missing folders or no images."""
+        splits: dict[str, Path] = {}
+        listed: dict[str, dict[str, list[str]]] = {}
+        for split in SPLITS:
             folder = root / split
             if not folder.is_dir():
                 if split == "test":
                     continue
                 raise UserError("data.root", f"'{folder}' is missing",
                                 "a folder with train/ and val/ (and optionally test/) sub-folders of classes")
-            counts[split] = scan_split(folder)
-            if sum(counts[split].values()) == 0:
+            listed[split] = list_split(folder)
+            if not any(is_image_name(f) for files in listed[split].values() for f in files):
                 raise UserError("data.root", f"no images ({', '.join(IMAGE_EXTENSIONS)}) in class folders under '{folder}'",
                                 f"{folder}/<class>/<image>")
-            self._splits[split] = folder
-        train_classes = [name for name, n in counts["train"].items() if n > 0]
+            splits[split] = folder
+        paths = [f for classes in listed.values() for files in classes.values() for f in files]
+        started = time.perf_counter()
+        found = check_files(paths, self.scan)  # type: ignore[arg-type]
+        seconds = time.perf_counter() - started
+        if self.scan != "off":
+            log.info("data.scan=%s: %s checked in %.1f s (%d threads), %d unreadable", self.scan,
+                     _plural(len(paths), "file"), seconds, scan_threads(), len(found))
+        bad: list[BadFile] = []
+        good: dict[str, dict[str, list[str]]] = {}
+        for split, classes in listed.items():
+            good[split] = {}
+            for name, files in classes.items():
+                good[split][name] = [f for f in files if f not in found]
+                bad += [BadFile(split, f, *found[f]) for f in files if f in found]
+        totals = {split: sum(len(files) for files in classes.values()) for split, classes in listed.items()}
+        return _Scanned(root, self.scan, splits, good, bad, totals, seconds)
+
+    def _judge(self, scanned: _Scanned) -> list[str]:
+        """Apply the policy and the share limit to the scan's findings; the notes for DataInfo."""
+        assert self._bad_list is not None
+        bad = scanned.bad
+        if bad:
+            listed = (f"listed in {self._bad_list.path}" if self._bad_list.path
+                      else "list kept in memory (no run folder)")
+            log.warning("%s in the image folder (%s): %s", _plural(len(bad), "unreadable file"),
+                        "skipped" if self.bad_files == "skip" else "data.bad_files=error", listed)
+        if bad and self.bad_files == "error":
+            first = bad[0]
+            more = ""
+            if len(bad) > 1:
+                more = f"{_plural(len(bad) - 1, 'more unreadable file')} " + (
+                    f"listed in {self._bad_list.path}" if self._bad_list.path else "found by the scan")
+            raise BadImageError(first.path, first.reason, first.detail, note=more)
+        for split in scanned.totals:
+            self._bad_list.check_share(split)
+        notes = []
+        if truncated_images_accepted():
+            notes.append("PIL's ImageFile.LOAD_TRUNCATED_IMAGES was switched on by another library: truncated "
+                         "images are filled with grey and trained on instead of being skipped")
+        train = scanned.good["train"]
+        empty = [name for name, files in train.items() if not files]
+        if len(empty) == 1:
+            notes.append(f"class folder '{empty[0]}' in train/ has no readable images: left out")
+        elif empty:
+            notes.append(f"{len(empty)} class folders in train/ have no readable images, left out: {_names(empty)}")
+        classes = [name for name, files in train.items() if files]
+        if not classes:
+            raise UserError("data.root", f"no readable images in the class folders under '{scanned.splits['train']}' "
+                            f"({self._bad_list.where_listed('train')})", "a folder of readable images")
         for split in ("val", "test"):
-            extra = sorted(set(k for k, n in counts.get(split, {}).items() if n > 0) - set(train_classes))
+            if split not in scanned.good:
+                continue
+            present = {name for name, files in scanned.good[split].items() if files}
+            if not present:
+                raise UserError("data.root", f"no readable images in the class folders under '{scanned.splits[split]}' "
+                                f"({self._bad_list.where_listed(split)})", "a folder of readable images")
+            extra = sorted(present - set(classes))
             if extra:
-                raise UserError(str(root / split), f"classes with no training images: {', '.join(extra[:5])}",
+                unreadable = [name for name in extra if name in train]
+                why = " (their train/ files are all unreadable)" if unreadable == extra else ""
+                raise UserError(str(scanned.splits[split]),
+                                f"classes with no training images{why}: {', '.join(extra[:5])}",
                                 "the class folders of train/ (or a subset)")
-        self._classes = {name: i for i, name in enumerate(train_classes)}
-        notes = [] if "test" in counts else ["no test/ folder: test metrics are measured on val/"]
-        sizes = {split: sum(c.values()) for split, c in counts.items()}
-        if "test" not in sizes:
-            sizes["test"] = sizes["val"]
-        pixel_bytes = 1 if self.device_normalize else 4
-        return DataInfo(len(train_classes), 3, (self.image_size, self.image_size), sizes, notes, train_classes,
-                        sample_bytes=3 * self.image_size**2 * pixel_bytes)
+            missing = [name for name in classes if name not in present]
+            if missing:
+                notes.append(f"{_plural(len(missing), 'class')} of train/ with no readable images in {split}/ "
+                             f"(not measured there): {_names(missing)}")
+        return notes
+
+    def _bad_note(self, bad: list[BadFile]) -> str:
+        assert self._bad_list is not None
+        by_split = ", ".join(f"{split} {sum(1 for b in bad if b.split == split)}"
+                             for split in SPLITS if any(b.split == split for b in bad))
+        reasons: dict[str, int] = {}
+        for b in bad:
+            reasons[b.reason] = reasons.get(b.reason, 0) + 1
+        by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
+        where = f": listed in {self._bad_list.path}" if self._bad_list.path else ""
+        return f"{_plural(len(bad), 'unreadable file')} skipped (by split: {by_split}; by reason: {by_reason}){where}"
+
+    def bad_files_summary(self) -> dict[str, Any]:
+        """What was found unreadable: by the scan and since, while loading (also in worker processes,
+        read back from ``bad_files.tsv``), each file counted once. For summary.json's data.bad_files."""
+        if self._bad_list is None:
+            return {"policy": self.bad_files, "scan": self.scan, "count": 0, "share": 0.0, "by_reason": {},
+                    "by_split": {}, "list": None}
+        summary = self._bad_list.summary()
+        if self._scanned is not None:
+            summary["scan_seconds"] = round(self._scanned.seconds, 3)
+        return summary
 
     def _transforms(self, train: bool) -> v2.Compose:
         if train:
@@ -146,12 +298,22 @@ class ImageFolderDataModule(ImageClassificationData):
             return
         if self._classes is None:
             self.inspect()
-        assert self._classes is not None
+        assert self._classes is not None and self._scanned is not None and self._bad_list is not None
+        if self._bad_list.path is None:
+            # A run that did not name its folder before `inspect`: Lightning's default_root_dir is
+            # where the run writes everything else, so the list goes there before workers append to it.
+            folder = self.run_dir or getattr(self.trainer, "default_root_dir", None)
+            if folder is not None:
+                path = self._bad_list.attach(Path(folder))
+                if self._scanned.bad:
+                    log.warning("%s listed in %s", _plural(len(self._scanned.bad), "unreadable file"), path)
+        classes = list(self._classes)
 
-        def make(split: str, train: bool) -> datasets.ImageFolder:
-            return _FixedClassesImageFolder(str(self._splits[split]), self._classes, transform=self._transforms(train),
-                                            is_valid_file=lambda p: p.lower().endswith(IMAGE_EXTENSIONS),
-                                            allow_empty=True)
+        def make(split: str, train: bool) -> ImageFiles:
+            assert self._scanned is not None and self._classes is not None and self._bad_list is not None
+            samples = [(path, self._classes[name]) for name, files in self._scanned.good[split].items()
+                       if name in self._classes for path in files]
+            return ImageFiles(split, samples, classes, self._transforms(train), self.bad_files, self._bad_list)
 
         self.train_set = make("train", True)
         self.val_set = make("val", False)

@@ -1,10 +1,17 @@
-"""DataLoader settings for this machine, each with the reason it was chosen."""
+"""DataLoader settings for this machine, each with the reason it was chosen; failures inside loader
+workers turned into one actionable line (`loader_failure`)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Literal, Union
+
+from trainer.errors import UserError
 
 Auto = Literal["auto"]
 
@@ -119,3 +126,123 @@ def available_memory() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+_WORKER_RAISED = re.compile(r"Caught (?P<name>\w+) in DataLoader worker process (?P<worker>\d+)")
+_WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? (?P<pids>[\d, ]+)\) "
+                          r"(?:is killed by signal: (?P<signal>[^.]+)"
+                          r"|exited unexpectedly(?: with exit code (?P<code>-?\d+))?)")
+
+
+def loader_failure(ex: BaseException) -> UserError | None:
+    """One actionable line for a failure inside a DataLoader worker, or None if `ex` is not one.
+
+    PyTorch reports these in ways that are hard to act on: an exception raised by the data set in a
+    worker comes back as ``Caught X in DataLoader worker process N`` followed by a whole traceback;
+    a worker that died (the kernel's OOM killer, a bus error when /dev/shm is full) comes back as a
+    bare "exited unexpectedly" or "is killed by signal". Recognized here:
+
+    - a `UserError` raised by the data set (such as a `BadImageError` naming a file), whether
+      re-raised from a worker or raised in the main process with ``num_workers=0``: that error;
+    - any other exception raised in a worker: its own last line, with the hint to rerun with
+      ``data.num_workers=0``, where the full traceback appears in the main process;
+    - a worker that died: the signal or exit code, the likely causes and what to try.
+    """
+    for cause in _chain(ex):
+        if isinstance(cause, UserError):
+            return cause
+        text = str(cause)
+        raised = _WORKER_RAISED.search(text)
+        if raised:
+            line = _exception_line(text, raised["name"])
+            original = _user_error_class(line)
+            if original is not None:
+                where, _, problem = line.split(": ", 1)[1].partition(": ")
+                return UserError(where, problem) if problem else UserError("data", where)
+            return UserError("data.num_workers", f"loader worker process {raised['worker']} raised {line}",
+                             "rerun with data.num_workers=0 to see the full traceback in the main process")
+        died = _WORKER_DIED.search(text)
+        if died:
+            code = int(died["code"]) if died["code"] else _exit_code_of_dead_worker(cause)
+            how = (f"was killed by {_signal_name(died['signal'].strip())}" if died["signal"]
+                   else f"was killed by {_signal_name(-code)}" if code is not None and code < 0
+                   else f"exited with code {code}" if code is not None else "exited unexpectedly")
+            return UserError("data.num_workers", f"a loader worker process (pid {died['pids'].strip()}) {how}, "
+                             f"most likely out of host memory (the kernel's OOM killer sends SIGKILL) or out of "
+                             f"shared memory for batches in flight (SIGBUS; {_shm_text()})",
+                             "fewer workers (data.num_workers), a smaller data.batch_size or data.prefetch_factor, "
+                             "a larger /dev/shm (docker run --shm-size=8g), or data.num_workers=0 to see the error "
+                             "in the main process")
+    return None
+
+
+def _chain(ex: BaseException) -> list[BaseException]:
+    """`ex` and the exceptions it was raised from or during, outermost first."""
+    seen: list[BaseException] = []
+    current: BaseException | None = ex
+    while current is not None and current not in seen and len(seen) < 8:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _exception_line(text: str, name: str) -> str:
+    """``Name: message`` from the end of a formatted traceback, a message of several lines joined."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    pattern = re.compile(rf"^(?:[A-Za-z_]\w*\.)*{re.escape(name)}(?::|$)")
+    for i in range(len(lines) - 1, 0, -1):
+        if pattern.match(lines[i]):
+            return " ".join(lines[i:])
+    return lines[-1] if lines else text
+
+
+def _exit_code_of_dead_worker(ex: BaseException) -> int | None:
+    """The exit code (negative: the signal) of the worker PyTorch found dead.
+
+    Its "exited unexpectedly" message names only the pid; the process objects are still in the
+    frame that raised it (``_try_get_data``'s ``failed_workers``). Best effort: None if not found.
+    """
+    tb = ex.__traceback__
+    while tb is not None:
+        workers = tb.tb_frame.f_locals.get("failed_workers")
+        if isinstance(workers, list):
+            codes = [getattr(w, "exitcode", None) for w in workers]
+            return next((c for c in codes if c is not None), None)
+        tb = tb.tb_next
+    return None
+
+
+def _user_error_class(line: str) -> type | None:
+    """The class named at the start of a traceback's last line (``pkg.mod.Name: message``), if it is
+    a `UserError`: those already say what to do in one line."""
+    match = re.match(r"^((?:[A-Za-z_]\w*\.)+)([A-Za-z_]\w*): ", line)
+    if not match:
+        return None
+    # The worker pickled the class by reference, so its module is imported here too: look, never import.
+    cls = getattr(sys.modules.get(match.group(1).rstrip(".")), match.group(2), None)
+    return cls if isinstance(cls, type) and issubclass(cls, UserError) else None
+
+
+def _signal_name(description: str | int) -> str:
+    """``SIGKILL (Killed)`` from a signal number or the description PyTorch prints (``strsignal``'s text)."""
+    if isinstance(description, int):
+        try:
+            sig = signal.Signals(description)
+        except ValueError:
+            return f"signal {description}"
+        return f"{sig.name} ({signal.strsignal(sig)})"
+    for sig in signal.Signals:
+        try:
+            if signal.strsignal(sig) == description:
+                return f"{sig.name} ({description})"
+        except ValueError:
+            continue
+    return f"signal {description}"
+
+
+def _shm_text() -> str:
+    try:
+        usage = shutil.disk_usage("/dev/shm")
+    except OSError:
+        return "/dev/shm not found"
+    return f"/dev/shm has {usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f} GiB"
