@@ -45,10 +45,23 @@ def default_name(choices: Mapping[str, str], overrides: Sequence[str]) -> str:
     return ",".join([base, *sorted(kept)])
 
 
-def write_identity(run_dir: Path, name: str, resumed_from: str | None) -> None:
+def write_identity(run_dir: Path, name: str, resumed_from: str | None,
+                   logger_ids: Mapping[str, str] | None = None) -> None:
     record = {"name": name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "resumed_from": resumed_from}
+              "resumed_from": resumed_from, "logger_ids": dict(logger_ids or {})}
     write_text_atomic(run_dir / IDENTITY_FILE, json.dumps(record, indent=2) + "\n")
+
+
+def identity_of(checkpoint_path: Path) -> dict[str, Any]:
+    """run.json of the run folder a checkpoint lies in (``RUN/checkpoints/x.ckpt``); {} if none."""
+    for folder in (Path(checkpoint_path).parent.parent, Path(checkpoint_path).parent):
+        try:
+            record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            return record
+    return {}
 
 
 @dataclass(frozen=True)

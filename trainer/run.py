@@ -10,7 +10,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -55,11 +55,14 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     if spec.run.ladder and not multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.run.ladder}")
-    from trainer.resume import default_name, resolve_resume, write_identity
+    from trainer.logger import logger_ids
+    from trainer.resume import default_name, identity_of, resolve_resume, write_identity
 
     name = spec.identity.name or default_name(group_choices, overrides or [])
     resume_from = resolve_resume(spec.run.resume, name, Path(spec.identity.root), run_dir)
-    write_identity(run_dir, name, str(resume_from.path) if resume_from else None)
+    # A logger's run (wandb) carries on under the id of the run resumed from.
+    ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
+    write_identity(run_dir, name, str(resume_from.path) if resume_from else None, ids)
 
     import lightning as L
     import torch
@@ -100,7 +103,9 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
 
     task = ClassificationTask(net, info.num_classes, spec.optimizer, spec.scheduler, plan.lr, plan.weight_decay,
                               optimizer_implementation=plan.optimizer_implementation, channels_last=channels_last)
-    trainer, checkpoint, clipping, losses, guard, stopper = _build_trainer(spec, plan, run_dir, meter)
+    built = _build_trainer(spec, plan, run_dir, meter, ids)
+    trainer, checkpoint, clipping, losses, guard, stopper = (built.trainer, built.checkpoint, built.clipping,
+                                                             built.losses, built.guard, built.stopper)
     plan.derived["clipping"] = Derived(clipping.mode, _describe_clipping(clipping.summary()))
 
     log.info("run %s, folder %s", name, run_dir)
@@ -175,6 +180,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         # by GracefulStop at the end of that step, so the run stopped cleanly.
         ex = stopper.outcome() or ex
         _record_bad_files(summary, datamodule)
+        _draw_curves(built.curves, run_dir, name)
         summary.update(nonfinite=guard.summary(),
                        status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal, SIGTERMException))
                        else "failed",
@@ -225,9 +231,18 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         fit_time_s=fit_seconds,
         wall_time_s=time.perf_counter() - started,
     )
+    _draw_curves(built.curves, run_dir, name)
     write_json_atomic(summary_path, summary)
     _report(summary)
     return metrics.get("val", {}).get("acc")
+
+
+def _draw_curves(curves: Any, run_dir: Path, name: str) -> None:
+    """curves.png in the run folder; a failure to draw is a warning, never the run's end."""
+    try:
+        curves.write_png(run_dir / "curves.png", title=name)
+    except Exception as ex:  # noqa: BLE001 - a plot must not cost the run its summary
+        log.warning("could not draw curves.png: %s", str(ex).splitlines()[0] if str(ex) else type(ex).__name__)
 
 
 def _record_bad_files(summary: dict[str, Any], datamodule: Any) -> None:
@@ -393,12 +408,26 @@ def _recipe_lineage(name: str | None, overrides: list[str], resolved: dict[str, 
         return {"name": name, "error": str(ex).splitlines()[0]}
 
 
-def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+class _Built(NamedTuple):
+    """The Trainer and the callbacks the run reads back from."""
+
+    trainer: Any
+    checkpoint: Any
+    clipping: Any
+    losses: Any
+    guard: Any
+    stopper: Any
+    curves: Any
+
+
+def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any,
+                   logger_ids: dict[str, str] | None = None) -> _Built:
     import lightning as L
 
     from trainer.callbacks.graceful import GracefulStop
     from trainer.callbacks.loss_record import LossRecord
     from trainer.callbacks.progress import PlainProgress
+    from trainer.callbacks.curves import Curves
     from trainer.callbacks.rng import RNGState
     from trainer.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
     from trainer.logger import build_loggers
@@ -410,8 +439,9 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
     clipping = _construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))
     guard = _construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all"))
     # The guard goes first: a step it skips has no gradients left for clipping to record.
+    curves = Curves()
     # RNGState: the random generators' states go into every checkpoint and come back on resume.
-    callbacks: list[Any] = [guard, clipping, meter, losses, stopper, RNGState()]
+    callbacks: list[Any] = [guard, clipping, meter, losses, curves, stopper, RNGState()]
     periodic = build_periodic(spec.checkpointing, run_dir)
     if periodic is not None:
         callbacks.append(periodic)
@@ -427,7 +457,7 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
         callbacks.append(RichProgressBar())
     elif progress == "plain":
         callbacks.append(PlainProgress(every_s=spec.run.progress_every_s))
-    loggers = build_loggers(spec.loggers, run_dir)
+    loggers = build_loggers(spec.loggers, run_dir, logger_ids)
     from trainer.precision import lightning_precision
 
     trainer_kwargs = dict(spec.trainer)
@@ -446,7 +476,7 @@ def _build_trainer(spec: RunSpec, plan: Any, run_dir: Path, meter: Any) -> tuple
         enable_progress_bar=progress == "rich",
         default_root_dir=str(run_dir),
     )
-    return trainer, checkpoint, clipping, losses, guard, stopper
+    return _Built(trainer, checkpoint, clipping, losses, guard, stopper, curves)
 
 
 def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, run_dir: Path) -> None:
@@ -466,7 +496,7 @@ def _diagnose(spec: RunSpec, plan: Any, datamodule: Any, task: Any, meter: Any, 
         run=dataclasses.replace(spec.run, progress="off"),
         trainer={**spec.trainer, "max_steps": meter.warmup_steps + 1 + steps, "max_epochs": -1,
                  "limit_val_batches": 0, "num_sanity_val_steps": 0, "limit_train_batches": None})
-    trainer, *_ = _build_trainer(short, plan, run_dir, meter)
+    trainer = _build_trainer(short, plan, run_dir, meter).trainer
     device = torch.device("cuda", torch.cuda.current_device()) if plan.accelerator == "cuda" else torch.device(
         plan.accelerator)
     task.to(device)

@@ -60,6 +60,10 @@ def test_run_folder_holds_config_env_checkpoints_and_logs(default_run):
     rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
     assert any(row.get("val/acc") for row in rows)
     assert "epoch 30/30" in (run_dir / "train.log").read_text()
+    identity = json.loads((run_dir / "run.json").read_text())
+    assert identity["name"] == "digits-small_cnn" and identity["resumed_from"] is None
+    curves = (run_dir / "curves.png").read_bytes()
+    assert curves.startswith(b"\x89PNG") and len(curves) > 20_000
 
 
 def test_plain_progress_lines_and_no_bar_when_not_a_terminal(default_run):

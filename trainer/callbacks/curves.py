@@ -1,0 +1,141 @@
+"""Every run's loss and metric curves, drawn into its run folder as ``curves.png``.
+
+Whatever logger a run uses (or none), a person opening the run folder sees how training went:
+the training loss per step with its moving average, validation loss and accuracy per epoch,
+training accuracy per epoch, and the learning rate per step. A failed or interrupted run draws what
+it got through.
+
+The per-step losses stay on the device and are copied to the host in chunks of `chunk` steps, so
+recording costs one synchronization per chunk, not one per step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+class Curves(Callback):
+    def __init__(self, chunk: int = 256) -> None:
+        self.chunk = chunk
+        self.steps: list[int] = []
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+        self._pending: list[torch.Tensor] = []
+        #: One entry per validation: {"epoch", "step", "val/loss", "val/acc", ...}
+        self.validations: list[dict[str, float]] = []
+        #: One entry per training epoch: {"epoch", "step", "train/acc", "train/loss"} where logged
+        self.epochs: list[dict[str, float]] = []
+
+    # -- recording --------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        self.steps.append(int(trainer.global_step))
+        self._pending.append(loss.detach().float().reshape(()))
+        optimizers = trainer.optimizers
+        self.lrs.append(float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan)
+        if len(self._pending) >= self.chunk:
+            self._flush()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        entry = self._metrics(trainer, "val/")
+        if entry:
+            self.validations.append({"epoch": float(trainer.current_epoch), "step": float(trainer.global_step), **entry})
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        entry = self._metrics(trainer, "train/")
+        if entry:
+            self.epochs.append({"epoch": float(trainer.current_epoch), "step": float(trainer.global_step), **entry})
+
+    @staticmethod
+    def _metrics(trainer: L.Trainer, prefix: str) -> dict[str, float]:
+        out = {}
+        for name, value in trainer.callback_metrics.items():
+            if name.startswith(prefix) and not name.endswith("_step"):
+                number = float(value) if isinstance(value, (torch.Tensor, float, int)) else math.nan
+                out[name.removesuffix("_epoch")] = number
+        return out
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.losses += torch.stack(self._pending).cpu().tolist()
+            self._pending = []
+
+    # -- drawing ----------------------------------------------------------------------------------
+    def write_png(self, path: Path, title: str = "") -> Path | None:
+        """Draw the curves; None when there is nothing to draw (no training step ran)."""
+        self._flush()
+        if not self.losses:
+            return None
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        from trainer.atomic import replace_atomic
+
+        figure = Figure(figsize=(13, 3.8), layout="constrained")
+        loss_axes, metric_axes, lr_axes = figure.subplots(1, 3)
+
+        loss_axes.plot(self.steps, self.losses, color="#9ecae1", linewidth=0.8, label="per step")
+        window = max(1, min(50, len(self.losses) // 10))
+        if window > 1:
+            loss_axes.plot(self.steps[window - 1:], moving_average(self.losses, window), color="#08519c",
+                           linewidth=1.6, label=f"mean of {window}")
+        for entry in self.validations:
+            if "val/loss" in entry:
+                loss_axes.plot(entry["step"], entry["val/loss"], "o", color="#e6550d", markersize=4)
+        if any("val/loss" in entry for entry in self.validations):
+            loss_axes.plot([], [], "o", color="#e6550d", markersize=4, label="validation")
+        finite = [v for v in self.losses if math.isfinite(v) and v > 0]
+        if finite and max(finite) / min(finite) > 50:
+            loss_axes.set_yscale("log")
+        loss_axes.set(title="loss", xlabel="step")
+        loss_axes.legend(fontsize=8)
+        loss_axes.grid(alpha=0.3)
+
+        for source, name, colour in ((self.validations, "val/acc", "#e6550d"), (self.epochs, "train/acc", "#08519c")):
+            points = [(entry["epoch"] + 1, entry[name]) for entry in source if name in entry]
+            if points:
+                metric_axes.plot(*zip(*points), "o-", color=colour, markersize=3, label=name)
+        metric_axes.set(title="accuracy per epoch", xlabel="epoch")
+        metric_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if metric_axes.lines:
+            metric_axes.legend(fontsize=8)
+        metric_axes.grid(alpha=0.3)
+
+        lr_axes.plot(self.steps, self.lrs, color="#31a354")
+        lr_axes.set(title="learning rate", xlabel="step")
+        lr_axes.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        lr_axes.grid(alpha=0.3)
+        if title:
+            figure.suptitle(title, fontsize=10)
+
+        FigureCanvasAgg(figure)
+        path = Path(path)
+        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+        return path
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Mean of each run of `window` values (NaN and Inf left out of the mean)."""
+    import numpy as np
+
+    array = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(array)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, array, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    window_sums = sums[window:] - sums[:-window]
+    window_counts = counts[window:] - counts[:-window]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(window_counts > 0, window_sums / np.maximum(window_counts, 1), np.nan)
+    return means.tolist()
