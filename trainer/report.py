@@ -31,7 +31,8 @@ log = logging.getLogger("trainer")
 
 MARKDOWN_NAME = "comparison.md"
 CHART_NAME = "comparison.png"
-COLUMNS = ("stage", "what it changed", "samples/s", "speed-up", "peak MiB", "final loss", "loss spread", "val acc")
+COLUMNS = ("stage", "what it changed", "samples/s", "speed-up", "peak MiB", "final loss", "loss spread", "val acc",
+           "test acc")
 CHANGES_SHOWN = 4  # more than this does not fit a table cell; the Details section lists them all
 FIRST_STAGE = "(first stage)"
 NO_SUMMARY = "no summary.json"
@@ -76,6 +77,7 @@ class Row:
     loss_spread: float | None
     val_acc: float | None
     status: str
+    test_acc: float | None = None
 
 
 # --------------------------------------------------------------------------- reading a sweep
@@ -242,7 +244,7 @@ def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
     for index, job in enumerate(jobs):
         status = _status(job)
         numbers: dict[str, float | None] = dict.fromkeys(
-            ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc"))
+            ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc", "test_acc"))
         if status == "completed":
             summary = job.summary or {}
             rate = _samples_per_s(job)
@@ -254,6 +256,7 @@ def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
                 final_loss=_number(_get(summary, "loss", "final")),
                 loss_spread=_number(_get(summary, "loss", "spread")),
                 val_acc=_number(_get(summary, "metrics", "val", "acc")),
+                test_acc=_number(_get(summary, "metrics", "test", "acc")),
             )
         rows.append(Row(number=job.number, stage=stage_name(job), changed=_what_changed(jobs, index),
                         status=status, **numbers))
@@ -306,7 +309,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
         stage = row.stage if row.status == "completed" else f"{row.stage} ({row.status})"
         cells = [stage, row.changed, _fmt(row.samples_per_s, "{:,.0f}"), _fmt(row.speedup, "{:.2f}x"),
                  _fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
-                 _fmt(row.val_acc, "{:.4f}")]
+                 _fmt(row.val_acc, "{:.4f}"), _fmt(row.test_acc, "{:.4f}")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 

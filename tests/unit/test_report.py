@@ -168,12 +168,12 @@ def test_markdown_table_and_details(sweep: Path):
     lines = markdown.splitlines()
     assert lines[0].startswith("# ") and str(sweep) in lines[0] and "NVIDIA H200" in lines[0]
     assert "median of 5 windows" in markdown and "data wait and step" in markdown
-    header = "| stage | what it changed | samples/s | speed-up | peak MiB | final loss | loss spread | val acc |"
+    header = "| stage | what it changed | samples/s | speed-up | peak MiB | final loss | loss spread | val acc | test acc |"
     assert header in lines
     table = [line for line in lines if line.startswith("| ")]
-    assert table[1] == "| resnet50_baseline | (first stage) | 100 | 1.00x | 1000 | 1.2346 | 0.0125 | 0.5000 |"
-    assert table[2] == "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x | 600 | 1.2000 | 0.0125 | 0.5500 |"
-    assert table[3] == "| resnet50_compile (failed) | compile.mode=default | - | - | - | - | - | - |"
+    assert table[1] == "| resnet50_baseline | (first stage) | 100 | 1.00x | 1000 | 1.2346 | 0.0125 | 0.5000 | 0.5000 |"
+    assert table[2] == "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x | 600 | 1.2000 | 0.0125 | 0.5500 | 0.5500 |"
+    assert table[3] == "| resnet50_compile (failed) | compile.mode=default | - | - | - | - | - | - | - |"
     assert table[4].startswith("| +recipe=resnet50_broken (no summary.json) | (no config_resolved.yaml) | - |")
     details = markdown.split("## Details", 1)[1]
     assert "- config changes vs job 0:\n  - `precision.name`: `fp32` -> `bf16_mixed`" in details
