@@ -164,6 +164,14 @@ class RunConfig:
     #: ``auto``: carry on from the newest valid checkpoint of the run named ``run.name``; a path:
     #: from that checkpoint; null: start fresh (trainer/resume.py).
     resume: Optional[str] = None
+    #: What `train.py` returns to a sweeper: a logged metric ``split/name`` (train, val or test).
+    objective: str = "val/acc"
+
+    def check(self, group: str = "") -> None:
+        split, _, metric = self.objective.partition("/")
+        if split not in ("train", "val", "test") or not metric:
+            raise UserError("objective", f"'{self.objective}' is not a metric name",
+                            "split/metric with split train, val or test: val/acc, val/loss, test/acc, train/loss")
 
 
 @dataclass
@@ -237,6 +245,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
             raise UserError(group, "missing or not a mapping", f"a choice of the {group} group ({group}=NAME)")
 
     run = RunConfig(**check_mapping("", {k: plain[k] for k in top_level.fields if k in plain}, top_level, "the run"))
+    run.check()
     if not isinstance(plain.get("run", {}), dict):
         raise UserError("run", "not a mapping", "run.name=NAME, run.root=FOLDER")
     run_values = dict(plain.get("run", {}))

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import inspect
 import logging
+import math
 import sys
 import time
 import warnings
@@ -22,18 +23,64 @@ log = logging.getLogger("trainer")
 
 def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, str] | None = None,
         overrides: list[str] | None = None) -> float | None:
-    """Train and test as `cfg` says; return the final validation accuracy (the sweep objective).
+    """Train and test as `cfg` says; return the metric named by `objective` (the sweep objective,
+    val/acc by default).
 
     `run_dir`, `group_choices` and `overrides` default to Hydra's for the current job. A mistake in
     the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1).
+    In a multirun, a job that fails returns NaN instead, so the sweep goes on (see `_failed_job`).
     """
     try:
-        return _run(cfg, run_dir, group_choices, overrides)
+        objective = _run(cfg, run_dir, group_choices, overrides)
     except UserError as ex:
         if full_error_requested():
             raise
+        if _in_multirun():
+            return _failed_job(ex.line(), None)
         # Exiting here, not raising: Hydra would print its own "Error executing job" line first.
         exit_with(ex.line())
+    except Exception as ex:  # noqa: BLE001 - only inside a multirun, see below
+        if not _in_multirun() or full_error_requested():
+            raise
+        return _failed_job(f"{type(ex).__name__}: {ex}".splitlines()[0], ex)
+    if objective is not None and not math.isfinite(objective) and _in_multirun() and _optuna_sweep():
+        raise TrialFailed(f"objective is {objective}: the trial counts as failed")
+    return objective
+
+
+class TrialFailed(Exception):
+    """An Optuna trial whose run failed or has no finite objective (see `_failed_job`)."""
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _optuna_sweep() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+
+    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
+
+
+def _failed_job(line: str, ex: BaseException | None) -> float:
+    """One job of a sweep failed: say so (with the traceback of an unexpected error in the job's
+    log) and go on with the sweep. The job's summary.json, where it got that far, says failed.
+
+    Hydra's basic sweeper ends the whole sweep after a batch in which a job raised, without the
+    comparison table, so there the job returns NaN instead. Hydra's Optuna sweeper (1.3 with optuna
+    2.10) crashes on a NaN value (it tells the study twice), but records a job that raised as a
+    failed trial and goes on while the failure share is within ``max_failure_rate``, so there it
+    raises `TrialFailed`.
+    """
+    if ex is not None:
+        log.error("job failed", exc_info=ex)
+    log.error("error: %s", line)
+    if _optuna_sweep():
+        raise TrialFailed(line)
+    return float("nan")
 
 
 def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | None,
@@ -234,7 +281,18 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     _draw_curves(built.curves, run_dir, name)
     write_json_atomic(summary_path, summary)
     _report(summary)
-    return metrics.get("val", {}).get("acc")
+    return _objective(metrics, spec.run.objective)
+
+
+def _objective(metrics: dict[str, dict[str, float]], name: str) -> float:
+    """The metric `name` (``split/metric``) of the finished run; NaN when the run has none."""
+    split, _, metric = name.partition("/")
+    value = metrics.get(split, {}).get(metric)
+    if value is None:
+        log.warning("objective %s: the run logged no such metric (it has %s); returning NaN", name,
+                    ", ".join(f"{s}/{m}" for s, values in metrics.items() for m in values) or "none")
+        return float("nan")
+    return float(value)
 
 
 def _draw_curves(curves: Any, run_dir: Path, name: str) -> None:

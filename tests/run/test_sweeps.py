@@ -1,0 +1,56 @@
+"""Sweeps: a failed job does not end a multirun, and an Optuna study records failed trials, lives in
+SQLite and continues its trial count when the command is run again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import train_forked
+
+pytestmark = pytest.mark.run
+
+TINY_DIGITS = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+               "trainer.limit_test_batches=1", "checkpointing=off", "progress=off"]
+
+
+def test_a_failed_job_does_not_end_a_plain_multirun(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = train_forked(["-m", "data.batch_size=16,5000", *TINY_DIGITS, f"hydra.sweep.dir={sweep}"], tmp_path / "x")
+    assert result.returncode == 0, result
+    assert "error: data.batch_size: 5000 is larger than the training split" in result.stdout + result.stderr
+    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
+    table = (sweep / "comparison.md").read_text()
+    assert "data.batch_size=16" in table and "data.batch_size=5000" in table and "(no summary.json)" in table
+
+
+def test_optuna_study_records_failed_trials_and_resumes_its_count(tmp_path):
+    import optuna
+    # A team's search config on the search path, built on the shipped one: a batch size of 5000 is
+    # larger than the training split, so those trials fail.
+    (tmp_path / "conf" / "hparams_search").mkdir(parents=True)
+    (tmp_path / "conf" / "hparams_search" / "tiny.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - digits_optuna\nhydra:\n  sweeper:\n    study_name: tiny\n"
+        "    params:\n      data.batch_size: choice(16, 5000)\n")
+    command = ["hparams_search=tiny", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"run.root={tmp_path}",
+               *TINY_DIGITS]
+    storage = f"sqlite:///{tmp_path}/optuna/digits_optuna.db"
+
+    first = train_forked([*command, "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=42",
+                          f"hydra.sweep.dir={tmp_path / 'first'}"], tmp_path / "x")
+    assert first.returncode == 0, first
+    trials = optuna.load_study(study_name="tiny", storage=storage).trials
+    states = [t.state.name for t in trials]
+    assert len(trials) == 3 and "FAIL" in states and "COMPLETE" in states, states
+    assert all(t.params["data.batch_size"] == 5000 for t in trials if t.state.name == "FAIL")
+    assert all(0.0 <= t.value <= 1.0 for t in trials if t.state.name == "COMPLETE")  # val/acc
+    assert (tmp_path / "first" / "optimization_results.yaml").is_file()
+    assert (tmp_path / "first" / "comparison.md").is_file()
+
+    again = train_forked([*command, "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=43",
+                          f"hydra.sweep.dir={tmp_path / 'again'}"], tmp_path / "y")
+    assert again.returncode == 0, again
+    trials = optuna.load_study(study_name="tiny", storage=storage).trials
+    assert [t.number for t in trials] == [0, 1, 2, 3, 4]
