@@ -86,10 +86,11 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
                  setup: Callable[[], None] | None = None) -> Result:
     """`python train.py ARGS` in a forked child of this process: the same entry point, Hydra
     composition, error handling and exit code as a new interpreter, without paying the ~10 s
-    import of torch and Lightning again. For runs that stop before training (bad input): the child
-    never touches a device or a loader worker. stdout and stderr are captured at the file
-    descriptors, so anything Python or a library writes is seen. `setup` runs in the child first
-    (fault injection); a child killed by a signal N returns -N."""
+    import of torch and Lightning again. The child runs torch on one thread (OpenMP pools do not
+    survive a fork), which suits the tests' short runs; loader worker processes work as usual.
+    stdout and stderr are captured at the file descriptors, so anything Python or a library writes
+    is seen. `setup` runs in the child first (fault injection); a child killed by a signal N
+    returns -N."""
     import runpy
     import signal
     import tempfile

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers import train, write_cifar_copy, write_digit_pngs
+from tests.helpers import train, train_forked, write_cifar_copy, write_digit_pngs
 
 pytestmark = pytest.mark.run
 
@@ -10,7 +10,7 @@ FAST = ["progress=plain", "checkpointing=off"]
 
 
 def test_synthetic_learns_its_class_patterns(tmp_path):
-    result = train(["data=synthetic", "data.shape=[3,16,16]", "data.train_samples=1024", "data.signal=1.0",
+    result = train_forked(["data=synthetic", "data.shape=[3,16,16]", "data.train_samples=1024", "data.signal=1.0",
                     "trainer.max_epochs=3", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
@@ -37,7 +37,7 @@ def test_imagefolder_of_png_digits(tmp_path):
 
 def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
     write_cifar_copy(tmp_path / "cifar", train_per_batch=300, test=200, batches=2)
-    result = train(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.batch_size=32", "trainer.max_epochs=8",
+    result = train_forked(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.batch_size=32", "trainer.max_epochs=8",
                     "optimizer.lr=0.01", "optimizer.lr_scaling=none",
                     "model.widths=[16,32]", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
@@ -48,7 +48,7 @@ def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
 
 
 def test_a_team_model_plugged_in_by_target(tmp_path):
-    result = train(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=48",
+    result = train_forked(["model=custom", "model._target_=tests.helpers.TinyMLP", "+model.hidden=48",
                     "optimizer.lr=0.01", "optimizer.lr_scaling=none", "trainer.max_epochs=15", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary

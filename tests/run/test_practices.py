@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import train
+from tests.helpers import train_forked
 
 pytestmark = pytest.mark.run
 
@@ -15,7 +15,7 @@ SHORT = ["progress=plain", "trainer.max_epochs=2"]
 
 
 def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
-    result = train(["data.batch_size=32", "trainer.accumulate_grad_batches=4", "scheduler=constant",
+    result = train_forked(["data.batch_size=32", "trainer.accumulate_grad_batches=4", "scheduler=constant",
                     "checkpointing=off", *SHORT], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
@@ -30,7 +30,7 @@ def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
 
 
 def test_linear_rule_and_sgd(tmp_path):
-    result = train(["optimizer=sgd", "optimizer.lr_scaling=linear", "optimizer.wd_scaling=sqrt", "scheduler=constant",
+    result = train_forked(["optimizer=sgd", "optimizer.lr_scaling=linear", "optimizer.wd_scaling=sqrt", "scheduler=constant",
                     "checkpointing=off", *SHORT], tmp_path / "run")
     assert result.returncode == 0, result
     decay = result.summary["optimizer_param_groups"][0]
@@ -40,7 +40,7 @@ def test_linear_rule_and_sgd(tmp_path):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16_mixed", "fp16_mixed"])
 def test_batchnorm_statistics_stay_fp32(tmp_path, precision):
-    result = train([f"precision={precision}", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
+    result = train_forked([f"precision={precision}", "trainer.max_epochs=1", "trainer.limit_train_batches=6",
                     "progress=plain"], tmp_path / "run")
     assert result.returncode == 0, result
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
@@ -53,7 +53,7 @@ def test_batchnorm_statistics_stay_fp32(tmp_path, precision):
 
 
 def test_percentile_clipping_calibrates_on_the_logged_norms(tmp_path):
-    result = train(["clipping.calibration_steps=20", "trainer.log_every_n_steps=1", "checkpointing=off",
+    result = train_forked(["clipping.calibration_steps=20", "trainer.log_every_n_steps=1", "checkpointing=off",
                     "trainer.max_epochs=3"], tmp_path / "run")
     assert result.returncode == 0, result
     rows = [r for r in csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()) if r.get("clip/grad_norm")]
