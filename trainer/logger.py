@@ -44,3 +44,13 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
             spec = {k: v for k, v in spec.items() if k not in ("id", "version")}
         loggers.append(instantiate(spec, **kwargs))
     return loggers
+
+
+def finish_loggers(loggers: list[Logger], failed: bool) -> None:
+    """End each logger's run. Lightning's WandbLogger leaves the wandb run open at the end of
+    training, and a later WandbLogger in the same process (the next job of a multirun) then logs
+    into that run instead of its own; finishing it here gives every job its own run."""
+    for logger in loggers:
+        experiment = getattr(logger, "_experiment", None)
+        if experiment is not None and _is_wandb({"_target_": type(logger).__name__}):
+            experiment.finish(exit_code=1 if failed else 0)

@@ -226,6 +226,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         # Lightning ends a SIGTERM'd fit with its own SIGTERMException; the checkpoint was written
         # by GracefulStop at the end of that step, so the run stopped cleanly.
         ex = stopper.outcome() or ex
+        _finish_loggers(trainer, failed=True)
         _record_bad_files(summary, datamodule)
         _draw_curves(built.curves, run_dir, name)
         summary.update(nonfinite=guard.summary(),
@@ -279,6 +280,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         wall_time_s=time.perf_counter() - started,
     )
     _draw_curves(built.curves, run_dir, name)
+    _finish_loggers(trainer, failed=False)
     write_json_atomic(summary_path, summary)
     _report(summary)
     return _objective(metrics, spec.run.objective)
@@ -293,6 +295,15 @@ def _objective(metrics: dict[str, dict[str, float]], name: str) -> float:
                     ", ".join(f"{s}/{m}" for s, values in metrics.items() for m in values) or "none")
         return float("nan")
     return float(value)
+
+
+def _finish_loggers(trainer: Any, failed: bool) -> None:
+    from trainer.logger import finish_loggers
+
+    try:
+        finish_loggers(list(trainer.loggers), failed)
+    except Exception as ex:  # noqa: BLE001 - a logger's shutdown must not cost the run its summary
+        log.warning("could not finish a logger's run: %s", str(ex).splitlines()[0] if str(ex) else type(ex).__name__)
 
 
 def _draw_curves(curves: Any, run_dir: Path, name: str) -> None:

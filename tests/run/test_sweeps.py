@@ -4,7 +4,7 @@ SQLite and continues its trial count when the command is run again."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import pytest
 
@@ -16,12 +16,18 @@ TINY_DIGITS = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer
                "trainer.limit_test_batches=1", "checkpointing=off", "progress=off"]
 
 
-def test_a_failed_job_does_not_end_a_plain_multirun(tmp_path):
+def test_a_failed_job_does_not_end_a_plain_multirun_and_each_job_has_its_own_wandb_run(tmp_path):
     sweep = tmp_path / "sweep"
-    result = train_forked(["-m", "data.batch_size=16,5000", *TINY_DIGITS, f"hydra.sweep.dir={sweep}"], tmp_path / "x")
+    result = train_forked(["-m", "data.batch_size=16,5000,32", *TINY_DIGITS, "logger=[csv,wandb]",
+                           f"hydra.sweep.dir={sweep}"], tmp_path / "x",
+                          setup=lambda: os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true"))
     assert result.returncode == 0, result
     assert "error: data.batch_size: 5000 is larger than the training split" in result.stdout + result.stderr
-    assert json.loads((sweep / "0" / "summary.json").read_text())["status"] == "completed"
+    for job in ("0", "2"):
+        assert json.loads((sweep / job / "summary.json").read_text())["status"] == "completed"
+        # The run of job 0 was finished, so job 2 logged into a run of its own, in its own folder.
+        run_id = json.loads((sweep / job / "run.json").read_text())["logger_ids"]["wandb"]
+        assert list((sweep / job / "wandb").glob(f"offline-run-*-{run_id}"))
     table = (sweep / "comparison.md").read_text()
     assert "data.batch_size=16" in table and "data.batch_size=5000" in table and "(no summary.json)" in table
 
