@@ -22,7 +22,7 @@ from trainer.resume import check_fits, default_name, find_latest, resolve_resume
 def test_default_name_is_the_recipe_or_data_model_plus_the_overrides_that_change_the_result():
     assert default_name({"data": "digits", "model": "small_cnn"}, []) == "digits-small_cnn"
     overrides = ["optimizer.lr=0.1", "+recipe=cifar10_resnet18", "resume=auto", "progress=plain",
-                 "data.num_workers=4", "run.root=/x", "hydra.run.dir=/y", "+model.hidden=8"]
+                 "data.num_workers=4", "run.root=/x", "hydra.run.dir=/y", "+model.hidden=8", "hparams_search=digits_optuna"]
     assert default_name({"recipe": "cifar10_resnet18", "data": "cifar10", "model": "resnet18"}, overrides) == \
         "cifar10_resnet18,model.hidden=8,optimizer.lr=0.1"
     # A requeue (resume=auto added) keeps the name; the order of overrides does not matter.
