@@ -60,3 +60,16 @@ def test_optuna_study_records_failed_trials_and_resumes_its_count(tmp_path):
     assert again.returncode == 0, again
     trials = optuna.load_study(study_name="tiny", storage=storage).trials
     assert [t.number for t in trials] == [0, 1, 2, 3, 4]
+
+
+def test_submitit_local_launcher_runs_a_two_job_multirun(tmp_path):
+    # The SLURM launcher's code path (hydra-submitit-launcher), with each job in a process of its own.
+    sweep = tmp_path / "sweep"
+    result = train_forked(["-m", "hydra/launcher=local", "data.batch_size=32,64", *TINY_DIGITS,
+                           f"hydra.sweep.dir={sweep}"], tmp_path / "x", timeout=300)
+    assert result.returncode == 0, result
+    for job, batch in (("0", 32), ("1", 64)):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["hyperparameters"]["batch_size"] == batch
+    assert list((sweep / ".submitit").iterdir())  # submitit's own job records
+    assert "data.batch_size=64" in (sweep / "comparison.md").read_text()
