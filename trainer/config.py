@@ -161,8 +161,9 @@ class RunConfig:
     diagnose_steps: Annotated[int, Range(ge=3)] = 20
     #: Set by a ``+ladder=NAME`` config: the run is one stage of an optimization ladder.
     ladder: Optional[str] = None
-    #: ``auto``: carry on from the newest valid checkpoint of the run named ``run.name``; a path:
-    #: from that checkpoint; null: start fresh (trainer/resume.py).
+    #: ``auto``: carry on from the newest valid checkpoint of the run named ``run.name`` (an error if
+    #: there is none); ``if_any``: the same, or start fresh when there is none (a job that may be a
+    #: requeue); a path: from that checkpoint; null: start fresh (trainer/resume.py).
     resume: Optional[str] = None
     #: What `train.py` returns to a sweeper: a logged metric ``split/name`` (train, val or test).
     objective: str = "val/acc"

@@ -135,12 +135,18 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     """What `resume` asks for, as a checkpoint; None when the run starts fresh."""
     if request is None:
         return None
+    if request == "if_any":  # a job that may be a requeue: carry on if there is something to carry on from
+        found = find_latest(name, root, exclude=run_dir)
+        if found is None:
+            log.info("resume=if_any: no checkpoint of run '%s' under '%s' yet: starting fresh", name, root)
+        return found
     if request == "auto":
         found = find_latest(name, root, exclude=run_dir)
         if found is None:
             raise UserError("resume", f"auto found no readable checkpoint of run '{name}' under '{root}'",
                             f"run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
-                            f"resume=PATH/TO/last.ckpt, or no resume to start fresh")
+                            f"resume=PATH/TO/last.ckpt, resume=if_any (fresh when nothing is found), "
+                            f"or no resume to start fresh")
         return found
     path = Path(request).expanduser()
     if path.is_dir():  # a run folder: its newest checkpoint

@@ -82,6 +82,13 @@ def test_auto_leaves_out_the_current_run_folder_and_says_when_nothing_is_found(t
     assert line.startswith("resume: auto found no readable checkpoint of run 'mine'") and str(tmp_path) in line
 
 
+def test_if_any_carries_on_when_there_is_a_checkpoint_and_starts_fresh_when_not(tmp_path):
+    assert resolve_resume("if_any", "requeued", tmp_path, tmp_path / "first") is None
+    earlier = make_run(tmp_path, "runs/first", "requeued")
+    fake_checkpoint(earlier / "checkpoints" / "last.ckpt", 7)
+    assert resolve_resume("if_any", "requeued", tmp_path, tmp_path / "second").global_step == 7
+
+
 def test_resume_from_a_path_or_a_run_folder_and_the_errors(tmp_path):
     run_dir = make_run(tmp_path, "old", "x")
     ckpt = fake_checkpoint(run_dir / "checkpoints" / "epoch000-step000004.ckpt", 4)
