@@ -71,6 +71,8 @@ class Checkpoint:
     global_step: int
     epoch: int
     mid_epoch: bool
+    #: The model's weights as saved: name -> shape (read once here, for `check_fits`).
+    shapes: dict[str, tuple[int, ...]]
 
 
 def read_resumable(path: Path) -> Checkpoint:
@@ -87,7 +89,18 @@ def read_resumable(path: Path) -> Checkpoint:
     fit_loop = checkpoint["loops"].get("fit_loop", {}) if isinstance(checkpoint["loops"], Mapping) else {}
     batches = fit_loop.get("epoch_loop.batch_progress", {})
     mid_epoch = bool(batches) and not batches.get("is_last_batch") and batches.get("current", {}).get("processed", 0) > 0
-    return Checkpoint(Path(path), int(checkpoint["global_step"]), int(checkpoint["epoch"]), mid_epoch)
+    shapes = {k: tuple(v.shape) for k, v in checkpoint["state_dict"].items() if hasattr(v, "shape")}
+    return Checkpoint(Path(path), int(checkpoint["global_step"]), int(checkpoint["epoch"]), mid_epoch, shapes)
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The .ckpt files in `folder`; hidden ones are temporaries of writes in progress (trainer/atomic.py)."""
+    return [p for p in folder.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
+
+
+def newest_first(paths: list[Path]) -> list[Path]:
+    """By modification time, newest first; last.ckpt first on a tie."""
+    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
 
 
 def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]:
@@ -116,14 +129,9 @@ def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]
 def find_latest(name: str, root: Path, exclude: Path | None = None) -> Checkpoint | None:
     """The newest checkpoint (by modification time; last.ckpt first on a tie) of the runs named
     `name` that reads back whole."""
-    candidates = []
-    for folder in runs_named(name, root, exclude):
-        checkpoints = folder / "checkpoints"
-        if checkpoints.is_dir():
-            # Hidden files are temporaries of writes in progress (trainer/atomic.py).
-            candidates += [p for p in checkpoints.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
-    candidates.sort(key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
-    for path in candidates:
+    candidates = [path for folder in runs_named(name, root, exclude)
+                  for path in checkpoint_files(folder / "checkpoints")]
+    for path in newest_first(candidates):
         try:
             return read_resumable(path)
         except UserError as ex:
@@ -151,8 +159,7 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     path = Path(request).expanduser()
     if path.is_dir():  # a run folder: its newest checkpoint
         checkpoints = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-        files = sorted((p for p in checkpoints.glob("*.ckpt") if not p.name.startswith(".")),
-                       key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
+        files = newest_first(checkpoint_files(checkpoints))
         if not files:
             raise UserError("resume", f"no .ckpt file in '{checkpoints}'", "resume=auto, or the path of a .ckpt file")
         path = files[0]
@@ -161,19 +168,16 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     return read_resumable(path)
 
 
-def check_fits(checkpoint_path: Path, model_state: Mapping[str, Any]) -> None:
+def check_fits(checkpoint: Checkpoint, model_state: Mapping[str, Any]) -> None:
     """The checkpoint's weights fit this run's model: same names, same shapes (one line otherwise,
     instead of Lightning's traceback from load_state_dict)."""
-    from trainer.checkpoint import load_checkpoint
-
-    saved = load_checkpoint(checkpoint_path, map_location="cpu", mmap=True)["state_dict"]
     from trainer.checkpoint import clean_state_dict
 
+    saved = checkpoint.shapes
     ours = clean_state_dict(model_state)
     missing = sorted(set(ours) - set(saved))
     unexpected = sorted(set(saved) - set(ours))
-    shapes = sorted(k for k in set(ours) & set(saved)
-                    if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(ours[k].shape))
+    shapes = sorted(k for k in set(ours) & set(saved) if saved[k] != tuple(ours[k].shape))
     problems = []
     if missing:
         problems.append(f"{len(missing)} weights missing (e.g. {missing[0]})")
@@ -181,8 +185,8 @@ def check_fits(checkpoint_path: Path, model_state: Mapping[str, Any]) -> None:
         problems.append(f"{len(unexpected)} unknown weights (e.g. {unexpected[0]})")
     if shapes:
         key = shapes[0]
-        problems.append(f"{len(shapes)} of other shapes (e.g. {key}: {tuple(saved[key].shape)} in the checkpoint, "
+        problems.append(f"{len(shapes)} of other shapes (e.g. {key}: {saved[key]} in the checkpoint, "
                         f"{tuple(ours[key].shape)} here)")
     if problems:
-        raise UserError("resume", f"{checkpoint_path} was written by another model: {'; '.join(problems)}",
+        raise UserError("resume", f"{checkpoint.path} was written by another model: {'; '.join(problems)}",
                         "the model and data settings of the run that wrote it, or resume=null to start fresh")

@@ -159,7 +159,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     if resume_from is not None:
         from trainer.resume import check_fits
 
-        check_fits(resume_from.path, task.state_dict())
+        check_fits(resume_from, task.state_dict())
         log.info("resuming from %s (step %d, epoch %d%s)", resume_from.path, resume_from.global_step,
                  resume_from.epoch, ", mid-epoch" if resume_from.mid_epoch else "")
     for line in plan.lines():

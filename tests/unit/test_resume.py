@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 from trainer.callbacks.rng import capture, restore
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
 from trainer.errors import UserError
-from trainer.resume import check_fits, default_name, find_latest, resolve_resume, write_identity
+from trainer.resume import (check_fits, default_name, find_latest, read_resumable, resolve_resume,
+                            write_identity)
 
 
 def test_default_name_is_the_recipe_or_data_model_plus_the_overrides_that_change_the_result():
@@ -104,7 +105,7 @@ def test_resume_from_a_path_or_a_run_folder_and_the_errors(tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_one_line(tmp_path):
-    ckpt = fake_checkpoint(tmp_path / "a.ckpt", 1, {"net.weight": (3, 2), "net.extra": (1,)})
+    ckpt = read_resumable(fake_checkpoint(tmp_path / "a.ckpt", 1, {"net.weight": (3, 2), "net.extra": (1,)}))
     check_fits(ckpt, {"net.weight": torch.zeros(3, 2), "net.extra": torch.zeros(1)})
     check_fits(ckpt, {"net._orig_mod.weight": torch.zeros(3, 2), "net._orig_mod.extra": torch.zeros(1)})
     with pytest.raises(UserError) as caught:
