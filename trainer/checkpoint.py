@@ -23,9 +23,10 @@ from typing import Any, Callable, Mapping, Optional
 import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from trainer.atomic import replace_atomic
+from trainer.callbacks.steps import StepBoundary
 from trainer.config import CheckpointingConfig
 from trainer.errors import UserError
 
@@ -58,7 +59,7 @@ def build_periodic(cfg: CheckpointingConfig, run_dir: Path) -> PeriodicCheckpoin
     return PeriodicCheckpoint(run_dir / "checkpoints", cfg.every_n_steps, cfg.every_minutes)
 
 
-class PeriodicCheckpoint(Callback):
+class PeriodicCheckpoint(StepBoundary):
     """Writes ``checkpoints/last.ckpt`` inside epochs: every `every_n_steps` optimizer steps and/or
     once `every_minutes` of training have passed since the last one. (ModelCheckpoint saves the
     best ones at epoch ends; one instance cannot also do this without turning off its per-epoch
@@ -70,20 +71,15 @@ class PeriodicCheckpoint(Callback):
         self.every_n_steps = every_n_steps
         self.every_s = every_minutes * 60 if every_minutes else None
         self._last_save = time.monotonic()
-        self._step_before = -1
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._step_before = int(trainer.global_step)
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        step = int(trainer.global_step)
-        if step == self._step_before:
+        if not self.ended_on_optimizer_step(trainer):
             return  # no optimizer step in this batch (gradient accumulation): its gradients are in no checkpoint
+        step = int(trainer.global_step)
         due = bool(self.every_n_steps and step % self.every_n_steps == 0)
         due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)
         # Every process must take the same decision: saving is a collective operation.

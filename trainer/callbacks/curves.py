@@ -19,6 +19,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from trainer.callbacks.steps import step_loss
+
 
 class Curves(Callback):
     def __init__(self, chunk: int = 256) -> None:
@@ -35,8 +37,8 @@ class Curves(Callback):
     # -- recording --------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if not isinstance(loss, torch.Tensor):
+        loss = step_loss(outputs)
+        if loss is None:
             return
         self.steps.append(int(trainer.global_step))
         self._pending.append(loss.detach().float().reshape(()))

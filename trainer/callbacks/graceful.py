@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+
+from trainer.callbacks.steps import StepBoundary
 
 
 class StoppedBySignal(Exception):
@@ -30,7 +31,7 @@ class StoppedBySignal(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint: {checkpoint}")
 
 
-class GracefulStop(Callback):
+class GracefulStop(StepBoundary):
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
@@ -38,7 +39,6 @@ class GracefulStop(Callback):
         self.checkpoint: str | None = None
         self.step: int | None = None
         self._previous: dict[int, Any] = {}
-        self._step_before = -1
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.received == signal.SIGINT and signum == signal.SIGINT:
@@ -54,15 +54,11 @@ class GracefulStop(Callback):
         for signum in self.SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._step_before = int(trainer.global_step)
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         if self.received is None or self.checkpoint is not None:
             return
-        if trainer.accumulate_grad_batches > 1 and trainer.global_step == self._step_before:
+        if not self.ended_on_optimizer_step(trainer):
             return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path))

@@ -15,6 +15,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from trainer.callbacks.steps import step_loss
+
 
 class LossRecord(Callback):
     def __init__(self, first_steps: int = 10, last_steps: int = 50) -> None:
@@ -25,8 +27,8 @@ class LossRecord(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if not isinstance(loss, torch.Tensor):
+        loss = step_loss(outputs)
+        if loss is None:
             return
         loss = loss.detach()
         if len(self._first) < self.first_steps:

@@ -1,0 +1,29 @@
+"""What a training step hands the callbacks: its loss, and whether it ended on an optimizer step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+
+def step_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss of a training step as Lightning passes it to ``on_train_batch_end``."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+class StepBoundary(Callback):
+    """For callbacks that may only act where an optimizer step ended: under gradient accumulation
+    the other batches leave summed gradients that no checkpoint holds."""
+
+    _step_before = -1
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_before = int(trainer.global_step)
+
+    def ended_on_optimizer_step(self, trainer: L.Trainer) -> bool:
+        return int(trainer.global_step) != self._step_before
