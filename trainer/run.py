@@ -35,7 +35,9 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
     except UserError as ex:
         if full_error_requested():
             raise
-        if _in_multirun():
+        from trainer.distributed import LaunchRefused
+
+        if _in_multirun() and not isinstance(ex, LaunchRefused):
             return _failed_job(ex.line(), None)
         # Exiting here, not raising: Hydra would print its own "Error executing job" line first.
         exit_with(ex.line())
@@ -86,7 +88,7 @@ def _failed_job(line: str, ex: BaseException | None) -> float:
 def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | None,
          overrides: list[str] | None) -> float | None:
     started = time.perf_counter()
-    multirun, search_path = False, []
+    multirun, search_path, launcher_target = False, [], ""
     if run_dir is None or group_choices is None:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -97,8 +99,21 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
             k: str(v) for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra") and v is not None}
         overrides = overrides if overrides is not None else list(hydra_cfg.overrides.task)
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        launcher_target = str(hydra_cfg.launcher.get("_target_", ""))
         search_path = [str(entry) for entry in hydra_cfg.searchpath or []]
     spec = validate(cfg, group_choices)
+    from trainer.distributed import check_launch, is_rank_zero, launched_by, process_count
+    from trainer.resolve import count_devices, resolve_accelerator
+
+    accelerator = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))[0]
+    processes = process_count(spec.trainer, count_devices(spec.trainer.get("devices", 1), accelerator))
+    check_launch(processes, multirun, launcher_target, spec.run.diagnose, spec.trainer.get("strategy", "auto"),
+                 accelerator)
+    # With several processes (trainer=ddp), the other ranks train and say only what goes wrong;
+    # rank 0 writes the run's records into the one run folder.
+    rank_zero = is_rank_zero()
+    if not rank_zero:
+        log.setLevel(logging.WARNING)
     if spec.run.ladder and not multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.run.ladder}")
@@ -109,7 +124,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     resume_from = resolve_resume(spec.run.resume, name, Path(spec.identity.root), run_dir)
     # A logger's run (wandb) carries on under the id of the run resumed from.
     ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
-    write_identity(run_dir, name, str(resume_from.path) if resume_from else None, ids)
+    if rank_zero:
+        write_identity(run_dir, name, str(resume_from.path) if resume_from else None, ids)
 
     import lightning as L
     import torch
@@ -165,9 +181,10 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     for line in plan.lines():
         log.info("  %s", line)
     environment = fingerprint()
-    write_json_atomic(run_dir / "env.json", environment)
-    # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
-    write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(spec.resolved))
+    if rank_zero:
+        write_json_atomic(run_dir / "env.json", environment)
+        # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
+        write_text_atomic(run_dir / "config_resolved.yaml", OmegaConf.to_yaml(spec.resolved))
     if spec.run.diagnose:
         return _diagnose(spec, plan, datamodule, task, meter, run_dir)
     recipe = _recipe_lineage(group_choices.get("recipe"), overrides or [], spec.resolved, search_path)
@@ -197,6 +214,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
                   "activation_checkpointing": spec.activation_checkpointing, "alignment": alignment},
         "device": {"accelerator": plan.accelerator, "devices": plan.devices,
                    "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
+        "processes": {"count": trainer.world_size, "strategy": type(trainer.strategy).__name__,
+                      "launched_by": launched_by() or ("lightning" if trainer.world_size > 1 else None)},
     }
     summary_path = run_dir / "summary.json"
     from trainer.summary import peak_memory, reset_peak_memory, split_metrics
@@ -227,14 +246,16 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         # by GracefulStop at the end of that step, so the run stopped cleanly.
         ex = stopper.outcome() or ex
         _finish_loggers(trainer, failed=True)
-        _record_bad_files(summary, datamodule)
-        _draw_curves(built.curves, run_dir, name)
+        if rank_zero:
+            _record_bad_files(summary, datamodule)
+            _draw_curves(built.curves, run_dir, name)
         summary.update(nonfinite=guard.summary(),
                        status="interrupted" if isinstance(ex, (KeyboardInterrupt, StoppedBySignal, SIGTERMException))
                        else "failed",
                        error=f"{type(ex).__name__}: {ex}".splitlines()[0] if str(ex) else type(ex).__name__,
                        wall_time_s=time.perf_counter() - started, steps=trainer.global_step)
-        write_json_atomic(summary_path, summary)
+        if rank_zero:
+            write_json_atomic(summary_path, summary)
         if isinstance(ex, SIGTERMException):  # Lightning's, outside the training steps
             sys.stderr.write("stopped by SIGTERM outside a training step; no checkpoint written for it\n")
             raise SystemExit(128 + 15) from None
@@ -279,10 +300,11 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         fit_time_s=fit_seconds,
         wall_time_s=time.perf_counter() - started,
     )
-    _draw_curves(built.curves, run_dir, name)
     _finish_loggers(trainer, failed=False)
-    write_json_atomic(summary_path, summary)
-    _report(summary)
+    if rank_zero:
+        _draw_curves(built.curves, run_dir, name)
+        write_json_atomic(summary_path, summary)
+        _report(summary)
     return _objective(metrics, spec.run.objective)
 
 

@@ -57,7 +57,9 @@ class ClassificationTask(L.LightningModule):
         loss = self.compute_loss(logits, labels)
         self.train_acc(logits.detach(), labels)
         n = labels.shape[0]
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        # sync_dist: with several processes the logged loss is the mean over all of them (one scalar
+        # all-reduce per step), not rank 0's share; accuracy syncs through torchmetrics.
+        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n, sync_dist=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
         return loss
 
@@ -71,7 +73,7 @@ class ClassificationTask(L.LightningModule):
         images, labels = batch
         logits = self(images)
         n = labels.shape[0]
-        self.log(f"{split}/loss", self.compute_loss(logits, labels), on_epoch=True, batch_size=n)
+        self.log(f"{split}/loss", self.compute_loss(logits, labels), on_epoch=True, batch_size=n, sync_dist=True)
         metric(logits, labels)
         self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
 

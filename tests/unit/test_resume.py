@@ -125,16 +125,52 @@ def test_epoch_sampler_orders_from_seed_and_epoch_and_resumes_mid_epoch():
     # Three batches of 2 taken in epoch 1: the next sampler starts at item 6 of the same order.
     sampler.taken = 3
     position = sampler.position(batches_per_epoch=5, items_per_batch=2)
-    assert position == {"epoch": 1, "batches": 3, "items_per_batch": 2, "size": 10}
+    assert position == {"epoch": 1, "batches": 3, "items": 6, "items_per_batch": 2, "replicas": 1, "size": 10}
     resumed = EpochSampler(10, seed=3)
     resumed.restore(position)
     assert list(resumed) == second[6:] and resumed.taken == 3
     assert list(resumed) == second  # the skip applies once; the next pass is the whole epoch
     # All batches of the epoch taken: the position is the start of the next epoch.
     sampler.taken = 5
-    assert sampler.position(5, 2) == {"epoch": 2, "batches": 0, "items_per_batch": 2, "size": 10}
+    assert sampler.position(5, 2) == {"epoch": 2, "batches": 0, "items": 0, "items_per_batch": 2, "replicas": 1,
+                                      "size": 10}
     with pytest.raises(UserError, match="the data changed"):
         EpochSampler(11, seed=3).restore(position)
+    # A checkpoint written before positions counted items (one process) still resumes.
+    old = EpochSampler(10, seed=3)
+    old.restore({"epoch": 1, "batches": 3, "items_per_batch": 2, "size": 10})
+    assert list(old) == second[6:]
+
+
+def test_epoch_sampler_deals_one_order_out_to_processes_and_resumes_on_another_count():
+    whole = EpochSampler(13, seed=5)
+    whole.set_epoch(2)
+    order = list(whole)
+    shards = [EpochSampler(13, seed=5, replicas=2, rank=r) for r in range(2)]
+    for shard in shards:
+        shard.set_epoch(2)
+    first, second = (list(s) for s in shards)
+    # Every process the same count (the odd item waits for the next epoch), together the epoch's order.
+    assert len(first) == len(second) == len(shards[0]) == 6
+    assert [i for pair in zip(first, second) for i in pair] == order[:12]
+    # Two of the three batches of 2 per process taken on 2 processes: 8 items of the order consumed.
+    for shard in shards:
+        shard.taken = 2
+    position = shards[0].position(batches_per_epoch=3, items_per_batch=2)
+    assert position["items"] == 8 and position["replicas"] == 2 and position["epoch"] == 2
+    # Resumed on one process, then on three: each carries on after those 8 items.
+    alone = EpochSampler(13, seed=5)
+    alone.restore(position)
+    assert list(alone) == order[8:] and alone.taken == 4
+    # Three processes share the 5 items left: one each; the other 2 wait for the next epoch.
+    three = [EpochSampler(13, seed=5, replicas=3, rank=r) for r in range(3)]
+    for shard in three:
+        shard.restore(position)
+    assert [list(s) for s in three] == [[order[8]], [order[9]], [order[10]]]
+    # Lightning uses a DistributedSampler as it is (no DistributedSamplerWrapper re-shuffling it).
+    from torch.utils.data import DistributedSampler
+
+    assert isinstance(shards[1], DistributedSampler) and shards[1].num_replicas == 2
 
 
 class RandomCrops(Dataset):

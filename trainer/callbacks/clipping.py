@@ -64,6 +64,21 @@ def global_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0)
     return torch.linalg.vector_norm(torch.stack(per_tensor), norm_type)
 
 
+def _combine_shares(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """The norm of all processes' gradient shares together, from the norm of each share."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return norm
+    if math.isinf(norm_type):
+        combined = norm.detach().float().clone()
+        dist.all_reduce(combined, op=dist.ReduceOp.MAX)
+        return combined
+    combined = norm.detach().float().pow(norm_type)
+    dist.all_reduce(combined, op=dist.ReduceOp.SUM)
+    return combined.pow(1.0 / norm_type)
+
+
 def _scale_grads(grads: list[torch.Tensor], params: list[torch.Tensor], max_norm: float,
                  total_norm: torch.Tensor) -> None:
     if hasattr(torch.nn.utils, "clip_grads_with_norm_"):  # torch >= 2.6
@@ -107,22 +122,30 @@ class GradientClipping(Callback):
         self.steps_seen = 0
         self.steps_clipped = 0
         self.nonfinite_steps = 0
+        self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
 
     # -- the work, usable without a Trainer --------------------------------------------------------
 
-    def observe_and_clip(self, parameters: Iterable[torch.Tensor]) -> tuple[float, float | None, bool]:
+    def observe_and_clip(self, parameters: Iterable[torch.Tensor],
+                         sharded: bool = False) -> tuple[float, float | None, bool]:
         """Observe the global gradient norm of `parameters`, record it and clip in place as the mode says.
 
         Returns (the pre-clip norm, the threshold in force after this step, None until calibration has ended,
-        whether the gradients were changed). Parameters without a gradient are ignored.
+        whether the gradients were changed). Parameters without a gradient are ignored. `sharded`:
+        each process holds a disjoint share of the gradients (FSDP), so the norms of the shares are
+        combined over the process group first, and every process clips with the same factor.
         """
         params = [p for p in parameters if p.grad is not None]
         grads = [p.grad for p in params]
         total = global_grad_norm(params)
+        if sharded:
+            total = _combine_shares(total, 2.0)
         if self.mode == "value":
             # One device sync for both numbers: the norm for the log and the largest element for
             # deciding whether the clamp changes anything.
             largest = global_grad_norm(params, float("inf")).to(total.device)
+            if sharded:
+                largest = _combine_shares(largest, float("inf"))
             norm, peak = torch.stack([total.float(), largest.float()]).tolist()
         else:
             norm = total.item()
@@ -201,13 +224,15 @@ class GradientClipping(Callback):
             raise RuntimeError(
                 f"Trainer(gradient_clip_val={trainer.gradient_clip_val}) clips again after GradientClipping"
                 f"(mode={self.mode!r}); use one of the two.")
-        if self.mode in ("percentile", "fixed_norm"):
-            from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
-            if isinstance(trainer.strategy, (FSDPStrategy, DeepSpeedStrategy)):
-                # Each rank holds a shard, so the local norm is not the global one.
-                raise RuntimeError(
-                    f"GradientClipping(mode={self.mode!r}) computes the norm of local gradients, which is "
-                    f"wrong under {type(trainer.strategy).__name__}; use the strategy's own clipping.")
+        from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+        # FSDP: each rank holds a shard of the gradients; their norms are combined before use.
+        self._sharded = isinstance(trainer.strategy, FSDPStrategy) and trainer.world_size > 1
+        if self.mode in ("percentile", "fixed_norm") and isinstance(trainer.strategy, DeepSpeedStrategy):
+            # DeepSpeed keeps its gradients in its own buffers, out of this callback's reach.
+            raise RuntimeError(
+                f"GradientClipping(mode={self.mode!r}) cannot see DeepSpeed's partitioned gradients; "
+                "use DeepSpeed's own gradient_clipping setting.")
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
@@ -218,7 +243,7 @@ class GradientClipping(Callback):
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return  # backward was skipped (training_step returned None): nothing to observe
-        norm, threshold, clipped = self.observe_and_clip(params)
+        norm, threshold, clipped = self.observe_and_clip(params, sharded=self._sharded)
         if not self.log:
             return
         kwargs: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}

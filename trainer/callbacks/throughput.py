@@ -51,10 +51,16 @@ class ThroughputMeter(Callback):
         # device synchronize, at the start and the end of a window: syncing every step would stop
         # the host from queueing the next step while the device finishes this one.
         self._anchor: tuple[float, int, int] | None = None
+        #: Processes training in step with this one (DDP, FSDP): each step of this process is one
+        #: step of all of them, so samples/s counts the global batch and MFU divides by the devices.
+        self.processes = 1
 
     @property
     def mfu_known(self) -> bool:
         return bool(self.flops_per_sample and self.peak_flops)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.processes = trainer.world_size
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._anchor = None  # the first step of an epoch includes starting the loader
@@ -69,7 +75,7 @@ class ThroughputMeter(Callback):
             self._anchor = (time.perf_counter(), 0, 0)
             return
         start, samples, steps = self._anchor
-        samples += batch_size_of(batch)
+        samples += batch_size_of(batch) * self.processes
         steps += 1
         if steps < self.window_steps:
             self._anchor = (start, samples, steps)
@@ -80,7 +86,7 @@ class ThroughputMeter(Callback):
         self.window_rates.append(rate)
         pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
         if self.mfu_known:
-            pl_module.log("perf/mfu", rate * self.flops_per_sample / self.peak_flops,  # type: ignore[operator]
+            pl_module.log("perf/mfu", self._mfu(rate),
                           on_step=True, on_epoch=False, batch_size=1)
         self._anchor = (now, 0, 0)
 
@@ -121,6 +127,9 @@ class ThroughputMeter(Callback):
             result.update(samples_per_s=None, windows=0, method="run too short: no step after warm-up")
         rate = result["samples_per_s"]
         result.update(flops_per_sample=self.flops_per_sample, peak_flops=self.peak_flops,
-                      mfu=rate * self.flops_per_sample / self.peak_flops if rate and self.mfu_known else None,
-                      mfu_note=self.mfu_note)
+                      mfu=self._mfu(rate) if rate and self.mfu_known else None,
+                      mfu_note=self.mfu_note, processes=self.processes)
         return result
+
+    def _mfu(self, rate: float) -> float:
+        return rate * self.flops_per_sample / (self.peak_flops * self.processes)  # type: ignore[operator]

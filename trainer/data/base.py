@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Optional, Union
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
@@ -116,7 +116,10 @@ class ImageClassificationData(L.LightningDataModule):
         if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
         if not train:
-            return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False,
+            trainer = self.trainer
+            share = (EvalShare(len(dataset), trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
+                     if trainer is not None and trainer.world_size > 1 else None)
+            return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
                               generator=own_generator(self.run_seed), **loader.dataloader_kwargs())
         # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
         # shuffle=True (see trainer/data/resumable.py for why).
@@ -133,8 +136,12 @@ class ImageClassificationData(L.LightningDataModule):
         )
 
     def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:
-        """The training loader's sampler, placed where a resumed checkpoint left off."""
-        self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded)
+        """The training loader's sampler, placed where a resumed checkpoint left off; with several
+        processes (DDP, FSDP), this process's share of each epoch."""
+        trainer = self.trainer
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded, replicas=replicas,
+                                           rank=rank)
         self._items_per_batch = items_per_batch
         if self._resume_position is not None:
             self._train_sampler.restore(self._resume_position)
@@ -167,6 +174,33 @@ class ImageClassificationData(L.LightningDataModule):
         if not self.device_normalize:
             return images, labels
         return self.device_transform(images, training), labels
+
+
+class EvalShare(DistributedSampler):
+    """One process's share of an evaluation split: every sample exactly once over all processes.
+
+    Deliberately not Lightning's choice: it gives evaluation loaders a DistributedSampler, which
+    pads the split with repeated samples until every process has the same count, so val/test
+    metrics of a multi-process run would count some samples twice. Shares of unequal length are
+    safe here: metrics sync once at the end of the epoch (torchmetrics, ``sync_dist``), not per
+    batch. Being a DistributedSampler keeps Lightning from replacing it.
+    """
+
+    def __init__(self, size: int, replicas: int, rank: int) -> None:  # no process group needed
+        self.size, self.replicas, self.rank = size, replicas, rank
+
+    @property
+    def num_replicas(self) -> int:
+        return self.replicas
+
+    def set_epoch(self, epoch: int) -> None:
+        pass  # the same order every time
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.size, self.replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.replicas))
 
 
 class _FinishedOnHost(Dataset[Any]):

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
 from trainer.errors import UserError
 
@@ -45,42 +45,78 @@ def own_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix(seed, 2))
 
 
-class EpochSampler(Sampler[Any]):
+class EpochSampler(DistributedSampler):
     """Indices of one epoch, shuffled from (seed, epoch) when `shuffle`; `seeded` yields
     ``(index, sample_seed)`` pairs for `SeededSamples`.
 
-    `taken` counts the batches that training has consumed this epoch (the data module counts them
-    as they reach the step, so batches only prefetched are not counted); `resume_at` makes the next
-    epoch's iterator skip that many items.
+    With several processes (`replicas`), each epoch's one order is dealt out: process `rank` takes
+    items ``rank, rank + replicas, ...``, every process the same count (the rest of the order is
+    left for the next epoch's shuffle, as DistributedSampler with ``drop_last`` does). A position
+    counts the items all processes consumed, so a run can resume on another number of processes.
+
+    `taken` counts the batches that training has consumed this epoch on this process (the data
+    module counts them as they reach the step, so batches only prefetched are not counted);
+    `restore` makes the next iterator skip what the checkpointed run had consumed.
     """
 
-    def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False) -> None:
+    # A DistributedSampler in Lightning's eyes, so that it is used as it is: Lightning would wrap
+    # any other sampler in its DistributedSamplerWrapper, whose own seed and epoch re-shuffle the
+    # indices and whose position this class cannot restore. DistributedSampler.__init__ is not
+    # called: it asks a process group for the rank, which the data module already knows.
+    def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False, replicas: int = 1,
+                 rank: int = 0) -> None:
+        if not 0 <= rank < replicas:
+            raise ValueError(f"rank {rank} is not one of {replicas} processes")
         self.size = size
         self.seed = seed
         self.shuffle = shuffle
         self.seeded = seeded
+        self.replicas = replicas
+        self.rank = rank
         self.epoch = 0
         self.taken = 0
-        self._skip = 0
+        self._start_items = 0  # items of this epoch's order consumed (by all processes) before the iterator
+        self._taken_at_start = 0
+        self._resuming = False
+
+    # DistributedSampler's own attribute names, for code that reads them (Lightning, torch).
+    @property
+    def num_replicas(self) -> int:
+        return self.replicas
+
+    @property
+    def drop_last(self) -> bool:
+        return True
 
     def set_epoch(self, epoch: int) -> None:  # called by Lightning at the start of each epoch
         self.epoch = epoch
 
     def position(self, batches_per_epoch: float, items_per_batch: int) -> dict[str, int]:
-        """Where the next training batch comes from: this epoch after the batches taken, or the
-        start of the next epoch once this one is through."""
-        if self.taken >= batches_per_epoch:
-            return {"epoch": self.epoch + 1, "batches": 0, "items_per_batch": items_per_batch, "size": self.size}
-        return {"epoch": self.epoch, "batches": self.taken, "items_per_batch": items_per_batch, "size": self.size}
+        """Where the next training batch comes from: this epoch after the items taken, or the start
+        of the next epoch once this one is through."""
+        step = items_per_batch * self.replicas
+        consumed = self._start_items + (self.taken - self._taken_at_start) * step
+        if self.taken >= batches_per_epoch or self.size - consumed < step:
+            return {"epoch": self.epoch + 1, "batches": 0, "items": 0, "items_per_batch": items_per_batch,
+                    "replicas": self.replicas, "size": self.size}
+        return {"epoch": self.epoch, "batches": self.taken, "items": consumed, "items_per_batch": items_per_batch,
+                "replicas": self.replicas, "size": self.size}
 
     def restore(self, position: dict[str, int]) -> None:
         if int(position["size"]) != self.size:
             raise UserError("resume", f"the training split has {self.size} items but the checkpoint was written "
                             f"with {position['size']}: the data changed, so its order cannot be resumed",
                             "the data of the checkpointed run, or resume=null to start fresh")
+        per_batch = int(position["items_per_batch"])
+        saved_replicas = int(position.get("replicas", 1))  # checkpoints from before multi-process runs
         self.epoch = int(position["epoch"])
-        self.taken = int(position["batches"])
-        self._skip = self.taken * int(position["items_per_batch"])
+        self._start_items = int(position.get("items", int(position["batches"]) * per_batch * saved_replicas))
+        if saved_replicas == self.replicas:
+            self.taken = int(position["batches"])
+        else:  # the batches this process would have taken had the run always had this many processes
+            self.taken = self._start_items // (per_batch * self.replicas)
+        self._taken_at_start = self.taken
+        self._resuming = True
 
     def order(self) -> torch.Tensor:
         if not self.shuffle:
@@ -89,16 +125,21 @@ class EpochSampler(Sampler[Any]):
         return torch.randperm(self.size, generator=generator)
 
     def __iter__(self) -> Iterator[Any]:
-        skip, self._skip = self._skip, 0
-        if not skip:
-            self.taken = 0  # a new epoch (a resumed one keeps the count `restore` gave it)
-        indices = self.order()[skip:].tolist()
+        if self._resuming:  # the first iterator after `restore` carries on in the checkpointed epoch
+            self._resuming = False
+            skip = self._start_items
+        else:  # a new epoch
+            skip = self._start_items = 0
+            self.taken = self._taken_at_start = 0
+        remaining = self.order()[skip:]
+        share = len(remaining) // self.replicas
+        indices = remaining[self.rank::self.replicas][:share].tolist()
         if not self.seeded:
             return iter(indices)
         return iter([(i, mix(self.seed, self.epoch, i, 1)) for i in indices])
 
     def __len__(self) -> int:
-        return self.size
+        return self.size // self.replicas
 
 
 class SeededSamples(Dataset[Any]):
