@@ -138,9 +138,10 @@ def quiet_hydra_outputs(config: DictConfig) -> None:
 
 def shared_launch_time(trainer_cfg: Any = None) -> datetime:
     """The launch time all ranks agree on, kept in ``TRAINER_LAUNCH_TIME`` for the processes this
-    one starts (Lightning's launcher copies the environment into them)."""
+    one starts (Lightning's launcher copies the environment into them). Rank 0 always reads its
+    own clock, so a second run in the same process gets a folder of its own."""
     given = os.environ.get(LAUNCH_TIME_ENV)
-    if given:
+    if given and not is_rank_zero():
         try:
             return datetime.fromisoformat(given)
         except ValueError:
