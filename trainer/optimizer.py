@@ -12,13 +12,35 @@ from trainer.config import AdamWConfig, SGDConfig
 OptimizerConfig = Union[SGDConfig, AdamWConfig]
 
 
-def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool) -> list[dict[str, Any]]:
-    """Two groups: weights that decay, and 1-D parameters (norm weights, biases) that do not."""
+# Prefixes that wrappers put into parameter names (FSDP, activation checkpointing, torch.compile).
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def plain_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def one_dimensional(module: nn.Module) -> frozenset[str]:
+    """Names of the 1-D parameters (norm weights, biases), read before any wrapper changes shapes."""
+    return frozenset(plain_name(name) for name, param in module.named_parameters() if param.ndim <= 1)
+
+
+def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool,
+                     no_decay_names: frozenset[str] | None = None) -> list[dict[str, Any]]:
+    """Two groups: weights that decay, and 1-D parameters (norm weights, biases) that do not.
+
+    `no_decay_names` (from `one_dimensional` on the unwrapped module) decides by name instead of
+    by shape: FSDP shards every parameter into a flat 1-D piece before the optimizer is built, so
+    a shape test there would exempt every weight from decay.
+    """
     decay, no_decay = [], []
-    for _, param in module.named_parameters():
+    for name, param in module.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if param.ndim <= 1 and not decay_norm_and_bias else decay).append(param)
+        flat = plain_name(name) in no_decay_names if no_decay_names is not None else param.ndim <= 1
+        (no_decay if flat and not decay_norm_and_bias else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
@@ -58,9 +80,10 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,
-                    implementation: str = "foreach") -> torch.optim.Optimizer:
+                    implementation: str = "foreach",
+                    no_decay_names: frozenset[str] | None = None) -> torch.optim.Optimizer:
     """`lr` and `weight_decay` are the effective values the run resolved (after batch scaling)."""
-    groups = parameter_groups(module, weight_decay, cfg.decay_norm_and_bias)
+    groups = parameter_groups(module, weight_decay, cfg.decay_norm_and_bias, no_decay_names)
     kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
     if isinstance(cfg, SGDConfig):
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernel)

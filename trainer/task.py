@@ -11,7 +11,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainer.config import AdamWConfig, SGDConfig
-from trainer.optimizer import build_optimizer
+from trainer.optimizer import build_optimizer, one_dimensional
 from trainer.scheduler import SchedulerConfig, build_scheduler
 
 
@@ -35,6 +35,9 @@ class ClassificationTask(L.LightningModule):
         self.weight_decay = weight_decay
         self.channels_last = channels_last
         self.optimizer_implementation = optimizer_implementation
+        # Which parameters are exempt from weight decay is decided now, on the plain module: under
+        # FSDP the optimizer is built after sharding has flattened every parameter.
+        self.no_decay_names = one_dimensional(self.net)
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
         self.save_hyperparameters({"num_classes": num_classes, "lr": lr, "weight_decay": weight_decay,
                                    "optimizer": optimizer.name, "scheduler": scheduler.name})
@@ -79,7 +82,7 @@ class ClassificationTask(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = build_optimizer(self.net, self.optimizer_cfg, self.lr, self.weight_decay,
-                                    self.optimizer_implementation)
+                                    self.optimizer_implementation, self.no_decay_names)
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from trainer.config import AdamWConfig, SGDConfig
-from trainer.optimizer import build_optimizer, choose_implementation, parameter_groups
+from trainer.optimizer import build_optimizer, choose_implementation, one_dimensional, parameter_groups
 
 
 def _net():
@@ -17,6 +17,28 @@ def test_no_decay_on_norm_weights_and_biases_by_default():
     assert len(groups[1]["params"]) == 3  # BN weight, BN bias, Linear bias
     everything = parameter_groups(_net(), 0.1, decay_norm_and_bias=True)
     assert len(everything) == 1 and len(everything[0]["params"]) == 5
+
+
+class _Wrapped(nn.Module):
+    """Stands in for FSDP with use_orig_params: the same parameters under a wrapper prefix, each
+    flattened to its 1-D shard by the time the optimizer is built."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self._fsdp_wrapped_module = inner
+
+
+def test_no_decay_is_decided_by_name_when_sharding_has_flattened_every_parameter():
+    net = _net()
+    names = one_dimensional(net)
+    assert names == {"1.weight", "1.bias", "3.bias"}
+    wrapped = _Wrapped(net)
+    for param in wrapped.parameters():
+        param.data = param.data.flatten()
+    by_shape = parameter_groups(wrapped, 0.1, decay_norm_and_bias=False)
+    assert len(by_shape) == 2 and by_shape[0]["params"] == []  # every weight would escape decay
+    groups = parameter_groups(wrapped, 0.1, decay_norm_and_bias=False, no_decay_names=names)
+    assert [len(g["params"]) for g in groups] == [2, 3]  # conv and linear weights decay, as unwrapped
 
 
 def test_implementation_choice():
