@@ -18,6 +18,7 @@ def prepare() -> None:
     from trainer import recipes
 
     recipes.register()
+    _register_resolvers()
     _install_error_reporter()
     _installed = True
 
@@ -47,6 +48,30 @@ def _install_error_reporter() -> None:
     hydra_utils.run_and_report = run_and_report
 
 
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("device_count", device_count, replace=True)
+
+
+def device_count(devices: Any) -> int:
+    """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
+    GPUs per node, counted from a number, a list of ids or "0,1"; `auto` cannot be counted where
+    the job is submitted."""
+    if isinstance(devices, bool):
+        devices = None
+    if isinstance(devices, int) and devices > 0:
+        return devices
+    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 0:
+        return int(devices)
+    if isinstance(devices, str) and "," in devices:
+        return len([d for d in devices.split(",") if d.strip()])
+    if hasattr(devices, "__len__") and not isinstance(devices, str) and len(devices) > 0:
+        return len(devices)
+    raise UserError("trainer.devices", f"'{devices}' is not a count of devices per node, which hydra/launcher=slurm "
+                    "needs to size each job's tasks and GPUs", "a number such as trainer.devices=8, or a list of ids")
+
+
 def describe_user_error(ex: BaseException) -> str | None:
     """One line for a mistake in the person's input, None for anything else."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
@@ -54,9 +79,12 @@ def describe_user_error(ex: BaseException) -> str | None:
 
     if isinstance(ex, UserError):
         return ex.line()
+    link: BaseException | None = ex
+    for _ in range(8):  # raised inside a resolver or a launcher: the UserError is down the chain
+        link = (link.__cause__ or link.__context__) if link is not None else None
+        if isinstance(link, UserError):
+            return link.line()
     cause = ex.__cause__
-    if isinstance(cause, UserError):
-        return cause.line()
     if isinstance(ex, MissingConfigException):
         return _missing_config(ex)
     if isinstance(ex, OverrideParseException):

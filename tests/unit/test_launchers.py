@@ -25,6 +25,20 @@ def test_slurm_runs_one_task_per_device_on_each_node():
     assert chosen["partition"] == "gpu" and chosen["timeout_min"] == 240
 
 
+def test_slurm_needs_a_count_of_devices_and_says_so_in_one_line():
+    import pytest
+    from omegaconf.errors import InterpolationResolutionError
+
+    from trainer.cli import describe_user_error
+
+    assert launcher(["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=[0,1,2]"])["tasks_per_node"] == 3
+    with pytest.raises(InterpolationResolutionError) as caught:
+        launcher(["hydra/launcher=slurm", "trainer=ddp"])  # trainer=ddp's devices: auto
+    assert describe_user_error(caught.value) == (
+        "trainer.devices: 'auto' is not a count of devices per node, which hydra/launcher=slurm needs to size "
+        "each job's tasks and GPUs; allowed: a number such as trainer.devices=8, or a list of ids")
+
+
 def test_local_launcher_is_the_same_path_on_this_machine():
     chosen = launcher(["hydra/launcher=local"])
     assert chosen["_target_"].endswith("LocalLauncher")
