@@ -120,3 +120,27 @@ def test_sharded_gradients_are_clipped_by_the_norm_of_all_shares(tmp_path):
         # Each process saw the norm of the whole gradient, not of its half, and scaled by the same factor.
         assert math.isclose(norm, whole_norm, rel_tol=1e-6) and clipped
         assert grad == pytest.approx(expected[rank * 4:(rank + 1) * 4], rel=1e-5)
+
+
+def test_lightnings_child_processes_take_the_launch_time_of_rank_zero(monkeypatch):
+    from datetime import datetime
+
+    from trainer.distributed import LAUNCH_TIME_ENV, shared_launch_time
+
+    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(LAUNCH_TIME_ENV, "")  # unset for the code; monkeypatch removes it afterwards
+    first = shared_launch_time()
+    import os
+
+    assert os.environ[LAUNCH_TIME_ENV] == first.isoformat()  # handed to the processes Lightning starts
+    # Rank 0 reads its own clock again: a second run in the same process gets its own folder.
+    monkeypatch.setenv(LAUNCH_TIME_ENV, "2026-01-02T03:04:05.678901")
+    assert shared_launch_time() != datetime(2026, 1, 2, 3, 4, 5, 678901)
+    # A child Lightning started (LOCAL_RANK=1) names everything from rank 0's time.
+    monkeypatch.setenv(LAUNCH_TIME_ENV, "2026-01-02T03:04:05.678901")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert shared_launch_time() == datetime(2026, 1, 2, 3, 4, 5, 678901)
+    monkeypatch.setenv(LAUNCH_TIME_ENV, "yesterday")
+    with pytest.raises(UserError, match="TRAINER_LAUNCH_TIME: 'yesterday' is not an ISO time"):
+        shared_launch_time()
