@@ -28,15 +28,23 @@ class Module(nn.Module):
         self.logged.append((name, value))
 
 
-def fake_trainer(tmp_path, step=0, scaler=None):
+def fake_trainer(tmp_path, step=0, scaler=None, others_finite=None):
+    """`others_finite`: a second process that saw a finite (True) or non-finite (False) step."""
     saved = []
+    decisions = []
+
+    def reduce_boolean_decision(decision, all=True):
+        decisions.append(decision)
+        return decision and others_finite if all else decision or others_finite
 
     def save_checkpoint(path):
         Path(path).write_bytes(b"checkpoint")
         saved.append(path)
 
     return SimpleNamespace(global_step=step, precision_plugin=SimpleNamespace(scaler=scaler),
-                           default_root_dir=str(tmp_path), save_checkpoint=save_checkpoint, saved=saved)
+                           default_root_dir=str(tmp_path), save_checkpoint=save_checkpoint, saved=saved,
+                           world_size=1 if others_finite is None else 2, decisions=decisions,
+                           strategy=SimpleNamespace(reduce_boolean_decision=reduce_boolean_decision))
 
 
 def step(module, optimizer, guard, trainer, poison=False):
@@ -69,6 +77,22 @@ def test_a_nan_step_moves_neither_weights_nor_optimizer_state(tmp_path, make):
     step(module, optimizer, guard, trainer)  # a good step applies again and resets the run of bad ones
     assert not torch.equal(weights["body.0.weight"], module.state_dict()["body.0.weight"])
     assert guard.consecutive == 0
+
+
+def test_with_several_processes_all_skip_when_any_saw_a_non_finite_step(tmp_path):
+    # This process's loss and gradients are finite, another process's loss was not: stepping
+    # alone would leave the replicas apart, so this process skips too.
+    module, guard = Module(), NonFiniteGuard()
+    trainer = fake_trainer(tmp_path, others_finite=False)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    weights = copy.deepcopy(module.state_dict())
+    step(module, optimizer, guard, trainer)
+    assert trainer.decisions == [True] and guard.skipped_steps == 1
+    assert guard.first_nonfinite == {"step": 0, "parameter": "(another process's loss or gradient shard; this process's were finite)"}
+    assert all(torch.equal(weights[k], v) for k, v in module.state_dict().items())
+    agreeing = fake_trainer(tmp_path, others_finite=True)
+    step(module, optimizer, guard, agreeing)
+    assert guard.skipped_steps == 1 and not torch.equal(weights["body.0.weight"], module.state_dict()["body.0.weight"])
 
 
 def test_the_first_parameter_named_is_where_the_nan_starts(tmp_path):

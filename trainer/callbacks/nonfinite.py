@@ -58,8 +58,13 @@ class NonFiniteGuard(Callback):
         named = [(name, p) for name, p in pl_module.named_parameters() if p.grad is not None]
         if not named:
             return  # backward was skipped: nothing to check
-        finite = self._all_finite([p.grad for _, p in named], self._loss)
+        finite = local_finite = self._all_finite([p.grad for _, p in named], self._loss)
         self._loss = None
+        if trainer.world_size > 1:
+            # Every process must skip (or stop) together: DDP's gradients agree after their
+            # all-reduce, but a loss is each process's own, and a process that stepped alone would
+            # leave the replicas apart (or one stopping alone would leave the others waiting).
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
         if finite:
             self.consecutive = 0
             return
@@ -69,7 +74,8 @@ class NonFiniteGuard(Callback):
         if len(self.skipped_at) < 100:
             self.skipped_at.append(step)
         if self.consecutive == 1 or self.first_nonfinite is None:
-            self.first_nonfinite = {"step": step, "parameter": _first_nonfinite(named)}
+            self.first_nonfinite = {"step": step, "parameter": _first_nonfinite(named) if not local_finite
+                                    else "(another process's loss or gradient shard; this process's were finite)"}
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scaled = scaler is not None and scaler.is_enabled()
         if not scaled:
