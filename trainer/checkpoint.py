@@ -84,7 +84,7 @@ class PeriodicCheckpoint(StepBoundary):
         due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)
         # Every process must take the same decision: saving is a collective operation.
         if trainer.strategy.broadcast(due):
-            trainer.save_checkpoint(str(self.path))
+            trainer.save_checkpoint(str(self.path), weights_only=False)  # full: resumable (Lightning logs the default)
             self._last_save = time.monotonic()
 
 

@@ -5,28 +5,42 @@ from __future__ import annotations
 import signal
 from types import SimpleNamespace
 
+import torch
+
 from trainer.callbacks.graceful import GracefulStop
 from trainer.checkpoint import PeriodicCheckpoint
 
 
 class FakeTrainer(SimpleNamespace):
-    def __init__(self, accumulate: int = 1) -> None:
-        super().__init__(global_step=0, accumulate_grad_batches=accumulate, should_stop=False, sanity_checking=False,
-                         default_root_dir="/run", saved=[],
-                         strategy=SimpleNamespace(broadcast=lambda value: value))
+    """`other_signal`: a second process, which received that signal number (0: none)."""
 
-    def save_checkpoint(self, path: str) -> None:
+    def __init__(self, accumulate: int = 1, other_signal: int | None = None) -> None:
+        self.reductions = 0
+
+        def reduce(tensor, reduce_op="sum"):
+            assert reduce_op == "max"
+            self.reductions += 1
+            return torch.maximum(tensor, torch.tensor([other_signal]))
+
+        super().__init__(global_step=0, accumulate_grad_batches=accumulate, should_stop=False, sanity_checking=False,
+                         default_root_dir="/run", saved=[], world_size=1 if other_signal is None else 2,
+                         strategy=SimpleNamespace(broadcast=lambda value: value, reduce=reduce))
+
+    def save_checkpoint(self, path: str, weights_only: bool | None = None) -> None:
         self.saved.append((path, self.global_step))
+
+
+MODULE = SimpleNamespace(device=torch.device("cpu"))
 
 
 def batches(callback, trainer: FakeTrainer, count: int, steps_on: set[int]) -> None:
     """`count` training batches; the optimizer steps on the batches in `steps_on` (1-based)."""
     for batch in range(1, count + 1):
         if hasattr(callback, "on_train_batch_start"):
-            callback.on_train_batch_start(trainer, None, None, batch - 1)
+            callback.on_train_batch_start(trainer, MODULE, None, batch - 1)
         if batch in steps_on:
             trainer.global_step += 1
-        callback.on_train_batch_end(trainer, None, None, None, batch - 1)
+        callback.on_train_batch_end(trainer, MODULE, None, None, batch - 1)
 
 
 def test_a_signal_under_gradient_accumulation_waits_for_the_optimizer_step():
@@ -37,6 +51,17 @@ def test_a_signal_under_gradient_accumulation_waits_for_the_optimizer_step():
     batches(stop, trainer, 1, steps_on={1})
     assert trainer.saved == [("/run/checkpoints/last.ckpt", 1)] and trainer.should_stop
     assert stop.outcome().step == 1
+
+
+def test_with_several_processes_a_signal_to_any_stops_all_at_the_same_step():
+    stop, trainer = GracefulStop(), FakeTrainer(accumulate=2, other_signal=0)
+    batches(stop, trainer, 4, steps_on={2, 4})  # no signal anywhere: two agreements, no stop
+    assert trainer.reductions == 2 and trainer.saved == [] and not trainer.should_stop
+    # Only the other process got SIGTERM: this one stops after the same optimizer step.
+    other = FakeTrainer(accumulate=2, other_signal=int(signal.SIGTERM))
+    batches(stop, other, 2, steps_on={2})
+    assert other.reductions == 1 and other.saved == [("/run/checkpoints/last.ckpt", 1)] and other.should_stop
+    assert stop.outcome().signum == signal.SIGTERM
 
 
 def test_periodic_checkpoint_every_n_steps_once_per_step():

@@ -37,7 +37,7 @@ def fake_trainer(tmp_path, step=0, scaler=None, others_finite=None):
         decisions.append(decision)
         return decision and others_finite if all else decision or others_finite
 
-    def save_checkpoint(path):
+    def save_checkpoint(path, weights_only=None):
         Path(path).write_bytes(b"checkpoint")
         saved.append(path)
 

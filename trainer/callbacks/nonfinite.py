@@ -99,7 +99,7 @@ class NonFiniteGuard(Callback):
         assert self.first_nonfinite is not None
         path = Path(trainer.default_root_dir) / "checkpoints" / f"nonfinite-step{int(trainer.global_step):06d}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        trainer.save_checkpoint(str(path))
+        trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
         self.diagnostic_checkpoint = str(path)
         first = self.first_nonfinite
         raise NonFiniteTraining(
