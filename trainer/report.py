@@ -541,6 +541,11 @@ class ComparisonCallback(Callback):
         except Exception as ex:  # noqa: BLE001 - the jobs' own results must stay visible
             line = ex.line() if isinstance(ex, UserError) else f"{type(ex).__name__}: {_first_line(str(ex))}"
             log.warning("comparison report not written: %s", line)
+            return
+        if rows and not any(row.status == "completed" for row in rows):
+            # A sweep in which no job completed is a failure for whoever ran it (a script, CI): a
+            # non-zero exit after the table, which says what each job ended as.
+            exit_with(f"{config.hydra.sweep.dir}: none of the {len(rows)} jobs completed (see comparison.md)")
 
 
 def _get_config(config: Any, *keys: str) -> Any:

@@ -262,6 +262,19 @@ def test_callback_reports_a_failure_as_one_line_without_raising(tmp_path: Path, 
     assert all("\n" not in m for m in messages)
 
 
+def test_a_sweep_in_which_no_job_completed_exits_non_zero_after_its_table(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]):
+    sweep = tmp_path / "multirun"
+    write_job(sweep, 0, summary("a", None, 10, 1.0, 0.1, status="failed"), config("fp32"))
+    write_job(sweep, 1, None, None)  # died before its summary
+    with pytest.raises(SystemExit) as caught:
+        ComparisonCallback().on_multirun_end(config=hydra_config(sweep))
+    assert caught.value.code == 2
+    captured = capsys.readouterr()
+    assert "(failed)" in captured.out and (sweep / "comparison.md").is_file()
+    assert captured.err == f"error: {sweep}: none of the 2 jobs completed (see comparison.md)\n"
+
+
 def test_callback_does_nothing_for_a_single_run(sweep: Path, capsys: pytest.CaptureFixture[str]):
     ComparisonCallback().on_multirun_end(config=hydra_config(sweep, mode="RUN"))
     assert capsys.readouterr().out == ""
