@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainer.models.small_cnn import SmallCNN
+
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
 RECIPES = REPO / "recipes"
@@ -254,3 +256,21 @@ class MemoryHungryMLP(ExplodingMLP):
 
     def failure(self) -> BaseException:
         return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
+
+
+class ExplodingCNN(SmallCNN):
+    """The default model (same weights, names and initialization), raising inside training forward
+    call number `fail_at`: a crash mid-run of the default configuration."""
+
+    def __init__(self, num_classes: int, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
+                 dropout: float = 0.1, fail_at: int = 25) -> None:
+        super().__init__(num_classes, in_channels, widths, dropout)
+        self.fail_at = fail_at
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.fail_at:
+                raise RuntimeError("simulated crash in the forward pass")
+        return super().forward(x)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import REPO, train_forked
 
@@ -34,12 +35,26 @@ def _only_run_folder(root: Path) -> Path:
     return folders[0]
 
 
-def test_ddp_started_by_lightning_trains_digits_with_the_global_batch_into_one_folder(tmp_path):
-    result = _launch([sys.executable, str(REPO / "train.py"), *TWO_CPU_PROCESSES, "trainer.max_epochs=12"],
-                     tmp_path)
+# The default run on two processes, 12 epochs of 9 steps. The reference is started by Lightning;
+# the crashed run by torchrun; the resumed one by Lightning again.
+REFERENCE = [*TWO_CPU_PROCESSES, "trainer.max_epochs=12", "trainer.deterministic=true"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ddp_reference")
+    result = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE], root)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = _only_run_folder(tmp_path)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    assert result.stdout.count("done: ") + result.stderr.count("done: ") == 1  # rank 0 alone reports
+    return _only_run_folder(root)
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_ddp_started_by_lightning_trains_digits_with_the_global_batch_into_one_folder(reference):
+    summary = json.loads((reference / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["processes"] == {"count": 2, "strategy": "DDPStrategy", "launched_by": "lightning"}
     # The batch rules see 64 per process x 2 processes: lr 0.004 at 256 -> sqrt(128/256) of it.
@@ -53,28 +68,40 @@ def test_ddp_started_by_lightning_trains_digits_with_the_global_batch_into_one_f
     assert summary["metrics"]["test"]["acc"] >= 0.95, summary["metrics"]
     assert summary["throughput"]["processes"] == 2
     # Rank 0 wrote the records; the other rank wrote no Hydra copy, log file or folder of its own.
-    assert sorted(p.name for p in run_dir.iterdir()) == [
+    assert sorted(p.name for p in reference.iterdir()) == [
         ".hydra", "checkpoints", "config_resolved.yaml", "csv", "curves.png", "env.json", "run.json",
         "summary.json", "train.log"]
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert result.stdout.count("done: ") + result.stderr.count("done: ") == 1
+    assert (reference / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_torchrun_ranks_agree_on_one_run_folder_and_rank_zero_writes(tmp_path):
-    # Each rank starts as its own Hydra run here: without the shared launch time, each would name
-    # its folder from its own clock (microseconds apart) and make a second one.
-    result = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      str(REPO / "train.py"), *TWO_CPU_PROCESSES, "trainer.max_epochs=1",
-                      "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"],
-                     tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = _only_run_folder(tmp_path)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["steps"] == 3
+def test_crashed_under_torchrun_and_resumed_mid_epoch_equals_the_uninterrupted_run(reference, tmp_path):
+    # Started by torchrun, each rank is its own Hydra run: without the shared launch time each would
+    # name its folder from its own clock and make a second one. Both ranks crash in step 43; the
+    # last checkpoint is of step 40, four steps into the fifth epoch.
+    crashed_root = tmp_path / "crashed"
+    crashed = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                       str(REPO / "train.py"), *REFERENCE, "model._target_=tests.helpers.ExplodingCNN",
+                       "+model.fail_at=43", "checkpointing.every_n_steps=4"], crashed_root)
+    assert crashed.returncode != 0 and "simulated crash in the forward pass" in crashed.stderr
+    folder = _only_run_folder(crashed_root)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 42
     assert summary["processes"] == {"count": 2, "strategy": "DDPStrategy", "launched_by": "torchrun"}
-    assert summary["hyperparameters"]["global_batch_size"] == 128
-    assert not list(run_dir.glob("*ddp_process*")) and len(list(tmp_path.rglob(".hydra"))) == 1
-    assert result.stdout.count("done: ") + result.stderr.count("done: ") == 1
+    assert not list(folder.glob("*ddp_process*")) and len(list(crashed_root.rglob(".hydra"))) == 1
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    position = torch.load(checkpoint, map_location="cpu", weights_only=True)["DigitsDataModule"]["train_position"]
+    assert position == {"epoch": 4, "batches": 4, "items": 512, "items_per_batch": 64, "replicas": 2, "size": 1257}
+
+    resumed_root = tmp_path / "resumed"
+    resumed = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE, f"resume={checkpoint}"], resumed_root)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    folder = _only_run_folder(resumed_root)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["resumed_from"]["global_step"] == 40 and summary["resumed_from"]["mid_epoch"]
+    assert summary["steps"] == 108
+    expected, got = _weights(reference / "checkpoints" / "last.ckpt"), _weights(folder / "checkpoints" / "last.ckpt")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"
 
 
 def test_a_multirun_of_ddp_jobs_started_here_is_refused_before_any_job_trains(tmp_path):
