@@ -212,23 +212,31 @@ class TinyMLP(nn.Module):
         return self.net(x)
 
 
-class ExplodingMLP(TinyMLP):
-    """Raises inside the training forward pass on call number `fail_at` (a crash mid-run)."""
+class CrashesAt:
+    """Mixed into a model: raises `failure()` inside training forward call number `fail_at`."""
 
-    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], fail_at: int = 25) -> None:
-        super().__init__(num_classes, in_channels, image_size)
-        self.fail_at = fail_at
-        self.calls = 0
+    fail_at: int
+    calls: int
+    training: bool
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.calls += 1
             if self.calls == self.fail_at:
                 raise self.failure()
-        return super().forward(x)
+        return super().forward(x)  # type: ignore[misc]
 
     def failure(self) -> BaseException:
         return RuntimeError("simulated crash in the forward pass")
+
+
+class ExplodingMLP(CrashesAt, TinyMLP):
+    """Raises inside the training forward pass on call number `fail_at` (a crash mid-run)."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: Sequence[int], fail_at: int = 25) -> None:
+        super().__init__(num_classes, in_channels, image_size)
+        self.fail_at = fail_at
+        self.calls = 0
 
 
 class NaNMLP(TinyMLP):
@@ -258,7 +266,7 @@ class MemoryHungryMLP(ExplodingMLP):
         return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
 
 
-class ExplodingCNN(SmallCNN):
+class ExplodingCNN(CrashesAt, SmallCNN):
     """The default model (same weights, names and initialization), raising inside training forward
     call number `fail_at`: a crash mid-run of the default configuration."""
 
@@ -267,10 +275,3 @@ class ExplodingCNN(SmallCNN):
         super().__init__(num_classes, in_channels, widths, dropout)
         self.fail_at = fail_at
         self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
-            self.calls += 1
-            if self.calls == self.fail_at:
-                raise RuntimeError("simulated crash in the forward pass")
-        return super().forward(x)
