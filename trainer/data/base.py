@@ -116,9 +116,8 @@ class ImageClassificationData(L.LightningDataModule):
         if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
         if not train:
-            trainer = self.trainer
-            share = (EvalShare(len(dataset), trainer.world_size, trainer.global_rank)  # type: ignore[arg-type]
-                     if trainer is not None and trainer.world_size > 1 else None)
+            replicas, rank = self._process_share()
+            share = EvalShare(len(dataset), replicas, rank) if replicas > 1 else None  # type: ignore[arg-type]
             return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
                               generator=own_generator(self.run_seed), **loader.dataloader_kwargs())
         # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
@@ -138,8 +137,7 @@ class ImageClassificationData(L.LightningDataModule):
     def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:
         """The training loader's sampler, placed where a resumed checkpoint left off; with several
         processes (DDP, FSDP), this process's share of each epoch."""
-        trainer = self.trainer
-        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        replicas, rank = self._process_share()
         self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded, replicas=replicas,
                                            rank=rank)
         self._items_per_batch = items_per_batch
@@ -147,6 +145,11 @@ class ImageClassificationData(L.LightningDataModule):
             self._train_sampler.restore(self._resume_position)
             self._resume_position = None
         return self._train_sampler
+
+    def _process_share(self) -> tuple[int, int]:
+        """(processes, this one's rank): each loads its share of every split (DDP, FSDP)."""
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     # The place in the data order travels with the data module's state, which Lightning saves in
     # every checkpoint and restores before anything asks for a loader. (Lightning's own route,
@@ -187,20 +190,16 @@ class EvalShare(DistributedSampler):
     """
 
     def __init__(self, size: int, replicas: int, rank: int) -> None:  # no process group needed
-        self.size, self.replicas, self.rank = size, replicas, rank
-
-    @property
-    def num_replicas(self) -> int:
-        return self.replicas
+        self.size, self.num_replicas, self.rank = size, replicas, rank
 
     def set_epoch(self, epoch: int) -> None:
         pass  # the same order every time
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.replicas))
+        return iter(range(self.rank, self.size, self.num_replicas))
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.replicas))
+        return len(range(self.rank, self.size, self.num_replicas))
 
 
 class _FinishedOnHost(Dataset[Any]):

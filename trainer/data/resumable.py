@@ -71,22 +71,15 @@ class EpochSampler(DistributedSampler):
         self.seed = seed
         self.shuffle = shuffle
         self.seeded = seeded
-        self.replicas = replicas
+        # DistributedSampler's own attribute names, for code that reads them (Lightning, torch).
+        self.num_replicas = replicas
         self.rank = rank
+        self.drop_last = True  # every process the same count
         self.epoch = 0
         self.taken = 0
         self._start_items = 0  # items of this epoch's order consumed (by all processes) before the iterator
         self._taken_at_start = 0
         self._resuming = False
-
-    # DistributedSampler's own attribute names, for code that reads them (Lightning, torch).
-    @property
-    def num_replicas(self) -> int:
-        return self.replicas
-
-    @property
-    def drop_last(self) -> bool:
-        return True
 
     def set_epoch(self, epoch: int) -> None:  # called by Lightning at the start of each epoch
         self.epoch = epoch
@@ -94,13 +87,13 @@ class EpochSampler(DistributedSampler):
     def position(self, batches_per_epoch: float, items_per_batch: int) -> dict[str, int]:
         """Where the next training batch comes from: this epoch after the items taken, or the start
         of the next epoch once this one is through."""
-        step = items_per_batch * self.replicas
+        step = items_per_batch * self.num_replicas
         consumed = self._start_items + (self.taken - self._taken_at_start) * step
         if self.taken >= batches_per_epoch or self.size - consumed < step:
             return {"epoch": self.epoch + 1, "batches": 0, "items": 0, "items_per_batch": items_per_batch,
-                    "replicas": self.replicas, "size": self.size}
+                    "replicas": self.num_replicas, "size": self.size}
         return {"epoch": self.epoch, "batches": self.taken, "items": consumed, "items_per_batch": items_per_batch,
-                "replicas": self.replicas, "size": self.size}
+                "replicas": self.num_replicas, "size": self.size}
 
     def restore(self, position: dict[str, int]) -> None:
         if int(position["size"]) != self.size:
@@ -111,10 +104,10 @@ class EpochSampler(DistributedSampler):
         saved_replicas = int(position.get("replicas", 1))  # checkpoints from before multi-process runs
         self.epoch = int(position["epoch"])
         self._start_items = int(position.get("items", int(position["batches"]) * per_batch * saved_replicas))
-        if saved_replicas == self.replicas:
+        if saved_replicas == self.num_replicas:
             self.taken = int(position["batches"])
         else:  # the batches this process would have taken had the run always had this many processes
-            self.taken = self._start_items // (per_batch * self.replicas)
+            self.taken = self._start_items // (per_batch * self.num_replicas)
         self._taken_at_start = self.taken
         self._resuming = True
 
@@ -132,14 +125,14 @@ class EpochSampler(DistributedSampler):
             skip = self._start_items = 0
             self.taken = self._taken_at_start = 0
         remaining = self.order()[skip:]
-        share = len(remaining) // self.replicas
-        indices = remaining[self.rank::self.replicas][:share].tolist()
+        share = len(remaining) // self.num_replicas
+        indices = remaining[self.rank::self.num_replicas][:share].tolist()
         if not self.seeded:
             return iter(indices)
         return iter([(i, mix(self.seed, self.epoch, i, 1)) for i in indices])
 
     def __len__(self) -> int:
-        return self.size // self.replicas
+        return self.size // self.num_replicas
 
 
 class SeededSamples(Dataset[Any]):
