@@ -58,21 +58,19 @@ class GracefulStop(StepBoundary):
                            batch: Any, batch_idx: int) -> None:
         if self.checkpoint is not None:
             return
+        if not self.ended_on_optimizer_step(trainer):
+            return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         if trainer.world_size > 1:
             # All processes stop at the same step, or the ones still training would wait forever
             # in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
             # reach every process, but not at the same instant), all agree on it here. One scalar
             # all-reduce per optimizer step, only with several processes.
-            if not self.ended_on_optimizer_step(trainer):
-                return
             import torch
 
             signum = torch.tensor([self.received or 0], device=pl_module.device)
             self.received = int(trainer.strategy.reduce(signum, reduce_op="max").item()) or None
         if self.received is None:
             return
-        if not self.ended_on_optimizer_step(trainer):
-            return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
         self.checkpoint, self.step = str(path), int(trainer.global_step)
