@@ -56,18 +56,25 @@ def _register_resolvers() -> None:
 
 def device_count(devices: Any) -> int:
     """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
-    GPUs per node, counted from a number, a list of ids or "0,1"; `auto` cannot be counted where
-    the job is submitted."""
-    if isinstance(devices, bool):
-        devices = None
-    if isinstance(devices, int) and devices > 0:
-        return devices
-    if isinstance(devices, str) and devices.strip().isdigit() and int(devices) > 0:
-        return int(devices)
-    if isinstance(devices, str) and "," in devices:
-        return len([d for d in devices.split(",") if d.strip()])
-    if hasattr(devices, "__len__") and not isinstance(devices, str) and len(devices) > 0:
-        return len(devices)
+    GPUs per node, counted as the run counts them (`trainer.resolve.count_devices`), except that
+    `auto` cannot be counted where the job is submitted."""
+    from omegaconf import ListConfig
+
+    from trainer.resolve import count_devices
+
+    if isinstance(devices, ListConfig):
+        devices = list(devices)
+    count = 0
+    countable = not isinstance(devices, bool) and devices not in ("auto", -1, "-1")
+    if isinstance(devices, str):  # a count ("4") or device ids ("0,1")
+        countable = countable and re.fullmatch(r"[\d,\s]+", devices) is not None
+    if countable:
+        try:
+            count = count_devices(devices, "cuda")
+        except (TypeError, ValueError):
+            count = 0
+    if count > 0:
+        return count
     raise UserError("trainer.devices", f"'{devices}' is not a count of devices per node, which hydra/launcher=slurm "
                     "needs to size each job's tasks and GPUs", "a number such as trainer.devices=8, or a list of ids")
 
