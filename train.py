@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from trainer.cli import prepare
+from trainer.hydra_setup import prepare
 
 prepare()
 

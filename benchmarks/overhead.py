@@ -259,7 +259,7 @@ def check_same_work(framework: dict[str, Any], plain: dict[str, Any]) -> None:
 def machine_line() -> str:
     import torch
 
-    from trainer.env import cpu_name
+    from trainer.fingerprint import cpu_name
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"{cpu_name()} ({platform.machine()}), {os.cpu_count()} cores ({usable} usable), "

@@ -26,7 +26,7 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.cli import prepare
+    from trainer.hydra_setup import prepare
 
     prepare()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -39,7 +39,7 @@ def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.cli import prepare
+    from trainer.hydra_setup import prepare
     from trainer.run import run
 
     prepare()

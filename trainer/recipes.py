@@ -19,6 +19,8 @@ from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSou
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
+from trainer.config_diff import config_changes
+
 GROUP = "recipe"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -111,8 +113,6 @@ def parent_of(name: str, search_path: Sequence[str] = ()) -> Optional[str]:
 
 def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, list[Any]]:
     """``{dotted key: [before, after]}`` for every key whose value differs (None where absent)."""
-    from trainer.report import config_changes
-
     return {key: [old, new] for key, old, new in config_changes(dict(before), dict(after))}
 
 

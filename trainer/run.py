@@ -103,7 +103,7 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
         search_path = [str(entry) for entry in hydra_cfg.searchpath or []]
     spec = validate(cfg, group_choices)
     from trainer.distributed import check_launch, is_rank_zero, launched_by, process_count
-    from trainer.resolve import count_devices, resolve_accelerator
+    from trainer.devices import count_devices, resolve_accelerator
 
     accelerator = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))[0]
     processes = process_count(spec.trainer, count_devices(spec.trainer.get("devices", 1), accelerator))
@@ -133,8 +133,8 @@ def _run(cfg: DictConfig, run_dir: Path | None, group_choices: dict[str, str] | 
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from trainer.callbacks.graceful import StoppedBySignal
-    from trainer.env import fingerprint
-    from trainer.resolve import Derived, resolve
+    from trainer.fingerprint import fingerprint
+    from trainer.plan import Derived, resolve
     from trainer.atomic import write_text_atomic
     from trainer.summary import write_json_atomic
 
@@ -456,7 +456,7 @@ def _throughput_meter(net: Any, info: Any, plan: Any) -> Any:
 
     from trainer.callbacks.throughput import ThroughputMeter
     from trainer.mfu import peak_flops, training_flops_per_sample
-    from trainer.resolve import Derived
+    from trainer.plan import Derived
 
     flops, how = training_flops_per_sample(net, (info.in_channels, *info.image_size))
     plan.derived["model.flops_per_sample"] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from trainer.atomic import write_text_atomic
-from trainer.env import proc_kib
+from trainer.fingerprint import proc_kib
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

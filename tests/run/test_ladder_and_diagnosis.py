@@ -52,7 +52,7 @@ def test_the_comparison_is_printed_and_saved_as_markdown_and_png(ladder):
 def test_the_report_command_rewrites_the_comparison(ladder):
     sweep, _ = ladder
     (sweep / "comparison.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(sweep)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(sweep)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "comparison.md").is_file() and "resnet50_compile" in proc.stdout

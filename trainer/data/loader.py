@@ -117,7 +117,7 @@ def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: in
 
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), else free physical pages; None if unknown."""
-    from trainer.env import proc_kib
+    from trainer.fingerprint import proc_kib
 
     available = proc_kib("/proc/meminfo", "MemAvailable")
     if available is not None:

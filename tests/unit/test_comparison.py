@@ -13,17 +13,17 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from trainer.errors import UserError
-from trainer.report import (
+from trainer.comparison import (
     ComparisonCallback,
     Job,
     comparison_rows,
-    config_changes,
     load_jobs,
     stage_name,
     to_markdown,
     write_comparison,
 )
+from trainer.config_diff import config_changes
+from trainer.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -222,7 +222,7 @@ def test_empty_or_missing_folder_is_a_user_error(tmp_path: Path):
 
 
 def test_cli_writes_and_prints(sweep: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(sweep)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(sweep)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x |" in proc.stdout
@@ -231,7 +231,7 @@ def test_cli_writes_and_prints(sweep: Path):
 
 
 def test_cli_on_an_empty_folder_exits_2_with_one_line(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")

@@ -15,6 +15,7 @@ from trainer.data.base import ImageClassificationData
 from trainer.data.loader import LoaderSettings
 from trainer.errors import UserError
 from trainer.optimizer import choose_implementation
+from trainer.devices import count_devices, resolve_accelerator
 from trainer.precision import resolve_precision, resolve_tf32
 from trainer.scaling import scale
 
@@ -44,32 +45,6 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {key: {"value": d.value, "how": d.how} for key, d in self.derived.items()}
-
-
-def resolve_accelerator(requested: str) -> tuple[str, str]:
-    cuda = torch.cuda.is_available()
-    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
-    if requested == "auto":
-        chosen = "cuda" if cuda else "mps" if mps else "cpu"
-        return chosen, f"auto -> {chosen}" + (f" ({torch.cuda.get_device_name()})" if cuda else " (no CUDA device)")
-    if requested in ("gpu", "cuda") and not cuda:
-        raise UserError("trainer.accelerator", f"'{requested}' asked for but no CUDA device is visible", "auto, cpu")
-    if requested == "mps" and not mps:
-        raise UserError("trainer.accelerator", "'mps' asked for but MPS is not available", "auto, cpu")
-    chosen = "cuda" if requested == "gpu" else requested
-    return chosen, f"{requested} (as configured)"
-
-
-def count_devices(devices: Any, accelerator: str) -> int:
-    if isinstance(devices, list):
-        return len(devices)
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
-    if devices in ("auto", -1):
-        return torch.cuda.device_count() if accelerator == "cuda" else 1
-    if isinstance(devices, str):  # "0,1"
-        return len([d for d in devices.split(",") if d.strip()])
-    return int(devices)
 
 
 def resolve(spec: RunSpec, datamodule: ImageClassificationData, sample_bytes: int = 0) -> Plan:

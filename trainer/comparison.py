@@ -7,7 +7,7 @@ of samples/s, speed-up over the first stage, peak memory, loss and accuracy, the
 exact config and derived-value changes) and `SWEEP/comparison.png` (the same numbers as bars).
 
 It reads files only, so it runs the same at the end of a sweep (`ComparisonCallback`, registered
-under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.report SWEEP_DIR`).
+under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.comparison SWEEP_DIR`).
 A job that crashed, or never wrote its summary, shows up as such; it never stops the report.
 """
 
@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 from hydra.experimental.callback import Callback
 
 from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.config_diff import MISSING, changes_marked, same
 from trainer.errors import UserError, exit_with, full_error_requested
 
 log = logging.getLogger("trainer")
@@ -37,16 +38,6 @@ CHANGES_SHOWN = 4  # more than this does not fit a table cell; the Details secti
 FIRST_STAGE = "(first stage)"
 NO_SUMMARY = "no summary.json"
 _SWEEP_LAYOUT = "a Hydra multirun folder holding job folders named 0, 1, 2, ..."
-
-
-class _Missing:
-    """A key absent from one of two configs (distinct from a key whose value is null)."""
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
 
 
 @dataclass
@@ -139,45 +130,6 @@ def stage_name(job: Job) -> str:
 # --------------------------------------------------------------------------- config differences
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": [1, 2]}``; lists stay whole values."""
-    if not isinstance(config, dict):
-        return {prefix: config} if prefix else {}
-    if not config and prefix:
-        return {prefix: {}}  # an empty section is still a setting, e.g. `trainer.plugins: {}`
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict):
-            flat.update(flatten(value, dotted))
-        else:
-            flat[dotted] = value
-    return flat
-
-
-def config_changes(previous_config: dict[str, Any] | None, config: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
-    """Dotted keys whose value differs between two configs, as ``(key, before, after)`` sorted by
-    key; a key present on one side only has None on the other."""
-    return [(key, None if before is MISSING else before, None if after is MISSING else after)
-            for key, before, after in _changes(previous_config, config)]
-
-
-def _changes(previous_config: dict[str, Any] | None, config: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
-    before, after = flatten(previous_config or {}), flatten(config or {})
-    return [(key, before.get(key, MISSING), after.get(key, MISSING))
-            for key in sorted(before.keys() | after.keys())
-            if not _same(before.get(key, MISSING), after.get(key, MISSING))]
-
-
-def _same(a: Any, b: Any) -> bool:
-    # YAML's `true` and `1` compare equal in Python but are different settings.
-    if isinstance(a, bool) != isinstance(b, bool):
-        return False
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a is b or a == b
-
-
 def _earlier_with(jobs: Sequence[Job], index: int, has: Callable[[Job], Any]) -> Job | None:
     """The nearest job before `index` that has something to compare against (a crashed job may not)."""
     for earlier in reversed(jobs[:index]):
@@ -195,7 +147,7 @@ def _what_changed(jobs: Sequence[Job], index: int) -> str:
     previous = _earlier_with(jobs, index, lambda j: j.config is not None)
     if previous is None:
         return "(no earlier config to compare)"
-    changes = _changes(previous.config, job.config)
+    changes = changes_marked(previous.config, job.config)
     if not changes:
         return "(no config change)"
     # Settings that changed value first; keys that only came or went with a group's choice (a
@@ -397,7 +349,7 @@ def _config_details(jobs: Sequence[Job], index: int) -> list[str]:
     previous = _earlier_with(jobs, index, lambda j: j.config is not None)
     if previous is None:
         return ["- config changes: no earlier job left a config to compare with"]
-    changes = _changes(previous.config, job.config)
+    changes = changes_marked(previous.config, job.config)
     if not changes:
         return [f"- config changes vs job {previous.number}: none"]
     return [f"- config changes vs job {previous.number}:"] + [
@@ -414,7 +366,7 @@ def _derived_details(jobs: Sequence[Job], index: int) -> list[str]:
                                         for key, (value, how) in derived.items()]
     before = _derived(previous)
     differing = [(key, before.get(key, (MISSING, ""))[0], value, how) for key, (value, how) in derived.items()
-                 if not _same(before.get(key, (MISSING, ""))[0], value)]
+                 if not same(before.get(key, (MISSING, ""))[0], value)]
     differing += [(key, value, MISSING, "") for key, (value, _) in before.items() if key not in derived]
     if not differing:
         return [f"- derived values: as in job {previous.number}"]
@@ -526,7 +478,7 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row]]:
 class ComparisonCallback(Callback):
     """Writes the comparison when a multirun ends. Register it in the primary config:
 
-    ``hydra: {callbacks: {comparison: {_target_: trainer.report.ComparisonCallback}}}``
+    ``hydra: {callbacks: {comparison: {_target_: trainer.comparison.ComparisonCallback}}}``
     """
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
@@ -561,7 +513,7 @@ def _get_config(config: Any, *keys: str) -> Any:
 
 def main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.report",
+        prog="python -m trainer.comparison",
         description="Compare the jobs of one multirun folder: writes comparison.md and comparison.png into it.")
     parser.add_argument("sweep_dir", type=Path, help="the multirun folder (e.g. outputs/multirun/DATE/TIME)")
     args = parser.parse_args(list(argv) if argv is not None else None)

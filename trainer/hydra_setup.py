@@ -56,11 +56,11 @@ def _register_resolvers() -> None:
 
 def device_count(devices: Any) -> int:
     """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
-    GPUs per node, counted as the run counts them (`trainer.resolve.count_devices`), except that
+    GPUs per node, counted as the run counts them (`trainer.devices.count_devices`), except that
     `auto` cannot be counted where the job is submitted."""
     from omegaconf import ListConfig
 
-    from trainer.resolve import count_devices
+    from trainer.devices import count_devices
 
     if isinstance(devices, ListConfig):
         devices = list(devices)

@@ -1,0 +1,40 @@
+"""Which accelerator a run uses and how many devices it spans, counted one way everywhere (the run,
+the SLURM launcher's resolver and the launch checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.errors import UserError
+
+
+def resolve_accelerator(requested: str) -> tuple[str, str]:
+    """The accelerator `trainer.accelerator` names (``auto``: CUDA, else MPS, else the CPU) and how
+    it was chosen; asking for one that is absent is a `UserError`."""
+    cuda = torch.cuda.is_available()
+    mps = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    if requested == "auto":
+        chosen = "cuda" if cuda else "mps" if mps else "cpu"
+        return chosen, f"auto -> {chosen}" + (f" ({torch.cuda.get_device_name()})" if cuda else " (no CUDA device)")
+    if requested in ("gpu", "cuda") and not cuda:
+        raise UserError("trainer.accelerator", f"'{requested}' asked for but no CUDA device is visible", "auto, cpu")
+    if requested == "mps" and not mps:
+        raise UserError("trainer.accelerator", "'mps' asked for but MPS is not available", "auto, cpu")
+    chosen = "cuda" if requested == "gpu" else requested
+    return chosen, f"{requested} (as configured)"
+
+
+def count_devices(devices: Any, accelerator: str) -> int:
+    """The number of devices `trainer.devices` names: a count, a list of ids, ``"0,1"``, or
+    ``auto``/-1 (every visible GPU, one CPU process)."""
+    if isinstance(devices, list):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if devices in ("auto", -1):
+        return torch.cuda.device_count() if accelerator == "cuda" else 1
+    if isinstance(devices, str):  # "0,1"
+        return len([d for d in devices.split(",") if d.strip()])
+    return int(devices)
