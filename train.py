@@ -10,6 +10,8 @@ prepare()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # Imported here, once Hydra has composed: `--help` and a mistake in the command line answer
+    # without importing torch and Lightning (several seconds).
     from trainer.run import run
 
     return run(cfg)

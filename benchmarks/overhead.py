@@ -65,10 +65,9 @@ def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
     import numpy as np
     import torch
     import torch.nn.functional as F
-    from omegaconf import OmegaConf
 
     from trainer.callbacks.throughput import ThroughputMeter, synchronize
-    from trainer.config import AdamWConfig
+    from trainer.config import choice_config
     from trainer.data.synthetic import SyntheticDataModule
     from trainer.models.resnet import build_resnet
     from trainer.optimizer import build_optimizer
@@ -86,11 +85,7 @@ def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
 
     # The framework's defaults, read from the same file it composes; batch scaling off as on the
     # framework side (scale_factor("none", ...) is 1, spelled out so the rule is visible).
-    defaults = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "optimizer" / "adamw.yaml"))
-    cfg = AdamWConfig(lr=defaults["lr"], weight_decay=defaults["weight_decay"],
-                      ref_batch_size=defaults["ref_batch_size"], lr_scaling="none", wd_scaling="none",
-                      decay_norm_and_bias=defaults["decay_norm_and_bias"], implementation="foreach",
-                      betas=tuple(defaults["betas"]), eps=defaults["eps"])
+    cfg = choice_config("optimizer", "adamw", lr_scaling="none", wd_scaling="none", implementation="foreach")
     lr = cfg.lr * scale_factor("none", batch, cfg.ref_batch_size)
     weight_decay = cfg.weight_decay * scale_factor("none", batch, cfg.ref_batch_size)
     optimizer = build_optimizer(net, cfg, lr, weight_decay, "foreach")

@@ -12,9 +12,12 @@ are listed separately so they are not mistaken for something to change in the mo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from torch import nn
+
+log = logging.getLogger("trainer")
 
 BATCH = "batch"
 
@@ -83,6 +86,18 @@ def format_report(items: list[Misalignment], limit: int = 10) -> list[str]:
     if len(items) > limit:
         lines.append(f"... and {len(items) - limit} more")
     return lines
+
+
+def check_alignment(model: nn.Module, batch_size: int, accelerator: str) -> list[str]:
+    """The whole report as lines (recorded everywhere); on CUDA the misalignments the person can fix
+    are also logged as warnings."""
+    items = alignment_report(model, batch_size)
+    fixable = [item for item in items if not item.fixed_by_data]
+    if report_applies(accelerator) and fixable:
+        log.warning("dimensions not multiples of 8 (tensor cores run them padded):")
+        for line in format_report(fixable, limit=10):
+            log.warning("  %s", line)
+    return format_report(items, limit=len(items) or 1)
 
 
 def report_applies(device_type: str) -> bool:

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import time
 import zipfile
@@ -24,11 +25,12 @@ import lightning as L
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from safetensors.torch import save_file
 
 from trainer.atomic import replace_atomic
 from trainer.callbacks.steps import StepBoundary
 from trainer.config import CheckpointingConfig
-from trainer.errors import UserError
+from trainer.errors import UserError, exit_with, first_line, full_error_requested
 
 COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
@@ -126,12 +128,12 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as ex:
-        reason = str(ex).strip().splitlines()[0] if str(ex).strip() else type(ex).__name__
+        reason = first_line(ex) or type(ex).__name__
         raise UserError(str(path), f"refused: its pickle asks for more than tensors and plain data ({reason[:200]})",
                         "a checkpoint of tensors and plain containers, as this framework writes them") from None
     except (EOFError, zipfile.BadZipFile, RuntimeError) as ex:
         raise UserError(str(path), f"not a readable checkpoint (truncated or not written by torch.save): "
-                        f"{str(ex).splitlines()[0][:200] if str(ex) else type(ex).__name__}",
+                        f"{first_line(ex, 200) or type(ex).__name__}",
                         "a complete .ckpt file") from None
     if not isinstance(checkpoint, dict):
         raise UserError(str(path), f"holds a {type(checkpoint).__name__}, not a checkpoint dictionary",
@@ -165,8 +167,6 @@ class SafeCheckpointIO(TorchCheckpointIO):
 def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str = "net.") -> Path:
     """The model's weights from a training checkpoint as a safetensors file (`prefix` stripped, so
     the keys are the network's own); returns the written path."""
-    from safetensors.torch import save_file
-
     checkpoint = load_checkpoint(checkpoint_path)
     state = checkpoint.get("state_dict")
     if not isinstance(state, Mapping) or not state:
@@ -181,10 +181,6 @@ def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str
 
 def main(argv: Optional[list[str]] = None) -> None:
     """``python -m trainer.checkpoint export CKPT OUT.safetensors``"""
-    import argparse
-
-    from trainer.errors import exit_with, full_error_requested
-
     parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a checkpoint's model weights as safetensors")

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import yaml
 from hydra.experimental.callback import Callback
 
 from trainer.atomic import replace_atomic, write_text_atomic
 from trainer.config_diff import MISSING, changes_marked, same
-from trainer.errors import UserError, exit_with, full_error_requested
+from trainer.errors import UserError, exception_line, exit_with, full_error_requested, one_line
 
 log = logging.getLogger("trainer")
 
@@ -94,8 +95,6 @@ def _load_job(number: int, folder: Path) -> Job:
 
 
 def _yaml_load(text: str) -> Any:
-    import yaml
-
     return yaml.safe_load(text)
 
 
@@ -105,7 +104,7 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], problems: list[str], 
     try:
         value = parse(path.read_text(encoding="utf-8"))
     except Exception as ex:  # noqa: BLE001 - any unreadable file is reported, never fatal
-        problems.append(f"{path.name} unreadable ({type(ex).__name__}: {_first_line(str(ex))})")
+        problems.append(f"{path.name} unreadable ({exception_line(ex)})")
         return None
     if mapping and not isinstance(value, dict):
         problems.append(f"{path.name} holds a {type(value).__name__}, not a mapping")
@@ -182,7 +181,7 @@ def _value_text(value: Any, limit: int = 40) -> str:
         text = "{" + ", ".join(f"{k}: {_value_text(v, limit)}" for k, v in value.items()) + "}"
     else:
         text = str(value)
-    text = _first_line(text)
+    text = one_line(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -321,7 +320,7 @@ def _details(jobs: Sequence[Job], index: int, row: Row) -> list[str]:
     heading = f"### job {job.number}" + ("" if row.stage == f"job {job.number}" else f": {_cell(row.stage)}")
     lines = [heading, "", f"- status: {row.status}"]
     if summary.get("error"):
-        lines.append(f"- error: {_first_line(str(summary['error']))}")
+        lines.append(f"- error: {one_line(str(summary['error']))}")
     if row.status == "running":
         lines.append("- the summary still says running: the job was killed before it could finish, or is still going")
     lines += [f"- {problem}" for problem in job.problems]
@@ -379,7 +378,7 @@ def _derived(job: Job) -> dict[str, tuple[Any, str]]:
     derived = (job.summary or {}).get("derived")
     if not isinstance(derived, dict):
         return {}
-    return {str(k): (v.get("value"), _first_line(str(v.get("how") or ""))) if isinstance(v, dict) else (v, "")
+    return {str(k): (v.get("value"), one_line(str(v.get("how") or ""))) if isinstance(v, dict) else (v, "")
             for k, v in derived.items()}
 
 
@@ -389,10 +388,10 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def _cell(text: str) -> str:
     # A `|` would split the cell and a newline would end the table row.
-    return _first_line(str(text)).replace("|", "\\|") or "-"
+    return one_line(str(text)).replace("|", "\\|") or "-"
 
 
-def _first_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
@@ -403,7 +402,8 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
     """Bars of samples/s per stage (annotated with the speed-up) beside bars of peak memory,
     written atomically as a PNG. Stages without a number get no bar but keep their place."""
     # No pyplot: a bare Figure on the Agg canvas leaves the process's plotting state untouched,
-    # which matters inside a Hydra process or a notebook that imported this module.
+    # which matters inside a Hydra process or a notebook that imported this module. Imported only
+    # here: this module is a Hydra callback, loaded by every `python train.py` (about 0.5 s).
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -491,7 +491,7 @@ class ComparisonCallback(Callback):
             print(f"comparison: {markdown_path}")
             print(f"chart:      {chart_path}")
         except Exception as ex:  # noqa: BLE001 - the jobs' own results must stay visible
-            line = ex.line() if isinstance(ex, UserError) else f"{type(ex).__name__}: {_first_line(str(ex))}"
+            line = ex.line() if isinstance(ex, UserError) else exception_line(ex)
             log.warning("comparison report not written: %s", line)
             return
         if rows and not any(row.status == "completed" for row in rows):

@@ -17,14 +17,11 @@ def resolve_compile_mode(mode: str, accelerator: str) -> tuple[str, str]:
     return "off", f"auto -> off (no CUDA; compile=default compiles on {accelerator} too)"
 
 
-def apply_compile(net: nn.Module, cfg: CompileConfig, accelerator: str = "cpu") -> tuple[str, str]:
-    """Compile `net` in place; return the mode used and how it was chosen.
+def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig) -> None:
+    """Compile `net` in place in the resolved `mode` (see `resolve_compile_mode`); ``off`` leaves it eager.
 
     `nn.Module.compile` (not `torch.compile(net)`) keeps the module and its state-dict keys as they
     are, so checkpoints never carry `_orig_mod.` prefixes.
     """
-    mode, how = resolve_compile_mode(cfg.mode, accelerator)
-    if mode == "off":
-        return mode, how + "; eager"
-    net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
-    return mode, f"{how}; torch.compile fullgraph={cfg.fullgraph} dynamic={cfg.dynamic}"
+    if mode != "off":
+        net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)

@@ -9,16 +9,22 @@ single line naming the full key.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
+import lightning
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trainer.data.base import ImageClassificationData
 from trainer.errors import UserError, choices
 from trainer.schema import (
     AT_LEAST_ONE,
+    Doc,
     FRACTION,
     NON_NEGATIVE,
     POSITIVE,
@@ -31,6 +37,12 @@ from trainer.schema import (
 )
 
 UnitInterval = Annotated[float, Range(ge=0, lt=1)]
+AutoBool = Union[bool, Literal["auto"]]
+
+# The groups' values live in their YAML files (conf/GROUP/CHOICE.yaml), nowhere else: these
+# dataclasses give each key its type, bounds and one-line doc, and have no defaults, so a value
+# cannot silently differ between the YAML and the code (tests/unit/test_compose_all.py checks that
+# every YAML sets every field).
 
 
 # --- optimizer ---------------------------------------------------------------------------------
@@ -45,22 +57,23 @@ class _OptimizerCommon:
     by `lr_scaling` and `wd_scaling` (see trainer/scaling.py).
     """
 
-    lr: Annotated[float, POSITIVE] = 1e-3
-    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
-    ref_batch_size: Annotated[int, AT_LEAST_ONE] = 256
-    lr_scaling: ScalingRule = "sqrt"
-    wd_scaling: ScalingRule = "linear"
+    lr: Annotated[float, POSITIVE, Doc("learning rate at ref_batch_size, moved to the global batch by lr_scaling")]
+    weight_decay: Annotated[float, NON_NEGATIVE, Doc("weight decay at ref_batch_size, moved by wd_scaling")]
+    ref_batch_size: Annotated[int, AT_LEAST_ONE, Doc("the global batch at which lr and weight_decay are given")]
+    lr_scaling: Annotated[ScalingRule, Doc("lr x (B/ref)^1/2 (sqrt), x B/ref (linear) or as given (none)")]
+    wd_scaling: Annotated[ScalingRule, Doc("weight decay x B/ref (linear), x (B/ref)^1/2 (sqrt) or as given")]
     # Decay on norm weights and biases (1-D parameters) only pulls them toward zero for no gain
     # (timm filter_bias_and_bn, torchvision --norm-weight-decay 0).
-    decay_norm_and_bias: bool = False
-    implementation: Literal["auto", "fused", "foreach", "for_loop"] = "auto"
+    decay_norm_and_bias: Annotated[bool, Doc("false: no weight decay on 1-D parameters (norm weights, biases)")]
+    implementation: Annotated[Literal["auto", "fused", "foreach", "for_loop"],
+                              Doc("optimizer kernel; auto: fused on CUDA (not under an fp16 GradScaler), else foreach")]
 
 
 @dataclass
 class SGDConfig(_OptimizerCommon):
-    name: Literal["sgd"] = "sgd"
-    momentum: UnitInterval = 0.9
-    nesterov: bool = True
+    name: Annotated[Literal["sgd"], Doc("the optimizer")]
+    momentum: Annotated[UnitInterval, Doc("momentum factor")]
+    nesterov: Annotated[bool, Doc("Nesterov momentum (needs momentum > 0)")]
 
     def check(self, prefix: str) -> None:
         if self.nesterov and self.momentum == 0:
@@ -69,65 +82,63 @@ class SGDConfig(_OptimizerCommon):
 
 @dataclass
 class AdamWConfig(_OptimizerCommon):
-    name: Literal["adamw"] = "adamw"
-    betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)
-    eps: Annotated[float, POSITIVE] = 1e-8
+    name: Annotated[Literal["adamw"], Doc("the optimizer")]
+    betas: Annotated[tuple[UnitInterval, UnitInterval], Doc("decay rates of the first and second moment estimates")]
+    eps: Annotated[float, POSITIVE, Doc("added to the denominator for numerical stability")]
 
 
 # --- scheduler ---------------------------------------------------------------------------------
 @dataclass
 class WarmupCosineConfig:
-    """Linear warmup from 0, then cosine decay to ``min_lr_ratio * lr``, stepped every batch.
+    """Linear warmup from 0, then cosine decay to ``min_lr_ratio * lr``, stepped every batch."""
 
-    ``warmup`` is a step count when it is an integer and a fraction of all steps when a float.
-    """
-
-    name: Literal["warmup_cosine"]
-    warmup: Union[Annotated[int, NON_NEGATIVE], Annotated[float, Range(ge=0, lt=1)]] = 0.05
-    min_lr_ratio: Annotated[float, FRACTION] = 0.0
+    name: Annotated[Literal["warmup_cosine"], Doc("linear warmup, then cosine decay, per optimizer step")]
+    warmup: Annotated[Union[Annotated[int, NON_NEGATIVE], Annotated[float, Range(ge=0, lt=1)]],
+                      Doc("warmup steps (an integer) or fraction of all steps (a float < 1)")]
+    min_lr_ratio: Annotated[float, FRACTION, Doc("the lr the cosine ends at, as a fraction of the peak lr")]
 
 
 @dataclass
 class ConstantConfig:
-    name: Literal["constant"]
+    name: Annotated[Literal["constant"], Doc("the lr stays as derived")]
 
 
 @dataclass
 class StepConfig:
     """Multiply the lr by ``gamma`` every ``step_size`` epochs."""
 
-    name: Literal["step"]
-    step_size: Annotated[int, AT_LEAST_ONE] = 10
-    gamma: Annotated[float, Range(gt=0, le=1)] = 0.1
+    name: Annotated[Literal["step"], Doc("lr x gamma every step_size epochs")]
+    step_size: Annotated[int, AT_LEAST_ONE, Doc("epochs between two decays")]
+    gamma: Annotated[float, Range(gt=0, le=1), Doc("factor applied at each decay")]
 
 
 # --- precision, compile, checkpointing ---------------------------------------------------------
 PrecisionName = Literal["auto", "fp32", "bf16_mixed", "fp16_mixed"]
 
 
-AutoBool = Union[bool, Literal["auto"]]
-
-
 @dataclass
 class PrecisionConfig:
     """Numeric format and memory layout. GradScaler settings apply to fp16_mixed only."""
 
-    name: PrecisionName
-    channels_last: AutoBool = "auto"
-    tf32: AutoBool = "auto"
-    scaler_init_scale: Annotated[float, POSITIVE] = 65536.0
-    scaler_growth_factor: Annotated[float, Range(gt=1)] = 2.0
-    scaler_backoff_factor: Annotated[float, Range(gt=0, lt=1)] = 0.5
-    scaler_growth_interval: Annotated[int, AT_LEAST_ONE] = 2000
+    name: Annotated[PrecisionName, Doc("auto: bf16-mixed on GPUs with bf16, fp16-mixed + GradScaler on older GPUs, "
+                                       "fp32 elsewhere")]
+    channels_last: Annotated[AutoBool, Doc("NHWC memory format; auto: on for convolutional models on CUDA")]
+    tf32: Annotated[AutoBool, Doc("TF32 matmuls and cuDNN autotuning; auto: on with CUDA unless trainer.deterministic")]
+    scaler_init_scale: Annotated[float, POSITIVE, Doc("fp16 GradScaler: the first loss scale")]
+    scaler_growth_factor: Annotated[float, Range(gt=1), Doc("fp16 GradScaler: scale x this after growth_interval "
+                                                            "clean steps")]
+    scaler_backoff_factor: Annotated[float, Range(gt=0, lt=1), Doc("fp16 GradScaler: scale x this after an overflow")]
+    scaler_growth_interval: Annotated[int, AT_LEAST_ONE, Doc("fp16 GradScaler: clean steps before the scale grows")]
 
 
 @dataclass
 class CompileConfig:
     """torch.compile of the network. ``mode`` off leaves the model eager; auto compiles on CUDA."""
 
-    mode: Literal["off", "auto", "default", "reduce-overhead", "max-autotune"]
-    fullgraph: bool = False
-    dynamic: Optional[bool] = None
+    mode: Annotated[Literal["off", "auto", "default", "reduce-overhead", "max-autotune"],
+                    Doc("torch.compile mode; auto: default on CUDA, eager elsewhere")]
+    fullgraph: Annotated[bool, Doc("fail instead of falling back to eager at a graph break")]
+    dynamic: Annotated[Optional[bool], Doc("dynamic shapes: true, false, or null to let torch decide")]
 
 
 MonitoredMetric = Literal["val/acc", "val/loss", "train/loss", "train/acc"]
@@ -137,36 +148,32 @@ MonitoredMetric = Literal["val/acc", "val/loss", "train/loss", "train/acc"]
 class CheckpointingConfig:
     """Keep the last checkpoint and the best ones by a validation metric."""
 
-    enabled: bool
-    monitor: MonitoredMetric = "val/loss"
-    mode: Literal["max", "min"] = "min"
-    save_last: bool = True
-    save_top_k: Annotated[int, Range(ge=-1)] = 1
-    every_n_epochs: Annotated[int, AT_LEAST_ONE] = 1
-    #: Also write last.ckpt inside epochs, every N optimizer steps and/or every N minutes, so a
-    #: killed run loses at most that much (resume=auto carries on from it, mid-epoch).
-    every_n_steps: Optional[Annotated[int, AT_LEAST_ONE]] = None
-    every_minutes: Optional[Annotated[float, POSITIVE]] = None
+    enabled: Annotated[bool, Doc("write checkpoints at all (false: none, and the test uses the final weights)")]
+    monitor: Annotated[MonitoredMetric, Doc("the metric that picks the best checkpoint, which the test uses")]
+    mode: Annotated[Literal["max", "min"], Doc("whether a larger or a smaller monitor value is better")]
+    save_last: Annotated[bool, Doc("keep checkpoints/last.ckpt, which resume carries on from")]
+    save_top_k: Annotated[int, Range(ge=-1), Doc("best checkpoints kept (-1: all, 0: none)")]
+    every_n_epochs: Annotated[int, AT_LEAST_ONE, Doc("epochs between checkpoints")]
+    every_n_steps: Annotated[Optional[Annotated[int, AT_LEAST_ONE]],
+                             Doc("also write last.ckpt every N optimizer steps inside an epoch (null: no)")]
+    every_minutes: Annotated[Optional[Annotated[float, POSITIVE]],
+                             Doc("also write last.ckpt every N minutes of training (null: only at epoch ends)")]
 
 
 @dataclass
 class RunConfig:
     """Top-level keys."""
 
-    seed: Annotated[int, NON_NEGATIVE] = 42
-    progress: Literal["auto", "rich", "plain", "off"] = "auto"
-    progress_every_s: Annotated[float, POSITIVE] = 30.0
-    #: Time the parts of a training step on the composed config instead of training (trainer/diagnose.py).
-    diagnose: bool = False
-    diagnose_steps: Annotated[int, Range(ge=3)] = 20
-    #: Set by a ``+ladder=NAME`` config: the run is one stage of an optimization ladder.
-    ladder: Optional[str] = None
-    #: ``auto``: carry on from the newest valid checkpoint of the run named ``run.name`` (an error if
-    #: there is none); ``if_any``: the same, or start fresh when there is none (a job that may be a
-    #: requeue); a path: from that checkpoint; null: start fresh (trainer/resume.py).
-    resume: Optional[str] = None
-    #: What `train.py` returns to a sweeper: a logged metric ``split/name`` (train, val or test).
-    objective: str = "val/acc"
+    seed: Annotated[int, NON_NEGATIVE, Doc("seeds Python, NumPy, torch and the loader workers")]
+    progress: Annotated[Literal["auto", "rich", "plain", "off"],
+                        Doc("auto: a Rich bar on a terminal, plain lines in logs and pipes")]
+    progress_every_s: Annotated[float, POSITIVE, Doc("plain progress: at most one line per this many seconds")]
+    diagnose: Annotated[bool, Doc("time the parts of a training step instead of training (trainer/diagnose.py)")]
+    diagnose_steps: Annotated[int, Range(ge=3), Doc("timed steps per measurement of the diagnosis")]
+    ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
+    resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
+                                         "a path; null: fresh")]
+    objective: Annotated[str, Doc("what train.py returns to a sweeper: split/metric, e.g. val/acc")]
 
     def check(self, group: str = "") -> None:
         split, _, metric = self.objective.partition("/")
@@ -180,8 +187,9 @@ class RunIdentity:
     """The `run` mapping: a run's stable name (its checkpoints are found by it after a requeue puts
     it in a new folder) and the folder under which runs are kept."""
 
-    name: Optional[str] = None
-    root: str = "outputs"
+    name: Annotated[Optional[str], Doc("the run's stable identity (null: the recipe or data-model, plus the "
+                                       "overrides that change the result)")]
+    root: Annotated[str, Doc("runs are kept, and resume=auto searches, under this folder")]
 
 
 OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig}
@@ -231,71 +239,138 @@ class RunSpec:
 GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "nonfinite",
           "logger", "trainer")
 
+#: Where the code that consumes each config group lives (conf/GROUP/ -> module), and what the group
+#: chooses. `--help` prints it; tests/unit/test_compose_all.py checks every group and module exists.
+GROUP_MODULES: dict[str, tuple[str, str]] = {
+    "data": ("trainer/data/", "the data set and its loader (one module per choice)"),
+    "model": ("trainer/models/", "the network; classes, channels and image size come from the data"),
+    "optimizer": ("trainer/optimizer.py", "the optimizer, its batch-scaling rules and kernel"),
+    "scheduler": ("trainer/scheduler.py", "the learning-rate schedule"),
+    "precision": ("trainer/precision.py", "numeric format, TF32, channels_last, the fp16 GradScaler"),
+    "compile": ("trainer/compile.py", "torch.compile of the network"),
+    "checkpointing": ("trainer/checkpoint.py", "last and best checkpoints, periodic ones inside epochs"),
+    "clipping": ("trainer/callbacks/clipping.py", "gradient clipping (95th percentile by default)"),
+    "nonfinite": ("trainer/callbacks/nonfinite.py", "the guard that skips NaN/Inf steps"),
+    "logger": ("trainer/logger.py", "Lightning loggers writing into the run folder"),
+    "trainer": ("trainer/build.py", "the lightning.Trainer's own arguments"),
+    "hparams_search": ("trainer/sweeps.py", "an Optuna study (Hydra's Optuna sweeper, its SQLite storage)"),
+    "ladder": ("trainer/comparison.py", "an optimization ladder: stages of one multirun, compared"),
+    "recipe": ("trainer/recipes.py", "a team-shared recipe from recipes/ (+recipe=NAME)"),
+}
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: The framework's own groups, checked by a dataclass (the others by their `_target_`'s signature).
+DATACLASS_GROUPS: dict[str, Mapping[str, type]] = {
+    "optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "precision": {"": PrecisionConfig},
+    "compile": {"": CompileConfig}, "checkpointing": {"": CheckpointingConfig}}
+
+
+def choice_config(group: str, choice: str, **overrides: Any) -> Any:
+    """The checked config of ``conf/GROUP/CHOICE.yaml`` with `overrides` applied: the values a run of
+    that choice gets, for use from Python (tests, benchmarks), from the same file a run composes."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        composed = compose(config_name=f"{group}/{choice}")
+    values = {**OmegaConf.to_container(composed[group], resolve=True), **overrides}  # type: ignore[dict-item]
+    schemas = DATACLASS_GROUPS[group]
+    if "" in schemas:
+        return _dataclass(group, values, schemas[""])
+    return _choice(group, values, schemas)
+
 
 def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, str] | None = None) -> RunSpec:
     """Check the composed config against every group's schema; raise `UserError` on the first fault."""
     plain = to_plain(cfg)
     plain.pop("hydra", None)
-    top_level = schema_of_dataclass(RunConfig)
-    allowed_top = sorted(set(GROUPS) | set(top_level.fields) | {"run"})
+    _check_layout(plain)
+    stages, model = _model(plain["model"])
+    return RunSpec(
+        run=_run_keys(plain),
+        identity=_identity(plain.get("run", {})),
+        data=_data(plain["data"]),
+        model=model,
+        optimizer=_choice("optimizer", plain["optimizer"], OPTIMIZERS),
+        scheduler=_choice("scheduler", plain["scheduler"], SCHEDULERS),
+        precision=_dataclass("precision", plain["precision"], PrecisionConfig),
+        compile=_dataclass("compile", plain["compile"], CompileConfig),
+        checkpointing=_dataclass("checkpointing", plain["checkpointing"], CheckpointingConfig),
+        loggers=_loggers(plain["logger"]),
+        trainer=_trainer(plain["trainer"]),
+        clipping=_target("clipping", plain["clipping"], skip=()),
+        nonfinite=_target("nonfinite", plain["nonfinite"], skip=()),
+        activation_checkpointing=stages,
+        choices=dict(group_choices or {}),
+        resolved=plain,
+    )
+
+
+def _check_layout(plain: Mapping[str, Any]) -> None:
+    """Only known top-level keys, and every group present as a mapping."""
+    allowed = sorted(set(GROUPS) | set(schema_of_dataclass(RunConfig).fields) | {"run"})
     for key in plain:
-        if key not in allowed_top:
-            raise UserError(str(key), "unknown top-level key", choices(allowed_top))
+        if key not in allowed:
+            raise UserError(str(key), "unknown top-level key", choices(allowed))
     for group in GROUPS:
         if not isinstance(plain.get(group), dict):
             raise UserError(group, "missing or not a mapping", f"a choice of the {group} group ({group}=NAME)")
-
-    run = RunConfig(**check_mapping("", {k: plain[k] for k in top_level.fields if k in plain}, top_level, "the run"))
-    run.check()
     if not isinstance(plain.get("run", {}), dict):
         raise UserError("run", "not a mapping", "run.name=NAME, run.root=FOLDER")
-    run_values = dict(plain.get("run", {}))
-    if isinstance(run_values.get("name"), (int, float)) and not isinstance(run_values["name"], bool):
-        run_values["name"] = str(run_values["name"])  # run.name=2024 is a name, not a number
-    identity = _dataclass("run", run_values, RunIdentity)
+
+
+def _run_keys(plain: Mapping[str, Any]) -> RunConfig:
+    top_level = schema_of_dataclass(RunConfig)
+    values = {k: plain[k] for k in top_level.fields if k in plain}
+    run = RunConfig(**check_mapping("", values, top_level, "the run's top-level keys (conf/train.yaml)"))
+    run.check()
+    return run
+
+
+def _identity(values: Mapping[str, Any]) -> RunIdentity:
+    values = dict(values)
+    if isinstance(values.get("name"), (int, float)) and not isinstance(values["name"], bool):
+        values["name"] = str(values["name"])  # run.name=2024 is a name, not a number
+    identity = _dataclass("run", values, RunIdentity)
     if identity.name is not None and not identity.name.strip():
         raise UserError("run.name", "is empty", "a name for the run (or leave it unset for the default)")
-    optimizer = _choice("optimizer", plain["optimizer"], OPTIMIZERS)
-    scheduler = _choice("scheduler", plain["scheduler"], SCHEDULERS)
-    precision = _dataclass("precision", plain["precision"], PrecisionConfig)
-    compile_ = _dataclass("compile", plain["compile"], CompileConfig)
-    checkpointing = _dataclass("checkpointing", plain["checkpointing"], CheckpointingConfig)
+    return identity
 
-    data = _target("data", plain["data"], skip=())
-    from trainer.data.base import ImageClassificationData
 
+def _data(values: dict[str, Any]) -> dict[str, Any]:
+    data = _target("data", values, skip=())
     data_cls = locate_target("data", data["_target_"])
     if not (inspect.isclass(data_cls) and issubclass(data_cls, ImageClassificationData)):
         raise UserError("data._target_", f"'{data['_target_']}' is not a data module of this framework",
                         "a subclass of trainer.data.base.ImageClassificationData")
     if "batch_size" not in data:
         raise UserError("data.batch_size", "missing", "a positive integer (per-device batch size)")
+    return data
 
-    model_values = dict(plain["model"])
-    stages = model_values.pop("activation_checkpointing", [])
+
+def _model(values: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The stages to checkpoint (a framework key inside the group) and the constructor's keys."""
+    values = dict(values)
+    stages = values.pop("activation_checkpointing", [])
     check_value("model.activation_checkpointing", stages, list[str])
-    model = _target("model", model_values, skip=INJECTED_MODEL_ARGS)
-    clipping = _target("clipping", plain["clipping"], skip=())
-    nonfinite = _target("nonfinite", plain["nonfinite"], skip=())
+    return list(stages), _target("model", values, skip=INJECTED_MODEL_ARGS)
+
+
+def _loggers(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     loggers = {}
-    for name, spec in plain["logger"].items():
+    for name, spec in values.items():
         if spec is None:
             continue  # a logger switched off with logger.NAME=null
         if not isinstance(spec, dict):
             raise UserError(f"logger.{name}", "not a mapping", "a logger config with _target_")
         loggers[name] = _target(f"logger.{name}", spec, skip=INJECTED_LOGGER_ARGS)
+    return loggers
 
-    trainer = plain["trainer"]
-    for key in trainer:
+
+def _trainer(values: dict[str, Any]) -> dict[str, Any]:
+    """Checked against `lightning.Trainer`'s own signature; only the keys given are kept."""
+    for key in values:
         if key in TRAINER_KEYS_OWNED_ELSEWHERE:
             raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
-    import lightning
-
-    trainer = check_mapping("trainer", trainer, _trainer_schema(lightning.Trainer), "lightning.Trainer")
-    trainer = {k: v for k, v in trainer.items() if k in plain["trainer"]}
-
-    return RunSpec(run, identity, data, model, optimizer, scheduler, precision, compile_, checkpointing, loggers, trainer,
-                   clipping, nonfinite, list(stages), dict(group_choices or {}), plain)
+    checked = check_mapping("trainer", values, _trainer_schema(lightning.Trainer), "lightning.Trainer")
+    return {k: v for k, v in checked.items() if k in values}
 
 
 INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size")
@@ -365,8 +440,6 @@ def _target(prefix: str, values: dict[str, Any], skip: tuple[str, ...]) -> dict[
 
 def locate_target(prefix: str, path: str) -> Any:
     """Import `path` (``pkg.module.Name``); a failure names the key and the missing part."""
-    import importlib
-
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])

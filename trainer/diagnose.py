@@ -28,9 +28,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from trainer.atomic import replace_atomic
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
+from trainer.summary import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -235,13 +237,11 @@ def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]]) -> list[
 
 
 def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> None:
+    # matplotlib only when drawing: run.py imports this module for every run (about 0.5 s).
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from trainer.atomic import replace_atomic
-
     from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.4))
@@ -278,8 +278,6 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
              full_step_samples_per_s: Callable[[], float | None], context: dict[str, Any], run_dir: Path,
              steps: int = 20, sweep: bool = True) -> dict[str, Any]:
     """Run the four timings and the worker sweep; write diagnosis.json and diagnosis.png."""
-    from trainer.summary import write_json_atomic
-
     notes: list[str] = []
     datamodule.setup("fit")
     batch_size = datamodule.batch_size

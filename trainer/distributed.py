@@ -158,6 +158,8 @@ def _rank_zero_time(stamp: datetime, trainer_cfg: Any) -> datetime:
     """Rank 0's time, through the key-value store of the process group this sets up now. Lightning
     then finds the group ready and uses it instead of making its own (``_init_dist_connection``),
     so the group gets the backend Lightning would choose: NCCL for CUDA devices, else gloo."""
+    # torch and Lightning only here: this module is a Hydra callback, imported by every
+    # `python train.py` before it composes (an error or --help should not pay for them).
     import torch
     import torch.distributed as dist
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment

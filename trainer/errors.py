@@ -27,7 +27,7 @@ class UserError(Exception):
         text = f"{self.where}: {self.problem}"
         if self.allowed:
             text += f"; allowed: {self.allowed}"
-        return _one_line(text)
+        return one_line(text)
 
 
 def choices(values: Iterable[object]) -> str:
@@ -42,10 +42,25 @@ def full_error_requested() -> bool:
 
 def exit_with(line: str) -> NoReturn:
     sys.stdout.flush()
-    sys.stderr.write(f"error: {_one_line(line)}\n")
+    sys.stderr.write(f"error: {one_line(line)}\n")
     sys.stderr.flush()
     sys.exit(EXIT_USER_ERROR)
 
 
-def _one_line(text: str) -> str:
+# The one-line forms every report uses: a message whose lines all matter (joined), a message
+# whose first line says it (the rest is detail), and an exception as ``Type: first line``.
+def one_line(text: object) -> str:
+    """Every non-blank line of `text`, stripped and joined with spaces."""
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def first_line(text: object, limit: int | None = None) -> str:
+    """The first non-blank line of `text`, stripped (empty when there is none), cut at `limit`."""
+    line = next((part.strip() for part in str(text).splitlines() if part.strip()), "")
+    return line if limit is None else line[:limit]
+
+
+def exception_line(ex: BaseException, limit: int | None = None) -> str:
+    """``Type: first line of the message``, or just ``Type`` for an exception without a message."""
+    message = first_line(ex, limit)
+    return f"{type(ex).__name__}: {message}" if message else type(ex).__name__

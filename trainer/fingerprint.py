@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("torch", "torchvision", "lightning", "hydra-core", "omegaconf", "torchmetrics", "numpy", "scikit-learn")
 
@@ -51,8 +53,6 @@ def git_commit(root: Path = REPO_ROOT) -> dict[str, Any] | None:
 
 
 def fingerprint() -> dict[str, Any]:
-    import torch
-
     versions = {}
     for package in PACKAGES:
         try:

@@ -1,11 +1,26 @@
-"""What `train.py` needs before Hydra starts: the recipe source and one-line error reports."""
+"""What `train.py` installs in Hydra before it starts: the recipe config source, the resolvers
+(``device_count`` for the SLURM launcher, ``config_help`` for `--help`) and the reporter that turns
+the person's mistakes into one line.
+
+Imported by every `python train.py`, so it imports neither torch nor Lightning at the top: a
+composition error or `--help` answers without paying for them.
+"""
 
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
-from trainer.errors import UserError, choices, exit_with, full_error_requested
+from hydra._internal import utils as hydra_utils
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from trainer import recipes
+from trainer.errors import UserError, choices, exit_with, first_line, full_error_requested
 
 _installed = False
 
@@ -15,8 +30,6 @@ def prepare() -> None:
     global _installed
     if _installed:
         return
-    from trainer import recipes
-
     recipes.register()
     _register_resolvers()
     _install_error_reporter()
@@ -28,8 +41,6 @@ def _install_error_reporter() -> None:
     # with exit code 1, errors in the task with a traceback. We replace it so that mistakes in the
     # person's input end as a single line with exit code 2, and hand everything else (real bugs)
     # back to Hydra's own reporter unchanged. HYDRA_FULL_ERROR=1 still shows full tracebacks.
-    from hydra._internal import utils as hydra_utils
-
     original = hydra_utils.run_and_report
 
     def run_and_report(func: Callable[[], Any]) -> Any:
@@ -49,18 +60,27 @@ def _install_error_reporter() -> None:
 
 
 def _register_resolvers() -> None:
-    from omegaconf import OmegaConf
-
     OmegaConf.register_new_resolver("device_count", device_count, replace=True)
+    OmegaConf.register_new_resolver("config_help", config_help, replace=True)
+
+
+def config_help(*, _root_: DictConfig) -> str:
+    """``${config_help:}`` (conf/hydra/help/trainer.yaml): the composed config with each key's doc,
+    in place of Hydra's bare YAML. Hydra fills the help template with `string.Template`, so a
+    ``$`` in the text is doubled."""
+    from trainer.config_help import annotated_config  # imports Lightning: only when --help asks
+
+    config = OmegaConf.to_container(_root_, resolve=False)
+    runtime = config.get("hydra", {}).get("runtime", {})  # type: ignore[union-attr]
+    choices_made = {k: v for k, v in (runtime.get("choices") or {}).items() if not k.startswith("hydra")}
+    return annotated_config(config, choices_made).replace("$", "$$")  # type: ignore[arg-type]
 
 
 def device_count(devices: Any) -> int:
     """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
     GPUs per node, counted as the run counts them (`trainer.devices.count_devices`), except that
     `auto` cannot be counted where the job is submitted."""
-    from omegaconf import ListConfig
-
-    from trainer.devices import count_devices
+    from trainer.devices import count_devices  # imports torch: only for the SLURM launcher
 
     if isinstance(devices, ListConfig):
         devices = list(devices)
@@ -81,9 +101,6 @@ def device_count(devices: Any) -> int:
 
 def describe_user_error(ex: BaseException) -> str | None:
     """One line for a mistake in the person's input, None for anything else."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
-
     if isinstance(ex, UserError):
         return ex.line()
     link: BaseException | None = ex
@@ -95,11 +112,11 @@ def describe_user_error(ex: BaseException) -> str | None:
     if isinstance(ex, MissingConfigException):
         return _missing_config(ex)
     if isinstance(ex, OverrideParseException):
-        return f"{ex.override}: cannot parse this override ({_first_line(ex.message)})"
+        return f"{ex.override}: cannot parse this override ({first_line(ex.message)})"
     if isinstance(ex, ConfigCompositionException):
         if isinstance(cause, ConfigKeyError) or isinstance(cause, OmegaConfBaseException):
             return _composition_key_error(ex, cause)
-        return _keyed(_first_line(str(ex)))
+        return _keyed(first_line(str(ex)))
     if isinstance(ex, ValueError) and "Config group override must be a string" in str(ex):
         return _group_value_error()
     return None
@@ -119,12 +136,6 @@ def _keyed(message: str) -> str:
 
 def _group_value_error() -> str:
     """`optimizer=0.1`: a number, boolean or null where a group expects the name of a choice."""
-    import sys
-
-    import yaml
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     groups = _config_groups()
     parser = OverridesParser.create()
     for arg in sys.argv[1:]:
@@ -142,14 +153,10 @@ def _group_value_error() -> str:
 
 
 def _config_groups() -> dict[str, list[str]]:
-    from pathlib import Path
-
-    from trainer.recipes import RECIPES_DIR
-
     conf = Path(__file__).resolve().parent.parent / "conf"
     groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in conf.iterdir()
               if d.is_dir() and d.name != "hydra"}
-    groups["recipe"] = sorted(f.stem for f in RECIPES_DIR.glob("*.yaml"))
+    groups["recipe"] = sorted(f.stem for f in recipes.RECIPES_DIR.glob("*.yaml"))
     return groups
 
 
@@ -167,7 +174,7 @@ def _missing_config(ex: Any) -> str:
         return UserError(group, f"unknown choice '{name}' (no such config group or option)").line()
     if options:
         return UserError(missing or "config", "no such config", choices(sorted(options))).line()
-    return _first_line(text)
+    return first_line(text)
 
 
 def _composition_key_error(ex: Exception, cause: Any) -> str:
@@ -187,9 +194,9 @@ def _composition_key_error(ex: Exception, cause: Any) -> str:
         if known:
             text += f"; present here: {choices(known)}"
         return text + f" (a key the schema accepts but the YAML omits is added with +{key}=VALUE)"
-    return f"{key}: {_first_line(str(getattr(cause, 'msg', None) or cause))}"
+    return f"{key}: {first_line(str(getattr(cause, 'msg', None) or cause))}"
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else str(text)

@@ -7,6 +7,7 @@ run passes the id of the run it resumes, so wandb continues that run instead of 
 
 from __future__ import annotations
 
+import logging
 import secrets
 import string
 from pathlib import Path
@@ -14,6 +15,10 @@ from typing import Any, Mapping
 
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger
+
+from trainer.errors import exception_line
+
+log = logging.getLogger("trainer")
 
 
 def _is_wandb(spec: Mapping[str, Any]) -> bool:
@@ -49,8 +54,12 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
 def finish_loggers(loggers: list[Logger], failed: bool) -> None:
     """End each logger's run. Lightning's WandbLogger leaves the wandb run open at the end of
     training, and a later WandbLogger in the same process (the next job of a multirun) then logs
-    into that run instead of its own; finishing it here gives every job its own run."""
+    into that run instead of its own; finishing it here gives every job its own run. A logger that
+    fails to finish is a warning: its shutdown must not cost the run its summary."""
     for logger in loggers:
         experiment = getattr(logger, "_experiment", None)
         if experiment is not None and _is_wandb({"_target_": type(logger).__name__}):
-            experiment.finish(exit_code=1 if failed else 0)
+            try:
+                experiment.finish(exit_code=1 if failed else 0)
+            except Exception as ex:  # noqa: BLE001 - see the docstring
+                log.warning("could not finish a logger's run: %s", exception_line(ex))

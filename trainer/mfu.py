@@ -26,6 +26,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from trainer.errors import exception_line
+
 TFLOP = 10**12
 
 # Dense peaks in TFLOP/s per GPU: (16-bit tensor core, TF32 tensor core, FP32 non-tensor).
@@ -126,11 +128,6 @@ def _input_dtype(net: torch.nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
 def training_flops_per_sample(
     net: torch.nn.Module, input_shape: tuple[int, ...], batch: int = 2
 ) -> tuple[int | None, str]:
@@ -161,7 +158,7 @@ def training_flops_per_sample(
             loss.backward()
         total = int(counter.get_total_flops())
     except Exception as error:  # noqa: BLE001 - any failure means "no count", never a crash
-        return None, f"could not count FLOPs: {_one_line(error)}"
+        return None, f"could not count FLOPs: {exception_line(error)}"
     if total <= 0:
         return None, "could not count FLOPs: the counter saw no matmul or convolution"
     per_sample = (total + batch // 2) // batch

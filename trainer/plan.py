@@ -1,22 +1,30 @@
-"""Derived values: each concrete setting the run will use, with how it was derived.
+"""The resolve phase: every concrete setting a run will use, with how it was derived (the `Plan`).
 
 Printed at start and stored in summary.json, so "why did it pick 0 workers?" is never a mystery.
+Everything is decided here, before anything is applied; the plan is frozen afterwards and the
+build phase only reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import torch
+from torch import nn
 
+from trainer.callbacks.clipping import GradientClipping
+from trainer.compile import resolve_compile_mode
 from trainer.config import RunSpec
-from trainer.data.base import ImageClassificationData
+from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.loader import LoaderSettings
-from trainer.errors import UserError
-from trainer.optimizer import choose_implementation
 from trainer.devices import count_devices, resolve_accelerator
-from trainer.precision import resolve_precision, resolve_tf32
+from trainer.errors import UserError
+from trainer.mfu import peak_flops, training_flops_per_sample
+from trainer.models.activation_checkpointing import select_stages
+from trainer.optimizer import choose_implementation
+from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.scaling import scale
 
 
@@ -26,18 +34,28 @@ class Derived:
     how: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """The settings the run applies, each also under `derived` with its derivation."""
+
     accelerator: str
     devices: int
+    #: Lightning's precision string ("32-true", "bf16-mixed", "16-mixed").
     precision: str
     loader: LoaderSettings
     global_batch_size: int
     lr: float
     weight_decay: float
-    derived: dict[str, Derived] = field(default_factory=dict)
-    optimizer_implementation: str = "foreach"
-    tf32: bool = False
+    optimizer_implementation: str
+    tf32: bool
+    channels_last: bool
+    compile_mode: str
+    checkpointed_stages: tuple[str, ...]
+    #: Training FLOPs per sample and the device's peak FLOP/s, where known (for MFU).
+    flops_per_sample: int | None
+    peak_flops: float | None
+    peak_flops_note: str
+    derived: Mapping[str, Derived]
 
     def lines(self) -> list[str]:
         width = max(len(k) for k in self.derived)
@@ -47,13 +65,32 @@ class Plan:
         return {key: {"value": d.value, "how": d.how} for key, d in self.derived.items()}
 
 
-def resolve(spec: RunSpec, datamodule: ImageClassificationData, sample_bytes: int = 0) -> Plan:
-    """`datamodule` resolves its own loader settings for the chosen device; `sample_bytes`, one
-    sample as its loader ships it, bounds the prefetch depth."""
+def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, net: nn.Module,
+            clipping: GradientClipping) -> Plan:
+    """Derive every setting from the validated config and what was built from it: the data module
+    resolves its own loader settings for the device; the network decides what channels_last,
+    activation checkpointing and MFU can do; nothing is changed yet."""
     derived: dict[str, Derived] = {}
+    accelerator, devices, global_batch = _devices_and_batch(spec, derived)
+    precision, how = resolve_precision(spec.precision.name, accelerator)
+    derived["precision"] = Derived(precision, how)
+    loader = datamodule.configure_loader(cuda=accelerator == "cuda",
+                                         batch_bytes=info.sample_bytes * int(spec.data["batch_size"]) or None)
+    for key, reason in loader.reasons.items():
+        derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
+    lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
+    tf32, how = resolve_tf32(spec.precision.tf32, accelerator, bool(spec.trainer.get("deterministic", False)))
+    derived["precision.tf32"] = Derived(tf32, how)
+    flops, peak, peak_note = _flops(net, info, accelerator, precision, tf32, derived)
+    stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived)
+    derived["clipping"] = Derived(clipping.mode, clipping.describe())
+    return Plan(accelerator, devices, precision, loader, global_batch, lr, weight_decay, implementation, tf32,
+                channels_last, compile_mode, stages, flops, peak, peak_note, MappingProxyType(derived))
+
+
+def _devices_and_batch(spec: RunSpec, derived: dict[str, Derived]) -> tuple[str, int, int]:
     accelerator, how = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))
     derived["trainer.accelerator"] = Derived(accelerator, how)
-
     devices = count_devices(spec.trainer.get("devices", 1), accelerator)
     if devices < 1:
         raise UserError("trainer.devices", f"resolves to {devices} devices", "a positive count, a list of ids, or auto")
@@ -63,14 +100,12 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, sample_bytes: in
     global_batch = batch * devices * nodes * accumulation
     derived["global_batch_size"] = Derived(
         global_batch, f"{batch} per device x {devices} devices x {nodes} nodes x {accumulation} accumulation")
+    return accelerator, devices, global_batch
 
-    precision, how = resolve_precision(spec.precision.name, accelerator)
-    derived["precision"] = Derived(precision, how)
 
-    loader = datamodule.configure_loader(cuda=accelerator == "cuda", batch_bytes=sample_bytes * batch or None)
-    for key, reason in loader.reasons.items():
-        derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
-
+def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: int,
+               derived: dict[str, Derived]) -> tuple[float, float, str]:
+    """lr and weight decay moved to the global batch by their rules, and the optimizer kernel."""
     opt = spec.optimizer
     lr = scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
     wd = scale("weight_decay", opt.weight_decay, opt.wd_scaling, global_batch, opt.ref_batch_size)
@@ -81,9 +116,36 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, sample_bytes: in
         else "no weight decay on 1-D parameters (norm weights, biases)")
     implementation, how = choose_implementation(opt.implementation, accelerator, grad_scaler=precision == "16-mixed")
     derived["optimizer.implementation"] = Derived(implementation, how)
+    return lr.value, wd.value, implementation
 
-    deterministic = bool(spec.trainer.get("deterministic", False))
-    tf32, how = resolve_tf32(spec.precision.tf32, accelerator, deterministic)
-    derived["precision.tf32"] = Derived(tf32, how)
-    return Plan(accelerator, devices, precision, loader, global_batch, lr.value, wd.value, derived,
-                implementation, tf32)
+
+def _flops(net: nn.Module, info: DataInfo, accelerator: str, precision: str, tf32: bool,
+           derived: dict[str, Derived]) -> tuple[int | None, float | None, str]:
+    """The model's training FLOPs per sample, counted on the plain network (before activation
+    checkpointing and compile change it), and the device's peak for the math it will run."""
+    flops, how = training_flops_per_sample(net, (info.in_channels, *info.image_size))
+    derived["model.flops_per_sample"] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
+    if accelerator == "cuda":
+        peak, peak_how = peak_flops(torch.cuda.get_device_name(), precision, tf32)
+    else:
+        peak, peak_how = None, f"no known peak for the {accelerator.upper()}: MFU left out"
+    derived["device.peak_flops"] = Derived(f"{peak / 1e12:.1f} TFLOP/s" if peak else None, peak_how)
+    return flops, peak, peak_how
+
+
+def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str,
+                   derived: dict[str, Derived]) -> tuple[tuple[str, ...], bool, str]:
+    """What the build phase will do to the network: checkpointed stages, memory format, compile."""
+    stages = tuple(select_stages(net, spec.activation_checkpointing))
+    if stages:
+        derived["model.activation_checkpointing"] = Derived(
+            ",".join(stages), "recomputed in backward (non-reentrant), BatchNorm statistics counted once")
+    channels_last, how = resolve_channels_last(spec.precision.channels_last, accelerator, net)
+    derived["precision.channels_last"] = Derived(channels_last, how)
+    compile_mode, how = resolve_compile_mode(spec.compile.mode, accelerator)
+    if compile_mode == "off":
+        how += "; eager"
+    else:
+        how += f"; torch.compile fullgraph={spec.compile.fullgraph} dynamic={spec.compile.dynamic}"
+    derived["compile"] = Derived(compile_mode, how)
+    return stages, channels_last, compile_mode

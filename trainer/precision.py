@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 from trainer.config import PrecisionConfig
 from trainer.errors import UserError
@@ -72,8 +73,6 @@ def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) 
     """Trainer keyword arguments: a precision string, or for fp16 a plugin carrying our GradScaler."""
     if precision != "16-mixed" or accelerator != "cuda":
         return {"precision": precision}
-    from lightning.pytorch.plugins.precision import MixedPrecision
-
     scaler = torch.amp.GradScaler(
         "cuda", init_scale=cfg.scaler_init_scale, growth_factor=cfg.scaler_growth_factor,
         backoff_factor=cfg.scaler_backoff_factor, growth_interval=cfg.scaler_growth_interval)

@@ -8,11 +8,14 @@ This config source maps the one to the other; a team can add its own folder of r
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
 from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSource
@@ -20,9 +23,13 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
 from trainer.config_diff import config_changes
+from trainer.errors import first_line
+
+log = logging.getLogger("trainer")
 
 GROUP = "recipe"
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 class RecipeConfigSource(ConfigSource):
@@ -136,3 +143,26 @@ def lineage(name: Optional[str], overrides: Sequence[str], config: Mapping[str, 
     if parent:
         record["differs_from_parent"] = differences(compose_plain(with_recipe(overrides, parent)), config)
     return record
+
+
+def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],
+                   search_path: Sequence[str] = ()) -> Optional[dict[str, Any]]:
+    """`lineage` of the run's recipe, composing the parent's config with Hydra. The record is
+    informative: a failure to compare becomes a warning and an ``error`` entry, never the run's end."""
+    def compose_plain(parent_overrides: list[str]) -> Mapping[str, Any]:
+        if search_path:  # a team's recipes folder: the parent may live there
+            parent_overrides = [*parent_overrides, f"hydra.searchpath=[{','.join(search_path)}]"]
+        if GlobalHydra.instance().is_initialized():
+            cfg = compose(config_name="train", overrides=parent_overrides)
+        else:  # called outside a Hydra app (tests, notebooks)
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name="train", overrides=parent_overrides)
+        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        plain.pop("hydra", None)  # type: ignore[union-attr]
+        return plain  # type: ignore[return-value]
+
+    try:
+        return lineage(name, overrides, config, compose_plain, search_path)
+    except Exception as ex:  # noqa: BLE001 - the record is informative; the run must not die of it
+        log.warning("could not compare recipe %s with its parent: %s", name, first_line(ex))
+        return {"name": name, "error": first_line(ex) or type(ex).__name__}

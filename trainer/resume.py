@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from trainer.atomic import write_text_atomic
+from trainer.checkpoint import clean_state_dict, load_checkpoint
 from trainer.errors import UserError
 
 log = logging.getLogger("trainer")
@@ -78,8 +79,6 @@ class Checkpoint:
 def read_resumable(path: Path) -> Checkpoint:
     """Read the checkpoint's header fields (memory-mapped: the tensors are not read); a file that is
     not a whole training checkpoint raises `UserError`."""
-    from trainer.checkpoint import load_checkpoint
-
     checkpoint = load_checkpoint(path, map_location="cpu", mmap=True)
     missing = [key for key in ("state_dict", "loops", "optimizer_states", "global_step", "epoch")
                if key not in checkpoint]
@@ -171,8 +170,6 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
 def check_fits(checkpoint: Checkpoint, model_state: Mapping[str, Any]) -> None:
     """The checkpoint's weights fit this run's model: same names, same shapes (one line otherwise,
     instead of Lightning's traceback from load_state_dict)."""
-    from trainer.checkpoint import clean_state_dict
-
     saved = checkpoint.shapes
     ours = clean_state_dict(model_state)
     missing = sorted(set(ours) - set(saved))

@@ -53,6 +53,14 @@ class Range:
         return None
 
 
+@dataclass(frozen=True)
+class Doc:
+    """A field's one-line description, carried in ``Annotated[int, Range(ge=1), Doc("...")]`` (the
+    form PEP 727 proposed): the schema keeps it, `python train.py --help` shows it beside the key."""
+
+    text: str
+
+
 POSITIVE = Range(gt=0)
 NON_NEGATIVE = Range(ge=0)
 AT_LEAST_ONE = Range(ge=1)
@@ -65,6 +73,7 @@ class Field:
     annotation: Any
     required: bool
     default: Any = None
+    doc: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,8 +93,16 @@ def schema_of_dataclass(cls: type) -> Schema:
     for f in dataclasses.fields(cls):
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else None
-        fields[f.name] = Field(f.name, hints.get(f.name, Any), required=not has_default, default=default)
+        annotation = hints.get(f.name, Any)
+        fields[f.name] = Field(f.name, annotation, required=not has_default, default=default, doc=doc_of(annotation))
     return Schema(fields)
+
+
+def doc_of(annotation: Any) -> str:
+    """The `Doc` text of an ``Annotated`` type, or empty."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return next((a.text for a in typing.get_args(annotation)[1:] if isinstance(a, Doc)), "")
+    return ""
 
 
 def schema_of_callable(target: Callable[..., Any], skip: tuple[str, ...] = ()) -> Schema:
@@ -128,8 +145,9 @@ def _add_parameters(fields: dict[str, Field], signature: inspect.Signature, hint
         if name in skip or name == "self" or name in fields:
             continue
         required = param.default is inspect.Parameter.empty
-        fields[name] = Field(name, hints.get(name, Any), required and not inherited,
-                             None if required else param.default)
+        annotation = hints.get(name, Any)
+        fields[name] = Field(name, annotation, required and not inherited, None if required else param.default,
+                             doc_of(annotation))
     return var_keyword
 
 

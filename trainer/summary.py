@@ -1,17 +1,62 @@
-"""summary.json and env.json: written atomically, so a crash never leaves half a file."""
+"""The record phase: summary.json (what ran, what it cost, what it reached) and env.json, written
+atomically, so a crash never leaves half a file; and the few lines a finished run prints."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import resource
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 from trainer.atomic import write_text_atomic
 from trainer.fingerprint import proc_kib
+
+log = logging.getLogger("trainer")
+
+
+class RunRecord:
+    """The run's summary.json: started with what ran (status ``running``), ended with how it ended.
+
+    Only the process that writes the run's records (rank 0) writes the file; every write replaces
+    it atomically, so a failed or interrupted run still leaves a complete summary.
+    """
+
+    def __init__(self, path: Path, fields: dict[str, Any], writes: bool = True) -> None:
+        self.path = path
+        self.fields = {"status": "running", **fields}
+        self.writes = writes
+
+    def end(self, status: str, **fields: Any) -> dict[str, Any]:
+        self.fields.update(status=status, **fields)
+        if self.writes:
+            write_json_atomic(self.path, self.fields)
+        return self.fields
+
+
+def optimizer_param_groups(optimizers: Iterable[torch.optim.Optimizer]) -> list[dict[str, Any]]:
+    """The first optimizer's groups as the run applied them: lr, weight decay, size, kernel."""
+    optimizer = next(iter(optimizers), None)
+    return [{"lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
+             "tensors": len(g["params"]), "elements": sum(p.numel() for p in g["params"]),
+             "fused": bool(g.get("fused")), "foreach": bool(g.get("foreach"))}
+            for g in (optimizer.param_groups if optimizer else [])]
+
+
+def log_result(summary: dict[str, Any]) -> None:
+    """The lines a completed run ends with: metrics, throughput, time and where the summary is."""
+    metrics = summary["metrics"]
+    throughput = summary["throughput"]
+    parts = [f"{split}/{name} {value:.4f}" for split in ("val", "test") for name, value in metrics.get(split, {}).items()]
+    log.info("done: %s", "  ".join(parts))
+    rate = throughput.get("samples_per_s")
+    log.info("training throughput %s samples/s (%s; %s)", f"{rate:.0f}" if rate else "n/a",
+             throughput["method"], throughput["includes"])
+    log.info("wall time %.1f s (fit %.1f s); summary: %s", summary["wall_time_s"], summary["fit_time_s"],
+             Path(summary["run_dir"]) / "summary.json")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

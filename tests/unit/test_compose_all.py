@@ -1,11 +1,24 @@
-"""Every YAML in conf/ and recipes/ composes and validates."""
+"""Every YAML in conf/ and recipes/ composes and validates to the values it holds; the YAML files are
+the only source of the framework groups' values (their dataclasses hold types, bounds and docs,
+and no defaults); every config group has the module that consumes it."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from tests.helpers import CONF, RECIPES, compose
-from trainer.config import validate
+from tests.helpers import CONF, RECIPES, REPO, compose
+from trainer.config import (
+    DATACLASS_GROUPS,
+    GROUP_MODULES,
+    RunConfig,
+    RunIdentity,
+    choice_config,
+    validate,
+)
+from trainer.config_diff import flatten
+from trainer.schema import schema_of_dataclass
 
 GROUP_DIRS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 CHOICES = [(group.name, f.stem) for group in GROUP_DIRS for f in sorted(group.glob("*.yaml"))]
@@ -13,36 +26,90 @@ CHOICES = [(group.name, f.stem) for group in GROUP_DIRS for f in sorted(group.gl
 EXTRA = {("model", "custom"): ["model._target_=tests.helpers.TinyMLP"]}
 # Groups with no default: added with +group=choice.
 OPTIONAL_GROUPS = {"ladder"}
+# Groups that configure Hydra's sweep: of the run they set only the objective.
+SWEEP_GROUPS = {"hparams_search"}
 
 
-def test_every_group_has_choices_and_every_file_is_covered():
-    assert {g.name for g in GROUP_DIRS} >= {"data", "model", "optimizer", "scheduler", "precision", "compile",
-                                            "checkpointing", "logger", "trainer"}
-    assert len(CHOICES) == sum(len(list(g.glob("*.yaml"))) for g in GROUP_DIRS)
+def test_every_config_group_names_the_module_that_consumes_it():
+    groups = {g.name for g in GROUP_DIRS} | {"recipe"}
+    assert groups == set(GROUP_MODULES), "a group without an entry in GROUP_MODULES, or an entry without a group"
+    for group, (module, what) in GROUP_MODULES.items():
+        assert (REPO / module).exists(), f"{group}: {module} does not exist"
+        assert what
 
 
 @pytest.mark.parametrize("group, choice", CHOICES, ids=[f"{g}={c}" for g, c in CHOICES])
-def test_group_choice_composes_and_validates(group, choice):
+def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
     prefix = "+" if group in OPTIONAL_GROUPS else ""
-    spec = validate(compose([f"{prefix}{group}={choice}", *EXTRA.get((group, choice), [])]))
-    assert spec is not None
+    cfg = compose([f"{prefix}{group}={choice}", *EXTRA.get((group, choice), [])])
+    spec = validate(cfg)
     if group == "ladder":
         assert spec.run.ladder == choice
+    elif group in DATACLASS_GROUPS:
+        assert dataclasses.asdict(getattr(spec, group)) == dataclasses.asdict(choice_config(group, choice))
+    elif group == "data":
+        composed = OmegaConf.to_container(cfg.data)
+        assert spec.data["_target_"] == composed["_target_"] and spec.data["batch_size"] == composed["batch_size"]
+    elif group == "model":
+        assert spec.model["_target_"] == cfg.model._target_
+    elif group in ("clipping", "nonfinite"):
+        assert getattr(spec, group) == OmegaConf.to_container(cfg[group])
+    elif group == "logger":
+        assert list(spec.loggers) == [choice]
+    elif group == "trainer":
+        assert spec.trainer == {k: v for k, v in OmegaConf.to_container(cfg.trainer).items()}
+    else:
+        assert group in SWEEP_GROUPS, f"no check for group {group}"
+        assert spec.run.objective == OmegaConf.load(CONF / group / f"{choice}.yaml").objective
+
+
+@pytest.mark.parametrize("group, choice", [(g, c) for g, c in CHOICES if g in DATACLASS_GROUPS],
+                         ids=[f"{g}={c}" for g, c in CHOICES if g in DATACLASS_GROUPS])
+def test_each_framework_group_yaml_sets_exactly_the_fields_of_its_dataclass(group, choice):
+    """The YAML holds every value (a missing key would have no default to fall back on), no key the
+    dataclass lacks, and every field has its one-line doc for --help."""
+    values = OmegaConf.to_container(compose([f"{group}={choice}"])[group])
+    schemas = DATACLASS_GROUPS[group]
+    cls = schemas.get("") or schemas[values["name"]]
+    fields = schema_of_dataclass(cls).fields
+    assert set(values) == set(fields)
+    assert all(field.doc for field in fields.values()), [name for name, f in fields.items() if not f.doc]
+
+
+def test_the_top_level_keys_of_train_yaml_are_the_run_schema():
+    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml"))
+    top_level = {k for k, v in cfg.items() if not isinstance(v, (dict, list)) and k != "defaults"}
+    assert top_level == set(schema_of_dataclass(RunConfig).fields)
+    assert set(cfg["run"]) == set(schema_of_dataclass(RunIdentity).fields)
+
+
+def test_no_schema_dataclass_carries_a_default_value():
+    classes = [RunConfig, RunIdentity] + [cls for schemas in DATACLASS_GROUPS.values() for cls in schemas.values()]
+    for cls in classes:
+        with_default = [f.name for f in dataclasses.fields(cls)
+                        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+        assert with_default == [], f"{cls.__name__} holds values that belong in its YAML: {with_default}"
 
 
 RECIPE_NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
-def test_there_are_recipes():
+def test_the_quickstart_recipe_is_shipped():
     assert "digits_quickstart" in RECIPE_NAMES
 
 
 @pytest.mark.parametrize("recipe", RECIPE_NAMES)
-def test_recipe_composes_and_validates(recipe):
+def test_recipe_composes_and_validates_with_its_own_values(recipe):
     text = (RECIPES / f"{recipe}.yaml").read_text()
     assert "# @package _global_" in text, "a recipe must be global to override groups"
     spec = validate(compose([f"+recipe={recipe}"]))
-    assert spec is not None
+    own = OmegaConf.to_container(OmegaConf.load(RECIPES / f"{recipe}.yaml"), resolve=False)
+    own.pop("defaults", None)
+    resolved = flatten(spec.resolved)
+    for key, value in flatten(own).items():
+        if isinstance(value, str) and "${" in value:
+            continue  # an interpolation: resolved against the rest of the config
+        assert resolved[key] == value, f"{recipe}: {key}"
 
 
 def test_recipe_overrides_reach_the_config():

@@ -1,8 +1,14 @@
+"""Parameter groups and optimizer kernels: no weight decay on 1-D parameters (norm weights,
+biases), decided by name when sharding has flattened every parameter; the kernel choice (fused on
+CUDA, foreach on CPU and under an fp16 GradScaler); the optimizer gets the effective lr, weight
+decay and kernel; a step the GradScaler skips moves neither weights nor optimizer state (SGD and
+AdamW)."""
+
 import pytest
 import torch
 from torch import nn
 
-from trainer.config import AdamWConfig, SGDConfig
+from trainer.config import choice_config
 from trainer.optimizer import build_optimizer, choose_implementation, one_dimensional, parameter_groups
 
 
@@ -50,7 +56,7 @@ def test_implementation_choice():
     assert choose_implementation("for_loop", "cpu", grad_scaler=False) == ("for_loop", "for_loop (as configured)")
 
 
-@pytest.mark.parametrize("cfg", [SGDConfig(), AdamWConfig()], ids=["sgd", "adamw"])
+@pytest.mark.parametrize("cfg", [choice_config("optimizer", "sgd"), choice_config("optimizer", "adamw")], ids=["sgd", "adamw"])
 @pytest.mark.parametrize("implementation", ["fused", "foreach", "for_loop"])
 def test_optimizer_gets_the_effective_values_and_kernel(cfg, implementation):
     opt = build_optimizer(_net(), cfg, lr=0.03, weight_decay=0.2, implementation=implementation)
@@ -59,7 +65,7 @@ def test_optimizer_gets_the_effective_values_and_kernel(cfg, implementation):
     assert bool(opt.param_groups[0].get("fused")) is (implementation == "fused")
 
 
-@pytest.mark.parametrize("cfg", [SGDConfig(), AdamWConfig()], ids=["sgd", "adamw"])
+@pytest.mark.parametrize("cfg", [choice_config("optimizer", "sgd"), choice_config("optimizer", "adamw")], ids=["sgd", "adamw"])
 def test_a_step_the_grad_scaler_skips_leaves_weights_and_state_unchanged(cfg):
     """The default kernel under fp16 (foreach) must not move anything on an overflow step."""
     torch.manual_seed(0)

@@ -1,8 +1,13 @@
+"""Precision per device: `auto` is bf16-mixed on GPUs with bf16, fp16-mixed with a GradScaler on
+older GPUs and fp32 on CPU; bf16 asked for on a GPU without it is one line; fp16 steps aside on
+CPU and says so; channels_last only for convolutional models on CUDA unless asked for; TF32 on
+CUDA unless deterministic; the GradScaler settings reach Lightning's precision plugin."""
+
 import pytest
 import torch
 from torch import nn
 
-from trainer.config import PrecisionConfig
+from trainer.config import choice_config
 from trainer.errors import UserError
 from trainer.precision import lightning_precision, resolve_channels_last, resolve_precision, resolve_tf32
 
@@ -42,8 +47,8 @@ def test_tf32_on_cuda_unless_deterministic():
 def test_grad_scaler_settings_reach_the_plugin(monkeypatch):
     # Without a GPU torch builds a disabled scaler that keeps no settings; pretend CUDA is there.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    cfg = PrecisionConfig("fp16_mixed", scaler_init_scale=1024.0, scaler_growth_factor=4.0,
-                          scaler_backoff_factor=0.25, scaler_growth_interval=50)
+    cfg = choice_config("precision", "fp16_mixed", scaler_init_scale=1024.0, scaler_growth_factor=4.0,
+                        scaler_backoff_factor=0.25, scaler_growth_interval=50)
     kwargs = lightning_precision("16-mixed", "cuda", cfg)
     scaler = kwargs["plugins"][0].scaler
     assert (scaler._init_scale, scaler._growth_factor, scaler._backoff_factor, scaler._growth_interval) == (

@@ -1,13 +1,16 @@
+"""The lr schedule: warmup given as a fraction (a float) or a step count (an integer), linear
+warmup then cosine down to the floor, and the torch scheduler applying that factor per step."""
+
 import pytest
 import torch
 
-from trainer.config import WarmupCosineConfig
+from trainer.config import choice_config
 from trainer.scheduler import build_scheduler, warmup_cosine_factor, warmup_steps
 
 
 def test_warmup_is_a_fraction_for_floats_and_a_count_for_integers():
-    assert warmup_steps(WarmupCosineConfig("warmup_cosine", warmup=0.1), 200) == 20
-    assert warmup_steps(WarmupCosineConfig("warmup_cosine", warmup=7), 200) == 7
+    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=0.1), 200) == 20
+    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=7), 200) == 7
 
 
 def test_linear_warmup_then_cosine_to_the_floor():
@@ -20,7 +23,7 @@ def test_linear_warmup_then_cosine_to_the_floor():
 
 def test_the_torch_scheduler_applies_the_factor():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
-    sched = build_scheduler(opt, WarmupCosineConfig("warmup_cosine", warmup=2, min_lr_ratio=0.0), 10)["scheduler"]
+    sched = build_scheduler(opt, choice_config("scheduler", "warmup_cosine", warmup=2, min_lr_ratio=0.0), 10)["scheduler"]
     lrs = []
     for _ in range(10):
         lrs.append(opt.param_groups[0]["lr"])

@@ -20,12 +20,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import lightning as L
 import numpy as np
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+from trainer.schema import Doc
 
 MODES = ("percentile", "fixed_norm", "value", "off")
 
@@ -66,8 +70,6 @@ def global_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0)
 
 def _combine_shares(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
     """The norm of all processes' gradient shares together, from the norm of each share."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return norm
     if math.isinf(norm_type):
@@ -102,9 +104,18 @@ class GradientClipping(Callback):
     `steps_clipped` and `nonfinite_steps` to inspect it, or `summary()`.
     """
 
-    def __init__(self, mode: str = "percentile", percentile: float = 95.0, calibration_steps: int = 100,
-                 rolling_window: int | None = None, max_norm: float | None = None,
-                 clip_value: float | None = None, log: bool = True) -> None:
+    def __init__(
+        self,
+        mode: Annotated[str, Doc("percentile (AutoClip with rolling_window), fixed_norm, value or off")] = "percentile",
+        percentile: Annotated[float, Doc("clip the global norm at this percentile of the recorded norms")] = 95.0,
+        calibration_steps: Annotated[int, Doc("optimizer steps whose norms are recorded, unclipped, "
+                                              "first")] = 100,
+        rolling_window: Annotated[Optional[int], Doc("then take the percentile of the last N norms "
+                                                     "(AutoClip); null: keep the calibrated one")] = None,
+        max_norm: Annotated[Optional[float], Doc("fixed_norm: the global norm clipped to")] = None,
+        clip_value: Annotated[Optional[float], Doc("value: each gradient element clamped to +-this")] = None,
+        log: Annotated[bool, Doc("log clip/grad_norm, clip/threshold and clip/clipped every step")] = True,
+    ) -> None:
         _validate(mode, percentile, calibration_steps, rolling_window, max_norm, clip_value, log)
         self.mode = mode
         self.percentile = float(percentile)
@@ -186,6 +197,19 @@ class GradientClipping(Callback):
             self.threshold = percentile_threshold(self.window, self.percentile)
         return True
 
+    def describe(self) -> str:
+        """What this callback will do, in words (the run prints it with the other derived values)."""
+        if self.mode == "percentile":
+            text = f"clip to the {self.percentile:g}th percentile of the first {self.calibration_steps} steps' norms"
+            if self.rolling_window:
+                text += f", then of the last {self.rolling_window} (AutoClip)"
+            return text
+        if self.mode == "fixed_norm":
+            return f"clip the global norm to {self.max_norm:g}"
+        if self.mode == "value":
+            return f"clamp each gradient to +-{self.clip_value:g}"
+        return "no clipping"
+
     def summary(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -224,8 +248,6 @@ class GradientClipping(Callback):
             raise RuntimeError(
                 f"Trainer(gradient_clip_val={trainer.gradient_clip_val}) clips again after GradientClipping"
                 f"(mode={self.mode!r}); use one of the two.")
-        from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
-
         # FSDP: each rank holds a shard of the gradients; their norms are combined before use.
         self._sharded = isinstance(trainer.strategy, FSDPStrategy) and trainer.world_size > 1
         if self.mode in ("percentile", "fixed_norm") and isinstance(trainer.strategy, DeepSpeedStrategy):

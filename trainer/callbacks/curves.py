@@ -11,15 +11,21 @@ recording costs one synchronization per chunk, not one per step.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from trainer.atomic import replace_atomic
 from trainer.callbacks.steps import step_loss
+from trainer.errors import exception_line
+
+log = logging.getLogger("trainer")
 
 
 class Curves(Callback):
@@ -74,16 +80,23 @@ class Curves(Callback):
             self._pending = []
 
     # -- drawing ----------------------------------------------------------------------------------
+    def try_write_png(self, path: Path, title: str = "") -> Path | None:
+        """`write_png`, with a failure to draw as a warning: a plot must not cost a run its summary."""
+        try:
+            return self.write_png(path, title)
+        except Exception as ex:  # noqa: BLE001 - see the docstring
+            log.warning("could not draw %s: %s", path.name, exception_line(ex))
+            return None
+
     def write_png(self, path: Path, title: str = "") -> Path | None:
         """Draw the curves; None when there is nothing to draw (no training step ran)."""
         self._flush()
         if not self.losses:
             return None
+        # matplotlib only when drawing (about 0.5 s to import): a diagnosis never draws curves.
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
-
-        from trainer.atomic import replace_atomic
 
         figure = Figure(figsize=(13, 3.8), layout="constrained")
         loss_axes, metric_axes, lr_axes = figure.subplots(1, 3)
@@ -130,8 +143,6 @@ class Curves(Callback):
 
 def moving_average(values: list[float], window: int) -> list[float]:
     """Mean of each run of `window` values (NaN and Inf left out of the mean)."""
-    import numpy as np
-
     array = np.asarray(values, dtype=np.float64)
     finite = np.isfinite(array)
     sums = np.concatenate([[0.0], np.cumsum(np.where(finite, array, 0.0))])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 
 from trainer.callbacks.steps import StepBoundary
 
@@ -65,8 +66,6 @@ class GracefulStop(StepBoundary):
             # in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
             # reach every process, but not at the same instant), all agree on it here. One scalar
             # all-reduce per optimizer step, only with several processes.
-            import torch
-
             signum = torch.tensor([self.received or 0], device=pl_module.device)
             self.received = int(trainer.strategy.reduce(signum, reduce_op="max").item()) or None
         if self.received is None:

@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE
+from trainer.schema import AT_LEAST_ONE, Doc
 
 
 class NonFiniteTraining(UserError):
@@ -34,7 +34,10 @@ class NonFiniteTraining(UserError):
 
 
 class NonFiniteGuard(Callback):
-    def __init__(self, mode: Literal["skip", "off"] = "skip", max_consecutive: Annotated[int, AT_LEAST_ONE] = 10) -> None:
+    def __init__(self, mode: Annotated[Literal["skip", "off"], Doc("skip a step whose loss or gradients are "
+                                                                  "NaN/Inf, or off")] = "skip",
+                 max_consecutive: Annotated[int, AT_LEAST_ONE, Doc("bad steps in a row that stop the run with a "
+                                                                   "diagnostic checkpoint")] = 10) -> None:
         if mode not in ("skip", "off"):
             raise ValueError(f"mode must be 'skip' or 'off', got {mode!r}")
         if max_consecutive < 1:

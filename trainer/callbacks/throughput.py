@@ -36,8 +36,10 @@ def synchronize(device: torch.device) -> None:
 
 class ThroughputMeter(Callback):
     INCLUDES = "data wait + forward + backward + optimizer step; excludes validation and warm-up"
+    WARMUP_STEPS = 5
+    WINDOW_STEPS = 10
 
-    def __init__(self, warmup_steps: int = 5, window_steps: int = 10, flops_per_sample: int | None = None,
+    def __init__(self, warmup_steps: int = WARMUP_STEPS, window_steps: int = WINDOW_STEPS, flops_per_sample: int | None = None,
                  peak_flops: float | None = None, mfu_note: str = "") -> None:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps

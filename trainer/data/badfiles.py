@@ -34,6 +34,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import Dataset
 
 from trainer.atomic import write_text_atomic
+from trainer.data.loader import usable_cpus
 from trainer.errors import UserError
 
 log = logging.getLogger("trainer")
@@ -253,8 +254,6 @@ def truncated_images_accepted() -> bool:
 # -- the scan ----------------------------------------------------------------------------------------
 def scan_threads() -> int:
     """Opening files is I/O-bound and PIL releases the GIL while decoding: more threads than CPUs."""
-    from trainer.data.loader import usable_cpus
-
     return min(8, usable_cpus() * 2)
 
 

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
-from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE
+from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc
 
 Auto = Literal["auto"]
 
@@ -55,13 +55,20 @@ class ImageClassificationData(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: Annotated[int, AT_LEAST_ONE] = 64,
-        eval_batch_size: Optional[Annotated[int, AT_LEAST_ONE]] = None,
-        num_workers: Union[Annotated[int, NON_NEGATIVE], Auto] = "auto",
-        pin_memory: Union[bool, Auto] = "auto",
-        persistent_workers: Union[bool, Auto] = "auto",
-        prefetch_factor: Union[Annotated[int, AT_LEAST_ONE], Auto, None] = "auto",
-        device_normalize: bool = True,
+        batch_size: Annotated[int, AT_LEAST_ONE, Doc("per device; the global batch multiplies it by devices, "
+                                                     "nodes and accumulation")] = 64,
+        eval_batch_size: Annotated[Optional[Annotated[int, AT_LEAST_ONE]],
+                                   Doc("validation and test batch (null: batch_size)")] = None,
+        num_workers: Annotated[Union[Annotated[int, NON_NEGATIVE], Auto],
+                               Doc("loader processes; auto: usable CPUs - 1 (max 8), none for in-memory data")] = "auto",
+        pin_memory: Annotated[Union[bool, Auto], Doc("page-locked host batches; auto: with CUDA")] = "auto",
+        persistent_workers: Annotated[Union[bool, Auto], Doc("keep workers between epochs; auto: when there "
+                                                             "are workers")] = "auto",
+        prefetch_factor: Annotated[Union[Annotated[int, AT_LEAST_ONE], Auto, None],
+                                   Doc("batches each worker prepares ahead; auto: 2, fewer when memory is "
+                                       "short")] = "auto",
+        device_normalize: Annotated[bool, Doc("ship raw batches and finish them (augment, normalize) on the "
+                                              "device; false: per sample on the host")] = True,
     ) -> None:
         super().__init__()
         self.device_normalize = device_normalize

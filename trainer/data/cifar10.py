@@ -14,12 +14,13 @@ from typing import Annotated, Any, Optional
 
 import numpy as np
 import torch
+from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import normalize, random_flip, random_translate
 from trainer.errors import UserError
-from trainer.schema import NON_NEGATIVE, Range
+from trainer.schema import NON_NEGATIVE, Doc, Range
 
 FOLDER = "cifar-10-batches-py"
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -74,10 +75,11 @@ class CIFAR10DataModule(ImageClassificationData):
 
     def __init__(
         self,
-        root: Optional[str] = None,
-        val_fraction: Annotated[float, Range(gt=0, lt=0.5)] = 0.1,
-        split_seed: Annotated[int, NON_NEGATIVE] = 0,
-        augment: bool = True,
+        root: Annotated[Optional[str], Doc("the folder holding cifar-10-batches-py/ (never downloaded)")] = None,
+        val_fraction: Annotated[float, Range(gt=0, lt=0.5), Doc("stratified share of the training batches "
+                                                                "held out for validation")] = 0.1,
+        split_seed: Annotated[int, NON_NEGATIVE, Doc("seeds that split")] = 0,
+        augment: Annotated[bool, Doc("random 4-pixel translation and horizontal flip, on the device")] = True,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -133,8 +135,6 @@ class CIFAR10DataModule(ImageClassificationData):
 
 def _train_val_split(labels: np.ndarray, val_fraction: float, seed: int) -> dict[str, np.ndarray]:
     """Stratified when every class can give at least one image to each side, else a seeded shuffle."""
-    from sklearn.model_selection import train_test_split
-
     indices = np.arange(len(labels))
     present = np.bincount(labels, minlength=10)
     present = present[present > 0]

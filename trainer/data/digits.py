@@ -6,20 +6,20 @@ from typing import Annotated, Any, Optional
 
 import numpy as np
 import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import random_translate
 from trainer.errors import UserError
-from trainer.schema import NON_NEGATIVE, Range
+from trainer.schema import NON_NEGATIVE, Doc, Range
 
 Fraction = Annotated[float, Range(gt=0, lt=0.5)]
 
 
 def stratified_split(labels: np.ndarray, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
     """Indices of a seeded split that keeps each class's share in every part."""
-    from sklearn.model_selection import train_test_split
-
     indices = np.arange(len(labels))
     rest, test = train_test_split(indices, test_size=test_fraction, stratify=labels, random_state=seed)
     val_share = val_fraction / (1.0 - test_fraction)
@@ -38,10 +38,12 @@ class DigitsDataModule(ImageClassificationData):
 
     def __init__(
         self,
-        val_fraction: Fraction = 0.15,
-        test_fraction: Fraction = 0.15,
-        split_seed: Annotated[int, NON_NEGATIVE] = 0,
-        translate: Annotated[int, Range(ge=0, le=3)] = 1,
+        val_fraction: Annotated[Fraction, Doc("share of the 1,797 images held out for validation")] = 0.15,
+        test_fraction: Annotated[Fraction, Doc("share held out for the test")] = 0.15,
+        split_seed: Annotated[int, NON_NEGATIVE, Doc("seeds the stratified split (independent of the run's "
+                                                     "seed)")] = 0,
+        translate: Annotated[int, Range(ge=0, le=3), Doc("random shift by up to this many pixels in training, "
+                                                         "on the device")] = 1,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -53,8 +55,6 @@ class DigitsDataModule(ImageClassificationData):
 
     def _load(self) -> tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:
-            from sklearn.datasets import load_digits
-
             bunch = load_digits()
             self._arrays = (bunch.images.astype(np.float32), bunch.target.astype(np.int64))
         return self._arrays

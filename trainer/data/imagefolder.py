@@ -25,7 +25,7 @@ from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadIm
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import normalize, random_flip
 from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, FRACTION, Range
+from trainer.schema import AT_LEAST_ONE, FRACTION, Doc, Range
 
 log = logging.getLogger("trainer")
 
@@ -87,16 +87,24 @@ class ImageFolderDataModule(ImageClassificationData):
 
     def __init__(
         self,
-        root: Optional[str] = None,
-        image_size: Annotated[int, AT_LEAST_ONE] = 224,
-        train_crop_scale: Sequence[Annotated[float, Range(gt=0, le=1)]] = (0.08, 1.0),
-        hflip: bool = True,
-        eval_crop_fraction: Annotated[float, Range(gt=0, le=1)] = 0.875,
-        mean: Sequence[float] = (0.485, 0.456, 0.406),
-        std: Sequence[Annotated[float, Range(gt=0)]] = (0.229, 0.224, 0.225),
-        bad_files: Literal["skip", "error"] = "skip",
-        max_bad_share: Annotated[float, FRACTION] = 0.01,
-        scan: Literal["header", "full", "off"] = "header",
+        root: Annotated[Optional[str], Doc("the folder holding train/<class>/ and val/<class>/ "
+                                           "(optionally test/)")] = None,
+        image_size: Annotated[int, AT_LEAST_ONE, Doc("side of the square training crop and evaluation "
+                                                     "image")] = 224,
+        train_crop_scale: Annotated[Sequence[Annotated[float, Range(gt=0, le=1)]],
+                                    Doc("RandomResizedCrop's range of the crop's share of the image area")] = (0.08, 1.0),
+        hflip: Annotated[bool, Doc("random horizontal flip in training")] = True,
+        eval_crop_fraction: Annotated[float, Range(gt=0, le=1),
+                                      Doc("evaluation: resize to image_size / this, then centre crop")] = 0.875,
+        mean: Annotated[Sequence[float], Doc("per-channel mean subtracted (0-1 scale)")] = (0.485, 0.456, 0.406),
+        std: Annotated[Sequence[Annotated[float, Range(gt=0)]], Doc("per-channel std divided by")] = (0.229, 0.224,
+                                                                                                       0.225),
+        bad_files: Annotated[Literal["skip", "error"], Doc("unreadable files: skip (listed in bad_files.tsv) or "
+                                                           "stop at the first")] = "skip",
+        max_bad_share: Annotated[float, FRACTION, Doc("more than this share of a split unreadable stops the "
+                                                      "run")] = 0.01,
+        scan: Annotated[Literal["header", "full", "off"], Doc("checks before training: open each file, also "
+                                                              "decode it, or none")] = "header",
         **loader: Any,
     ) -> None:
         super().__init__(**loader)

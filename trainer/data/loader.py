@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 from trainer.errors import UserError
+from trainer.fingerprint import proc_kib
 
 Auto = Literal["auto"]
 
@@ -117,8 +118,6 @@ def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: in
 
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), else free physical pages; None if unknown."""
-    from trainer.fingerprint import proc_kib
-
     available = proc_kib("/proc/meminfo", "MemAvailable")
     if available is not None:
         return available

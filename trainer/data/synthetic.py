@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Optional, Sequence
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.base import DataInfo, ImageClassificationData
-from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Range
+from trainer.data.resumable import own_generator
+from trainer.errors import UserError
+from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc, Range
 
 _SPLIT_OFFSET = {"train": 0, "val": 1_000_003, "test": 2_000_003}
 
@@ -40,19 +42,18 @@ class SyntheticDataModule(ImageClassificationData):
 
     def __init__(
         self,
-        num_classes: Annotated[int, Range(ge=2)] = 10,
-        shape: Sequence[Annotated[int, AT_LEAST_ONE]] = (3, 32, 32),
-        train_samples: Annotated[int, AT_LEAST_ONE] = 2048,
-        val_samples: Annotated[int, AT_LEAST_ONE] = 512,
-        test_samples: Annotated[int, AT_LEAST_ONE] = 512,
-        signal: Annotated[float, NON_NEGATIVE] = 0.5,
-        seed: Annotated[int, NON_NEGATIVE] = 0,
+        num_classes: Annotated[int, Range(ge=2), Doc("classes, each a fixed random pattern")] = 10,
+        shape: Annotated[Sequence[Annotated[int, AT_LEAST_ONE]], Doc("channels, height, width")] = (3, 32, 32),
+        train_samples: Annotated[int, AT_LEAST_ONE, Doc("images per training epoch")] = 2048,
+        val_samples: Annotated[int, AT_LEAST_ONE, Doc("validation images")] = 512,
+        test_samples: Annotated[int, AT_LEAST_ONE, Doc("test images")] = 512,
+        signal: Annotated[float, NON_NEGATIVE, Doc("pattern strength against unit noise (0: unlearnable "
+                                                   "labels)")] = 0.5,
+        seed: Annotated[int, NON_NEGATIVE, Doc("seeds the class patterns and the samples")] = 0,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
         if len(shape) != 3:
-            from trainer.errors import UserError
-
             raise UserError("data.shape", f"{list(shape)} is not [channels, height, width]", "a list of 3 integers")
         self.num_classes = num_classes
         self.shape = tuple(int(s) for s in shape)
@@ -77,10 +78,6 @@ class SyntheticDataModule(ImageClassificationData):
         self.test_set = _BatchIndices(-(-self.samples["test"] // self.eval_batch_size))
 
     def _dataloader(self, dataset: Any, train: bool) -> Any:
-        from torch.utils.data import DataLoader
-
-        from trainer.data.resumable import own_generator
-
         split = "train" if train else ("val" if dataset is self.val_set else "test")
         # One item is one batch number: the order of batches resumes mid-epoch like any module's.
         sampler = self.train_sampler(len(dataset), 1) if train else None

@@ -104,6 +104,18 @@ def apply_activation_checkpointing(
     recompute already covers it, and nesting would recompute it twice.
     Raises `UserError` naming `key` for a name the model does not have.
     """
+    wanted = select_stages(model, stages, key)
+    for name in wanted:
+        module = model.get_submodule(name)
+        if isinstance(module.__dict__.get("forward"), _CheckpointedForward):
+            continue
+        module.forward = _CheckpointedForward(module, module.__dict__.get("forward"))
+    return wanted
+
+
+def select_stages(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY) -> list[str]:
+    """The stages `apply_activation_checkpointing` would checkpoint, checked, without changing
+    `model`: the given names in order without repeats; `UserError` for a missing or nested one."""
     if isinstance(stages, str):
         # A single name from a config (``activation_checkpointing: layer3``), not its letters.
         stages = [stages]
@@ -116,10 +128,9 @@ def apply_activation_checkpointing(
         if name not in wanted:
             wanted.append(name)
 
-    modules: dict[str, nn.Module] = {}
     for name in wanted:
         try:
-            modules[name] = model.get_submodule(name)
+            model.get_submodule(name)
         except AttributeError:
             raise UserError(key, f"no submodule named '{name}'",
                             choices(_candidate_names(model))) from None
@@ -131,11 +142,6 @@ def apply_activation_checkpointing(
             if other != name and name.startswith(other + "."):
                 raise UserError(key, f"'{name}' is inside '{other}', which is checkpointed as a "
                                      "whole; list only one of them")
-
-    for name, module in modules.items():
-        if isinstance(module.__dict__.get("forward"), _CheckpointedForward):
-            continue
-        module.forward = _CheckpointedForward(module, module.__dict__.get("forward"))
     return wanted
 
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
 import torchvision
 from torch import nn
+
+from trainer.schema import Doc
 
 Stem = Literal["auto", "imagenet", "small"]
 
 
 def build_resnet(
     num_classes: int,
-    arch: Literal["resnet18", "resnet34", "resnet50", "resnet101"] = "resnet50",
+    arch: Annotated[Literal["resnet18", "resnet34", "resnet50", "resnet101"], Doc("torchvision architecture "
+                                                                                  "(no pretrained weights)")] = "resnet50",
     in_channels: int = 3,
     image_size: Sequence[int] = (224, 224),
-    stem: Stem = "auto",
-    zero_init_residual: bool = True,
+    stem: Annotated[Stem, Doc("imagenet: 7x7 conv and max-pool; small: one 3x3 conv; auto: small at 64 px or "
+                              "less")] = "auto",
+    zero_init_residual: Annotated[bool, Doc("start each residual branch at zero (Goyal et al. 2017)")] = True,
 ) -> nn.Module:
     """A torchvision ResNet (no pretrained weights: nothing is downloaded).
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer.models.layers import ClassifierHead, ConvBNAct, init_weights
-from trainer.schema import AT_LEAST_ONE, Range
+from trainer.schema import AT_LEAST_ONE, Doc, Range
 
 
 class SmallCNN(nn.Module):
@@ -22,8 +22,9 @@ class SmallCNN(nn.Module):
         self,
         num_classes: int,
         in_channels: int = 3,
-        widths: Sequence[Annotated[int, AT_LEAST_ONE]] = (32, 64, 128),
-        dropout: Annotated[float, Range(ge=0, lt=1)] = 0.1,
+        widths: Annotated[Sequence[Annotated[int, AT_LEAST_ONE]],
+                          Doc("channels of each stage of two Conv-BN-ReLU blocks")] = (32, 64, 128),
+        dropout: Annotated[float, Range(ge=0, lt=1), Doc("dropout before the classifier")] = 0.1,
     ) -> None:
         super().__init__()
         layers: list[nn.Module] = []

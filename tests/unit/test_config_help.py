@@ -1,0 +1,63 @@
+"""`python train.py --help` shows each key of the composed config with the one-line doc of the
+schema that checks it: a framework group's dataclass field, a `_target_`'s annotated parameter, or
+the ``Args:`` entry of a library's docstring (Lightning's Trainer); each group's line names its
+choice and the module that consumes it."""
+
+import lightning
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import compose
+from trainer.config import GROUP_MODULES, choice_config
+from trainer.config_help import annotated_config, docstring_args
+from trainer.schema import schema_of_dataclass
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    cfg = OmegaConf.to_container(compose(["optimizer=sgd"]))
+    return annotated_config(cfg, {"optimizer": "sgd", "data": "digits"})
+
+
+def _line(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(start))
+
+
+def test_a_framework_key_shows_its_value_and_its_dataclass_doc(help_text):
+    sgd = type(choice_config("optimizer", "sgd"))
+    line = _line(help_text, "  momentum: 0.9")
+    assert line.split("# ", 1)[1] == schema_of_dataclass(sgd).fields["momentum"].doc
+
+
+def test_a_group_line_names_its_choice_and_module(help_text):
+    line = _line(help_text, "optimizer:")
+    assert "optimizer=sgd" in line and GROUP_MODULES["optimizer"][0] in line
+
+
+def test_target_parameters_and_lightning_arguments_have_docs(help_text):
+    assert "per device" in _line(help_text, "  batch_size: 64")
+    assert "percentile" in _line(help_text, "  percentile: 95.0")
+    assert _line(help_text, "  max_epochs:").split("# ", 1)[1].startswith("Stop training once")
+
+
+def test_every_key_of_the_default_config_outside_the_trainer_group_is_documented():
+    text = annotated_config(OmegaConf.to_container(compose()), {})
+    undocumented = [line for line in text.splitlines() if "#" not in line and not line.strip().startswith("_target_")]
+    assert undocumented == []
+
+
+def test_docstring_args_reads_the_first_sentence_of_each_entry():
+    args = docstring_args(lightning.Trainer.__init__)
+    assert args["accumulate_grad_batches"].startswith("Accumulates gradients over k batches")
+    assert "\n" not in args["devices"] and not args["devices"].endswith(".")
+
+    def documented(a, b):
+        """Do a thing.
+
+        Args:
+            a: The first one. More detail.
+            b (int): The second,
+                continued here.
+        """
+
+    assert docstring_args(documented) == {"a": "The first one", "b": "The second, continued here"}

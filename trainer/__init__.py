@@ -1,0 +1,64 @@
+"""Configuration-driven PyTorch training that applies the GPU best practices by default and
+measures what they buy.
+
+The command line is `python train.py` (Hydra); this is the public Python surface, for notebooks,
+scripts and a team's own code. Everything else in the package may change without notice.
+
+Names are imported on first use (PEP 562): every `python train.py` imports this package before
+Hydra composes, and an error or `--help` should not pay for importing torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_PUBLIC = {
+    # a run, and the config it is made from
+    "run": "trainer.run",
+    "validate": "trainer.config",
+    "choice_config": "trainer.config",
+    "RunSpec": "trainer.config",
+    "UserError": "trainer.errors",
+    # the phases' products
+    "Plan": "trainer.plan",
+    "resolve": "trainer.plan",
+    "ClassificationTask": "trainer.task",
+    # data modules and models
+    "ImageClassificationData": "trainer.data.base",
+    "DigitsDataModule": "trainer.data.digits",
+    "SyntheticDataModule": "trainer.data.synthetic",
+    "ImageFolderDataModule": "trainer.data.imagefolder",
+    "CIFAR10DataModule": "trainer.data.cifar10",
+    "SmallCNN": "trainer.models.small_cnn",
+    "build_resnet": "trainer.models.resnet",
+    "SelfAttention": "trainer.models.attention",
+    "fuse_for_inference": "trainer.models.fuse",
+    "apply_activation_checkpointing": "trainer.models.activation_checkpointing",
+    # callbacks usable in any Lightning Trainer
+    "GradientClipping": "trainer.callbacks.clipping",
+    "NonFiniteGuard": "trainer.callbacks.nonfinite",
+    "ThroughputMeter": "trainer.callbacks.throughput",
+    # checkpoints, reports, measurement
+    "load_checkpoint": "trainer.checkpoint",
+    "export_safetensors": "trainer.checkpoint",
+    "write_comparison": "trainer.comparison",
+    "fingerprint": "trainer.fingerprint",
+    "training_flops_per_sample": "trainer.mfu",
+    "peak_flops": "trainer.mfu",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'trainer' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # the next lookup does not come back here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

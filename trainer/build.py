@@ -1,0 +1,184 @@
+"""The build phase: objects from the validated config, then the Lightning Trainer from the plan.
+
+`build_parts` instantiates what the config names (data module, network, clipping and non-finite
+callbacks) before anything is resolved; `build_task` applies the frozen `Plan` to the network;
+`build_trainer` assembles the callbacks, loggers and `lightning.Trainer` (the `trainer` group's
+arguments plus what the plan decided). Nothing here decides a setting: that is `trainer.plan`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import lightning as L
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
+from torch import nn
+
+from trainer.callbacks.clipping import GradientClipping
+from trainer.callbacks.curves import Curves
+from trainer.callbacks.graceful import GracefulStop
+from trainer.callbacks.loss_record import LossRecord
+from trainer.callbacks.nonfinite import NonFiniteGuard
+from trainer.callbacks.progress import PlainProgress
+from trainer.callbacks.rng import RNGState
+from trainer.callbacks.throughput import ThroughputMeter
+from trainer.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
+from trainer.compile import apply_compile
+from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target
+from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.errors import UserError
+from trainer.logger import build_loggers
+from trainer.models.activation_checkpointing import apply_activation_checkpointing
+from trainer.plan import Plan
+from trainer.precision import apply_tf32, lightning_precision
+from trainer.task import ClassificationTask
+
+
+class Parts(NamedTuple):
+    """What the config names, instantiated and not yet changed by the plan."""
+
+    datamodule: ImageClassificationData
+    info: DataInfo
+    net: nn.Module
+    clipping: GradientClipping
+    guard: NonFiniteGuard
+
+
+class Built(NamedTuple):
+    """The Trainer and the callbacks the run reads back from after fitting."""
+
+    trainer: L.Trainer
+    checkpoint: ModelCheckpoint | None
+    losses: LossRecord
+    stopper: GracefulStop
+    curves: Curves
+    meter: ThroughputMeter
+
+
+def build_parts(spec: RunSpec, run_dir: Path) -> Parts:
+    datamodule, info = build_data(spec, run_dir)
+    return Parts(datamodule, info, build_model(spec, info),
+                 construct("clipping", lambda: instantiate(spec.clipping, _convert_="all")),
+                 construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")))
+
+
+def build_data(spec: RunSpec, run_dir: Path) -> tuple[ImageClassificationData, DataInfo]:
+    """The data module, told the run's folder and seed, and what it found in its source."""
+    datamodule = construct("data", lambda: instantiate(spec.data, _convert_="all"))
+    datamodule.attach_run(run_dir, spec.run.seed)
+    info = datamodule.inspect()
+    train_size = info.sizes.get("train", 0)
+    if train_size < datamodule.batch_size:
+        raise UserError("data.batch_size", f"{datamodule.batch_size} is larger than the training split "
+                        f"({train_size} samples); the last partial batch is dropped, so no step would run",
+                        f"at most {train_size}")
+    return datamodule, info
+
+
+def build_model(spec: RunSpec, info: DataInfo) -> nn.Module:
+    """The network, given the data's classes, channels and image size where its constructor takes them."""
+    target = locate_target("model", spec.model["_target_"])
+    available = {"num_classes": info.num_classes, "in_channels": info.in_channels, "image_size": list(info.image_size)}
+    try:
+        parameters = inspect.signature(target).parameters
+        takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+        injected = {k: v for k, v in available.items() if k in parameters or takes_kwargs}
+    except (TypeError, ValueError):
+        injected = {"num_classes": info.num_classes}
+    if "num_classes" not in injected:
+        raise UserError("model._target_", f"'{spec.model['_target_']}' takes no num_classes argument",
+                        f"a constructor accepting {', '.join(INJECTED_MODEL_ARGS)} (those it needs)")
+    net = construct("model", lambda: instantiate(spec.model, _convert_="all", **injected))
+    if not isinstance(net, nn.Module):
+        raise UserError("model._target_", f"'{spec.model['_target_']}' returned {type(net).__name__}, not an nn.Module",
+                        "a class or function that returns a torch.nn.Module")
+    return net
+
+
+def construct(group: str, build: Callable[[], Any]) -> Any:
+    """Instantiate a group's `_target_`; its own argument checks become one-line errors."""
+    try:
+        return build()
+    except UserError:
+        raise
+    except InstantiationException as ex:
+        cause = ex.__cause__ or ex
+        if isinstance(cause, UserError):
+            raise cause from None
+        if isinstance(cause, (TypeError, ValueError)):
+            raise UserError(group, f"the {group} constructor rejected its arguments: {cause}") from None
+        raise
+
+
+def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
+    """Apply the plan to the network (checkpointed stages, TF32, compile, memory format) and wrap it
+    in the LightningModule with the plan's lr, weight decay and optimizer kernel."""
+    apply_activation_checkpointing(parts.net, plan.checkpointed_stages)
+    apply_tf32(plan.tf32, plan.accelerator)
+    apply_compile(parts.net, plan.compile_mode, spec.compile)
+    return ClassificationTask(parts.net, parts.info.num_classes, spec.optimizer, spec.scheduler, plan.lr,
+                              plan.weight_decay, optimizer_implementation=plan.optimizer_implementation,
+                              channels_last=plan.channels_last)
+
+
+def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
+                  logger_ids: dict[str, str] | None = None) -> Built:
+    meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
+                            mfu_note=plan.peak_flops_note)
+    losses, stopper, curves = LossRecord(), GracefulStop(), Curves()
+    # The guard goes first: a step it skips has no gradients left for clipping to record.
+    # RNGState: the random generators' states go into every checkpoint and come back on resume.
+    callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState()]
+    periodic = build_periodic(spec.checkpointing, run_dir)
+    checkpoint = build_checkpointing(spec.checkpointing, run_dir)
+    callbacks += [c for c in (periodic, checkpoint) if c is not None]
+    progress = _progress_callback(spec)
+    if progress is not None:
+        callbacks.append(progress)
+    loggers = build_loggers(spec.loggers, run_dir, logger_ids)
+    trainer = L.Trainer(
+        **_trainer_arguments(spec, plan),
+        logger=loggers if loggers else False,
+        callbacks=callbacks,
+        enable_checkpointing=checkpoint is not None,
+        enable_progress_bar=isinstance(progress, RichProgressBar),
+        default_root_dir=str(run_dir),
+    )
+    return Built(trainer, checkpoint, losses, stopper, curves, meter)
+
+
+def _progress_callback(spec: RunSpec) -> Callback | None:
+    progress = spec.run.progress
+    if progress == "auto":
+        progress = "rich" if sys.stdout.isatty() else "plain"
+    if progress == "rich":
+        return RichProgressBar()
+    if progress == "plain":
+        return PlainProgress(every_s=spec.run.progress_every_s)
+    return None
+
+
+def _trainer_arguments(spec: RunSpec, plan: Plan) -> dict[str, Any]:
+    """The `trainer` group's arguments, with the accelerator and precision the plan chose."""
+    arguments = dict(spec.trainer)
+    arguments.update(accelerator=plan.accelerator, **lightning_precision(plan.precision, plan.accelerator,
+                                                                         spec.precision))
+    # Every checkpoint the Trainer writes or reads goes through SafeCheckpointIO (atomic,
+    # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO.
+    arguments["plugins"] = [*arguments.get("plugins", []), SafeCheckpointIO()]
+    if plan.tf32 and arguments.get("benchmark") is None:
+        arguments["benchmark"] = True  # cuDNN autotuning goes with TF32 (both off when deterministic)
+    return arguments
+
+
+def device_of(plan: Plan) -> torch.device:
+    """The torch device the run trains on (the current CUDA device under several processes)."""
+    if plan.accelerator == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(plan.accelerator)
