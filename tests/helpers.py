@@ -51,6 +51,19 @@ def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | 
     return json.loads(summary.read_text()) if summary.exists() else None
 
 
+#: Pins a run to the CPU. Every test must pass on a machine with a GPU as well as without one, so a
+#: run that leaves `trainer.accelerator=auto` may land on CUDA (bf16-mixed, channels_last, TF32,
+#: fused optimizer, pinned memory, MFU). A test whose claim only holds on the CPU (bit-identical
+#: weights after resume, losses or accuracy bands measured on the CPU, gloo DDP, one-thread
+#: determinism) adds these overrides and says why; no other test may assume CUDA is absent.
+#: (`train_forked` adds them itself: see there.)
+ON_CPU = ["trainer.accelerator=cpu"]
+
+
+def _pins_accelerator(args: Sequence[str]) -> bool:
+    return any(a.split("=", 1)[0].lstrip("+~") == "trainer.accelerator" for a in args)
+
+
 #: Overrides that shrink any recipe to a two-step run on tiny device-generated images.
 TINY = ["data=synthetic", "data.shape=[3,16,16]", "data.batch_size=4", "data.train_samples=8", "data.val_samples=4",
         "data.test_samples=4", "trainer.max_steps=2", "trainer.max_epochs=1", "trainer.num_sanity_val_steps=0",
@@ -92,7 +105,15 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
     survive a fork), which suits the tests' short runs; loader worker processes work as usual.
     stdout and stderr are captured at the file descriptors, so anything Python or a library writes
     is seen. `setup` runs in the child first (fault injection); a child killed by a signal N
-    returns -N."""
+    returns -N.
+
+    The child always trains on the CPU: CUDA cannot be used in a process forked from one that has
+    touched it (the driver does not survive fork; torch raises "Cannot re-initialize CUDA in forked
+    subprocess"), and on a GPU machine this pytest process has (asking `torch.cuda.is_available()`
+    already counts, and in-process runs initialize it). So `trainer.accelerator=cpu` is added to
+    `args` unless they name an accelerator themselves, and the child's torch reports no CUDA device,
+    so that nothing in the run (the environment fingerprint, Lightning's device report) tries to
+    initialize it. GPU behaviour is tested through `run_in_process`, `train` and tests/gpu/."""
     import runpy
     import signal
     import tempfile
@@ -101,6 +122,8 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
     import lightning  # noqa: F401 - imported once here, inherited by every child
     import hydra  # noqa: F401
 
+    if not _pins_accelerator(args):
+        args = [*args, *ON_CPU]
     with tempfile.TemporaryDirectory() as tmp:
         out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
         sys.stdout.flush()
@@ -120,6 +143,9 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
                 # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
                 # DataLoader workers) and enough for a run that is meant to stop early.
                 torch.set_num_threads(1)
+                # No CUDA in a forked child (see the docstring): report none, so nothing touches it.
+                torch.cuda.is_available = lambda: False  # type: ignore[assignment]
+                torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
                 sys.argv = [str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
                 if setup is not None:
                     setup()

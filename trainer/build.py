@@ -172,8 +172,10 @@ def _trainer_arguments(spec: RunSpec, plan: Plan) -> dict[str, Any]:
     # Every checkpoint the Trainer writes or reads goes through SafeCheckpointIO (atomic,
     # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO.
     arguments["plugins"] = [*arguments.get("plugins", []), SafeCheckpointIO()]
-    if plan.tf32 and arguments.get("benchmark") is None:
-        arguments["benchmark"] = True  # cuDNN autotuning goes with TF32 (both off when deterministic)
+    if arguments.get("benchmark") is None:
+        # cuDNN autotuning goes with TF32 (both off when deterministic). Said explicitly either way:
+        # Lightning's None keeps the process's setting, which a previous job of a sweep may have set.
+        arguments["benchmark"] = plan.tf32 and plan.accelerator == "cuda"
     return arguments
 
 

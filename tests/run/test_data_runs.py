@@ -1,8 +1,10 @@
-"""A short real run on each data module and on a team's own model."""
+"""A short real run on each data module and on a team's own model, each reaching a stated test
+accuracy: synthetic (> 0.9), an image folder of PNG digits (>= 0.8), a tiny CIFAR-10 copy in
+torchvision's format (>= 0.9) and a custom `_target_` model (>= 0.9)."""
 
 import pytest
 
-from tests.helpers import train, train_forked, write_cifar_copy, write_digit_pngs
+from tests.helpers import ON_CPU, train, train_forked, write_cifar_copy, write_digit_pngs
 
 pytestmark = pytest.mark.run
 
@@ -23,7 +25,8 @@ def test_synthetic_learns_its_class_patterns(tmp_path):
 def test_imagefolder_of_png_digits(tmp_path):
     root = tmp_path / "digits_png"
     write_digit_pngs(root, {"train": 40, "val": 10}, size=16)
-    result = train(["data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
+    # On the CPU: the accuracy band below was measured there (fp32).
+    result = train([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
                     "data.hflip=false", "data.eval_crop_fraction=1.0", "data.batch_size=32", "data.num_workers=1",
                     "trainer.max_epochs=12", *FAST], tmp_path / "run")
     assert result.returncode == 0, result

@@ -1,0 +1,289 @@
+"""The parts of benchmarks/gpu_check.sh that read and write records: the environment record, each
+step's key figures (one Markdown line each), the ladder's img/s and MFU per stage, and summary.md.
+
+    python benchmarks/gpu_check_report.py environment OUT.json [--require-cuda]
+    python benchmarks/gpu_check_report.py figures STEP STEP_DIR        # key figures of one step
+    python benchmarks/gpu_check_report.py ladder SWEEP_DIR OUT_DIR [--check]
+    python benchmarks/gpu_check_report.py summary RESULTS_DIR
+
+Only `environment` imports torch; the others read files, so they cost no more than an interpreter
+start and work on whatever a step left behind, also when it failed or was stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import xml.etree.ElementTree as ElementTree
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- environment ---------------------------------------------------------------------------------
+
+def environment(out: Path, require_cuda: bool) -> int:
+    """Versions and devices, as torch sees them; the framework's own fingerprint beside them."""
+    import torch
+
+    record: dict[str, Any] = {
+        "written": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(), "machine": platform.machine(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "devices": [],
+    }
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            record["devices"].append({
+                "name": props.name, "capability": f"{props.major}.{props.minor}",
+                "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
+                "bf16": torch.cuda.is_bf16_supported(including_emulation=False)})
+    try:
+        from trainer.fingerprint import fingerprint
+
+        record["fingerprint"] = fingerprint()
+    except Exception as ex:  # noqa: BLE001 - the versions above are the record's core
+        record["fingerprint_error"] = f"{type(ex).__name__}: {ex}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(_environment_line(record))
+    if require_cuda and not record["cuda_available"]:
+        print("no CUDA device visible to torch: the GPU check needs one (benchmarks/gpu_check.sh --dry-run runs "
+              "on the CPU)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _environment_line(record: dict[str, Any]) -> str:
+    devices = record.get("devices") or []
+    if devices:
+        d = devices[0]
+        device = (f"{len(devices)} x {d['name']}" if len(devices) > 1 else d["name"]) + \
+            f" (sm {d['capability']}, {d['memory_gib']} GiB, {d['multiprocessors']} SMs, native bf16 {d['bf16']})"
+    else:
+        device = "no CUDA device (CPU only)"
+    return (f"{device}; torch {record.get('torch')}, CUDA {record.get('torch_cuda')}, cuDNN {record.get('cudnn')}, "
+            f"Python {record.get('python')}")
+
+
+# -- key figures of each step -------------------------------------------------------------------
+
+def figures_environment(folder: Path) -> list[str]:
+    return [_environment_line(json.loads((folder / "environment.json").read_text()))]
+
+
+def figures_gpu_tests(folder: Path) -> list[str]:
+    root = ElementTree.parse(folder / "junit.xml").getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    counts = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
+    seconds = sum(float(s.get("time", 0)) for s in suites)
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    lines = [f"{passed} passed, {counts['failures']} failed, {counts['errors']} errors, {counts['skipped']} skipped "
+             f"of {counts['tests']} ({seconds:.1f} s)"]
+    reasons: set[str] = set()
+    for case in root.iter("testcase"):
+        for outcome in ("failure", "error"):
+            element = case.find(outcome)
+            if element is not None:
+                message = (element.get("message") or "").strip().splitlines()
+                lines.append(f"{outcome}: {case.get('classname')}.{case.get('name')}: {message[0][:160] if message else ''}")
+        skipped = case.find("skipped")
+        if skipped is not None:
+            reasons.add((skipped.get("message") or "").strip()[:200])
+    lines += [f"skipped because: {reason}" for reason in sorted(reasons)]
+    return lines
+
+
+def figures_practices(folder: Path) -> list[str]:
+    record = json.loads((folder / "practices.json").read_text())
+    rows = record["rows"]
+    ratios = ", ".join(f"{row['practice'].split(' (')[0]} {_fmt(row['ratio'], '{:.2f}x')}" for row in rows)
+    lines = [f"{sum(r['status'] == 'ok' for r in rows)}/{len(rows)} rows ok on {record.get('device') or '?'} "
+             f"(on/off): {ratios}"]
+    for row in rows:
+        on, off = row["on"], row["off"]
+        if row["status"] != "ok":
+            lines.append(f"{row['practice']}: failed")
+            continue
+        mfu = f"; MFU {_pct(on['mfu'])} vs {_pct(off['mfu'])}" if on.get("mfu") or off.get("mfu") else ""
+        lines.append(f"{row['practice']}: {row['ratio']:.2f}x ({_num(on['samples_per_s'])} vs "
+                     f"{_num(off['samples_per_s'])} samples/s{mfu})")
+    return lines
+
+
+def figures_ladder(folder: Path) -> list[str]:
+    record = json.loads((folder / "ladder.json").read_text())
+    stages = record["stages"]
+    first, last = (stages[0], stages[-1]) if stages else ({}, {})
+    lines = [f"{record['completed']}/{len(stages)} stages completed on {record.get('device') or '?'}: "
+             f"{first.get('stage', '-')} {_num(first.get('samples_per_s'))} -> {last.get('stage', '-')} "
+             f"{_num(last.get('samples_per_s'))} img/s ({_fmt(last.get('speedup'), '{:.2f}x')}), "
+             f"MFU {_pct(first.get('mfu'))} -> {_pct(last.get('mfu'))}"]
+    for stage in record["stages"]:
+        if stage["status"] != "completed":
+            lines.append(f"{stage['stage']}: {stage['status']}")
+            continue
+        speedup = f", {stage['speedup']:.2f}x" if stage.get("speedup") else ""
+        lines.append(f"{stage['stage']}: {_num(stage['samples_per_s'])} img/s{speedup}, MFU {_pct(stage['mfu'])}")
+    return lines
+
+
+FIGURES: dict[str, Callable[[Path], list[str]]] = {
+    "environment": figures_environment, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
+    "ladder": figures_ladder,
+}
+
+
+def figures(step: str, folder: Path) -> int:
+    reader = FIGURES.get(step)
+    if reader is None:
+        print("(no key figures for this step)")
+        return 0
+    try:
+        lines = reader(folder)
+    except FileNotFoundError as ex:
+        print(f"no figures: {Path(ex.filename).name if ex.filename else ex} not written")
+        return 1
+    except Exception as ex:  # noqa: BLE001 - a broken record is reported in the summary, not fatal
+        print(f"no figures: {type(ex).__name__}: {ex}")
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+# -- the ladder: img/s and MFU per stage ---------------------------------------------------------
+
+def ladder(sweep: Path, out: Path, check: bool) -> int:
+    """One row per job of the ladder's multirun, from its summary.json (the comparison table of the
+    multirun has no MFU column)."""
+    jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)) \
+        if sweep.is_dir() else []
+    stages: list[dict[str, Any]] = []
+    device = ""
+    for job in jobs:
+        path = job / "summary.json"
+        summary = json.loads(path.read_text()) if path.is_file() else None
+        if summary is None:
+            stages.append({"job": int(job.name), "stage": f"job {job.name}", "status": "no summary.json"})
+            continue
+        derived = summary.get("derived", {})
+        throughput = summary.get("throughput") or {}
+        device = device or (summary.get("device") or {}).get("name", "")
+        stages.append({
+            "job": int(job.name), "stage": (summary.get("choices") or {}).get("recipe") or f"job {job.name}",
+            "status": summary.get("status"), "samples_per_s": throughput.get("samples_per_s"),
+            "windows": throughput.get("windows"), "mfu": throughput.get("mfu"), "mfu_note": throughput.get("mfu_note"),
+            "precision": (summary.get("hyperparameters") or {}).get("precision"),
+            "channels_last": (derived.get("precision.channels_last") or {}).get("value"),
+            "compile": (derived.get("compile") or {}).get("value"),
+            "optimizer": (derived.get("optimizer.implementation") or {}).get("value"),
+            "peak_mib": ((summary.get("peak_memory") or {}).get("bytes") or 0) / 2**20 or None,
+            "steps": summary.get("steps"), "error": summary.get("error")})
+    base = stages[0].get("samples_per_s") if stages else None
+    for stage in stages:
+        rate = stage.get("samples_per_s")
+        stage["speedup"] = rate / base if rate and base else None
+    completed = sum(1 for s in stages if s["status"] == "completed")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ladder.json").write_text(json.dumps({"sweep": str(sweep), "device": device, "completed": completed,
+                                                 "stages": stages}, indent=2) + "\n")
+    lines = [f"ResNet-50 ladder on {device or 'unknown device'}: throughput (median window after warm-up, "
+             f"device synchronized) and MFU of each stage, from its summary.json. Multirun: `{sweep}`.", "",
+             "| stage | status | img/s | speed-up | MFU | precision | channels_last | compile | optimizer | peak MiB |",
+             "|---|---|---:|---:|---:|---|---|---|---|---:|"]
+    for s in stages:
+        lines.append(f"| {s['stage']} | {s['status']} | {_num(s.get('samples_per_s'))} | "
+                     f"{_fmt(s.get('speedup'), '{:.2f}x')} | {_pct(s.get('mfu'))} | {s.get('precision') or '-'} | "
+                     f"{s.get('channels_last', '-')} | {s.get('compile') or '-'} | {s.get('optimizer') or '-'} | "
+                     f"{_num(s.get('peak_mib'))} |")
+    notes = sorted({s["mfu_note"] for s in stages if s.get("mfu_note")})
+    if notes:
+        lines += ["", "MFU peaks: " + "; ".join(notes)]
+    (out / "ladder_mfu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if check and (not stages or completed < len(stages)):
+        print(f"{completed} of {len(stages)} ladder stages completed", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- summary.md ----------------------------------------------------------------------------------
+
+def summary(results: Path) -> int:
+    rows = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines() if line.strip()]
+    header, rows = rows[0], rows[1:]
+    steps = [dict(zip(header, row)) for row in rows]
+    meta = json.loads((results / "run.json").read_text()) if (results / "run.json").is_file() else {}
+    failed = [s["step"] for s in steps if s["status"] not in ("ok", "skipped")]
+    skipped = [s["step"] for s in steps if s["status"] == "skipped"]
+    total = sum(float(s["seconds"]) for s in steps)
+    lines = [f"# GPU check: {'dry run on the CPU' if meta.get('dry_run') else 'GPU run'}", "",
+             f"- command: `{meta.get('command', 'benchmarks/gpu_check.sh')}`",
+             f"- started: {meta.get('started', '?')}; steps took {total:.0f} s in all (budget "
+             f"{sum(int(s['budget_s']) for s in steps)} s)",
+             f"- result: {'every step ok' if not failed and not skipped else 'failed: ' + ', '.join(failed)}"
+             + (f"; skipped: {', '.join(skipped)}" if skipped else ""), "",
+             "| step | status | duration | budget (limit) | key figures |", "|---|---|---:|---:|---|"]
+    details: list[str] = []
+    for s in steps:
+        figures_file = results / s["step"] / "figures.md"
+        figure_lines = [l for l in figures_file.read_text().splitlines() if l.strip()] if figures_file.is_file() else []
+        first = figure_lines[0] if figure_lines else "-"
+        limit = f" ({s['limit_s']} s)" if s["limit_s"] != "-" else ""
+        lines.append(f"| {s['step']} | {s['status']} | {float(s['seconds']):.1f} s | {s['budget_s']} s{limit} | "
+                     f"{first.replace('|', '/')} |")
+        details += ["", f"## {s['step']}", "", f"- status: {s['status']} (exit {s['exit']}); files in `{s['step']}/`"]
+        details += [f"- {l}" for l in figure_lines[1:]]
+    (results / "summary.md").write_text("\n".join(lines + details) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _fmt(value: Any, pattern: str) -> str:
+    return pattern.format(value) if isinstance(value, (int, float)) and math.isfinite(value) else "-"
+
+
+def _num(value: Any) -> str:
+    return _fmt(value, "{:,.0f}")
+
+
+def _pct(value: Any) -> str:
+    return _fmt(value, "{:.1%}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    env = commands.add_parser("environment")
+    env.add_argument("out", type=Path)
+    env.add_argument("--require-cuda", action="store_true")
+    fig = commands.add_parser("figures")
+    fig.add_argument("step")
+    fig.add_argument("folder", type=Path)
+    lad = commands.add_parser("ladder")
+    lad.add_argument("sweep", type=Path)
+    lad.add_argument("out", type=Path)
+    lad.add_argument("--check", action="store_true", help="exit 1 unless every stage completed")
+    summ = commands.add_parser("summary")
+    summ.add_argument("results", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "environment":
+        return environment(args.out, args.require_cuda)
+    if args.command == "figures":
+        return figures(args.step, args.folder)
+    if args.command == "ladder":
+        return ladder(args.sweep, args.out, args.check)
+    return summary(args.results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
