@@ -67,7 +67,12 @@ def _register_resolvers() -> None:
 def config_help(*, _root_: DictConfig) -> str:
     """``${config_help:}`` (conf/hydra/help/trainer.yaml): the composed config with each key's doc,
     in place of Hydra's bare YAML. Hydra fills the help template with `string.Template`, so a
-    ``$`` in the text is doubled."""
+    ``$`` in the text is doubled.
+
+    OmegaConf also evaluates the template while Hydra merges the hydra configs of every run; the
+    text (and Lightning's import) is only made when the command asks for help."""
+    if not {"--help", "-h"} & set(sys.argv[1:]):
+        return ""
     from trainer.config_help import annotated_config  # imports Lightning: only when --help asks
 
     config = OmegaConf.to_container(_root_, resolve=False)

@@ -1,3 +1,8 @@
+"""`validate` on the composed config: the default config validates to the documented defaults;
+each bad value (out of range, wrong type, unknown key, unknown Trainer argument, a key the
+framework fills in, a missing or wrong `_target_`, a bad interpolation) is one line starting with
+its full key; a team's model is checked against its own constructor signature."""
+
 import pytest
 
 from tests.helpers import compose
@@ -15,7 +20,7 @@ def test_default_config_validates_to_the_documented_defaults():
     assert spec.precision.name == "auto" and spec.compile.mode == "off"
     assert spec.checkpointing.enabled and spec.checkpointing.monitor == "val/loss"
     assert list(spec.loggers) == ["csv"]
-    assert spec.trainer["max_epochs"] == 30
+    assert spec.trainer["max_epochs"] == 10
 
 
 @pytest.mark.parametrize(
