@@ -1,4 +1,7 @@
-"""A crash mid-run keeps what was saved and records what happened."""
+"""A crash mid-run keeps what was saved and records what happened: a crash (exit 1) leaves a
+loadable last.ckpt of the epoch before and a summary.json with status failed; an injected CUDA
+out-of-memory error ends in one line naming the batch size and the switches that need less
+memory, with last.ckpt intact."""
 
 import pytest
 import torch

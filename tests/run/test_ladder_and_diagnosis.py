@@ -1,4 +1,8 @@
-"""The ladder as one multirun with its comparison, and the diagnosis of a composed config."""
+"""The ladder as one multirun with its comparison, and the diagnosis of a composed config:
+`+ladder=resnet18_cpu` (shrunk by the command line) runs one job per stage in ladder order and
+its comparison, printed and saved as .md and .png, names every stage in order;
+`python -m trainer.comparison` rewrites it; `diagnose=true` writes its five timings, verdict and
+worker sweep (skipped with a note for data made on the device) and no summary.json."""
 
 from __future__ import annotations
 

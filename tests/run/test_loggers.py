@@ -1,4 +1,5 @@
-"""The tensorboard and wandb (offline, no account) loggers write into the run folder."""
+"""The loggers write into the run folder: csv and tensorboard at once, and wandb offline (no
+account), which continues its run id when the run is resumed."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """Property: any override a person could type either runs or ends with exit code 2 and one line
-naming the key, never a traceback (hypothesis generates them; the examples are derandomized so CI
-sees the same ones every time)."""
+naming the key, never a traceback (hypothesis generates 20 of them; the examples are derandomized
+so CI sees the same ones every time)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""SIGTERM and SIGINT stop a run at the next step, after writing a checkpoint that loads."""
+"""SIGTERM and SIGINT sent to a training `train.py` stop it at the next step, after writing a
+checkpoint that loads: exit status 143/130, a last stderr line saying at which step, no
+traceback, a summary with status interrupted, and a last.ckpt whose step equals the summary's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""Sweeps: a failed job does not end a multirun, and an Optuna study records failed trials, lives in
-SQLite and continues its trial count when the command is run again."""
+"""Sweeps: a failed job does not end a multirun (the others run, the table is written, each job
+has a wandb run of its own), an Optuna study records failed trials, lives in SQLite and continues
+its trial count when the command is run again, and submitit's local launcher (the SLURM
+launcher's path) runs a two-job multirun."""
 
 from __future__ import annotations
 

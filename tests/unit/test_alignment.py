@@ -1,3 +1,8 @@
+"""The dimension-alignment report: batch sizes and layer widths (conv, grouped conv, linear) that
+are not multiples of 8, each named as the output of one layer and the input of the next, the
+batch size first and rounded up; depthwise and uninitialised lazy layers skipped; a warning on
+CUDA only."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,3 +1,8 @@
+"""Self-attention through `scaled_dot_product_attention` with one fused QKV projection: equal to
+a hand-written reference (boolean and additive masks, causal, both together) and to
+`nn.MultiheadAttention`; SDPA is what runs; gradients reach every parameter and the input;
+dropout only in training; bad configurations refused."""
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,8 @@
-"""Bad files in an image folder: modes converted, unreadable files found, skipped, listed, or stopping
-the run with one line; failures inside DataLoader workers reported as one line, never a hang."""
+"""Bad files in an image folder: every mode converted to 8-bit RGB (16-bit by its high byte, so
+mid-grey, not PIL's saturated white); the scan's verdict on truncated, empty, fake and non-image
+files; unreadable files skipped and listed (or stopping the run with one line), the share limit,
+empty and missing class folders; failures inside DataLoader workers, raised or killed, reported
+as one line within a bounded time, never a hang."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Checkpoints: atomic writes, weights-only reads that refuse code, prefix-free keys, safetensors."""
+"""Checkpoints: a write that dies halfway leaves the previous file loadable and no temporary; a
+crafted pickle is refused and its code never runs; truncated and missing files are one line;
+torch.compile (`_orig_mod.`) and DataParallel (`module.`) keys load into plain models and
+back, and saved checkpoints never carry them; the safetensors export holds the network weights
+alone, and its command reports a missing checkpoint in one line."""
 
 from __future__ import annotations
 

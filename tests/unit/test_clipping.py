@@ -1,5 +1,9 @@
-"""Percentile gradient clipping: the threshold is numpy's percentile, clipped updates stay under it,
-AMP gradients are seen unscaled, and a real Lightning run clips in the right place."""
+"""Percentile gradient clipping: the threshold is numpy's percentile of the calibration norms,
+no update after calibration exceeds it and small ones are untouched, a rolling window follows the
+last norms, non-finite norms are counted but never recorded, gradients under an fp16 GradScaler
+are seen unscaled, and a real Lightning run clips in the right place. Also: the fixed-norm and
+value modes equal torch's, off changes nothing, the state survives a checkpoint, and fused
+kernels under fp16 or a second clipping through `trainer.gradient_clip_val` are refused."""
 
 from __future__ import annotations
 

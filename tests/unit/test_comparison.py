@@ -1,4 +1,8 @@
-"""The multirun comparison, on hand-written sweep folders (no training)."""
+"""The multirun comparison, on hand-written sweep folders (no training): jobs read in numeric
+order, stage names, the config keys each job changed, speed-ups over the first job, failed jobs
+and jobs without a summary as rows of their own, the Markdown table and details, the PNG chart,
+the `python -m trainer.comparison` command, and the Hydra callback (one line on a failure, a
+non-zero exit after the table when no job completed, nothing for a single run)."""
 
 from __future__ import annotations
 

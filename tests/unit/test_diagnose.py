@@ -1,4 +1,7 @@
-"""The diagnosis verdict from timings: each of the four kinds, and the switch it names."""
+"""The diagnosis verdict from timings: each of the four kinds (input-, host-overhead-,
+optimizer-, compute-bound) with the switches it names; the shares add up to the full step; the
+timer calls the step for its warm-up and for every timed repeat; the worker sweep covers 0, the
+powers of two and the CPU count."""
 
 from __future__ import annotations
 

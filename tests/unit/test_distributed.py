@@ -1,5 +1,8 @@
-"""Which process is rank 0 before any process group exists, which launches are refused, the
-evaluation shares, and the gradient norm of FSDP-style shares."""
+"""Which process is rank 0 before any process group exists (rank and launcher read from
+torchrun's, srun's and Lightning's variables), which launches are refused with one line, the
+other ranks writing no Hydra copy and no log file, evaluation shares counting every sample
+exactly once, two gloo processes clipping their gradient shards by the norm of the whole
+gradient (slow), and Lightning's child processes taking rank 0's launch time."""
 
 from __future__ import annotations
 

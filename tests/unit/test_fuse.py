@@ -1,3 +1,8 @@
+"""Conv-BN folding for inference: a folded eval copy of SmallCNN, ResNet-18 and ResNet-50 gives
+the model's eval outputs within 1e-5 (relative to the output's scale for ResNet-50) with no
+BatchNorm left; the folding arithmetic keeps dtypes, patterns that cannot fold safely are left
+alone, and folding twice changes nothing more."""
+
 from __future__ import annotations
 
 import copy

@@ -1,3 +1,7 @@
+"""The loader rules behind `data.*=auto`: workers = usable CPUs - 1, at most 8, and none for
+in-memory data; pinning only with CUDA; persistent workers only with workers; the prefetch depth
+bounded so the batches in flight stay under 10% of available memory; each choice with its reason."""
+
 from trainer.data.loader import resolve_loader
 
 

@@ -41,4 +41,5 @@ def test_no_steps_means_no_numbers():
     ("auto", "cuda", "default"), ("auto", "cpu", "off"), ("off", "cuda", "off"), ("default", "cpu", "default"),
     ("max-autotune", "cuda", "max-autotune")])
 def test_compile_auto_compiles_on_cuda_only(mode, accelerator, chosen):
+    """`compile=auto` compiles on CUDA and stays eager on CPU; an explicit mode is kept as given."""
     assert resolve_compile_mode(mode, accelerator)[0] == chosen

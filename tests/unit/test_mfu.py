@@ -1,3 +1,10 @@
+"""FLOP counting and MFU: the training FLOPs of a small MLP counted exactly (independent of the
+batch, frozen layers counted right), ResNet-18 within 2.5-3.1x its known forward count, the
+caller's model untouched (weights, BatchNorm statistics, device, mode, no gradients); a model
+that cannot run on the meta device gives no count, with a reason; the peak table from NVIDIA's
+datasheets (A100, H100, H200 per precision, with and without TF32), unknown devices and MIG
+slices leave MFU out; the MFU arithmetic, None unless every input is known and positive."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,3 +1,7 @@
+"""The shipped networks: SmallCNN is Conv-BN-ReLU blocks without conv bias and fits any small
+input; a ResNet for small images keeps the resolution in its stem; ResNet-50 at ImageNet size has
+torchvision's parameter count and zero-initialized residual BatchNorms."""
+
 import torch
 import torchvision
 

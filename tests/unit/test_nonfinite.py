@@ -1,6 +1,7 @@
-"""The non-finite guard: a bad step leaves weights and optimizer state as they were; enough bad
-steps in a row stop the run with a diagnostic checkpoint; under an fp16 GradScaler it only counts
-until the scale is spent."""
+"""The non-finite guard: a NaN step moves neither the weights nor the AdamW/SGD state and the
+first bad parameter is named; with several processes all skip when any saw a bad step; enough
+bad steps in a row stop the run with a diagnostic checkpoint; under an fp16 GradScaler it only
+counts until the scale is spent; off checks nothing."""
 
 from __future__ import annotations
 

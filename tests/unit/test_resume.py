@@ -1,4 +1,11 @@
-"""Run identity, finding the checkpoint to resume from, the resumable data order and RNG states."""
+"""Run identity, finding the checkpoint to resume from, the resumable data order and RNG states:
+the default run name (the recipe or data-model plus the overrides that change the result);
+resume=auto takes the newest readable checkpoint of that name, passing over torn files and
+hidden temporaries and leaving out the current folder; if_any; a path or a run folder; a
+checkpoint of another model is one line; each epoch's order follows from seed and epoch, restores
+mid-epoch, is dealt out to processes and resumes on another process count; host-side random
+transforms are equal with and without a worker and after a restore; RNG states survive a
+weights-only checkpoint."""
 
 from __future__ import annotations
 

@@ -1,3 +1,7 @@
+"""The batch-scaling rules for lr and weight decay: sqrt, linear and none above and below the
+reference batch, the derivation line printed at start ("lr 0.1 at batch 256 -> 0.2 at batch
+1024 (sqrt rule, x2)"), and unknown rules or non-positive batches refused."""
+
 import math
 
 import pytest

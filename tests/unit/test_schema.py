@@ -1,3 +1,8 @@
+"""The schema checker behind every config key: which values match which annotations (a bool is
+not an int, a string is not a list), ranges applied to the matching union member and to list
+items (NaN refused), types described in plain English for the error line, and a constructor's
+schema followed through **kwargs to its parent's signature."""
+
 from typing import Annotated, Literal, Optional, Sequence, Union
 
 import pytest

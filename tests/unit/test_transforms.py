@@ -1,3 +1,7 @@
+"""Device-side transforms on whole batches: a random translation equals pad-then-crop at the
+drawn offsets (uint8 kept), the horizontal flip flips about half the batch and only left-right,
+and normalizing uint8 equals the float host path."""
+
 import torch
 import torch.nn.functional as F
 
