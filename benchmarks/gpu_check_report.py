@@ -23,6 +23,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from trainer.comparison import comparison_rows, load_jobs  # noqa: E402 - after the repo is on the path
 
 
 # -- environment ---------------------------------------------------------------------------------
@@ -161,35 +165,28 @@ def figures(step: str, folder: Path) -> int:
 # -- the ladder: img/s and MFU per stage ---------------------------------------------------------
 
 def ladder(sweep: Path, out: Path, check: bool) -> int:
-    """One row per job of the ladder's multirun, from its summary.json (the comparison table of the
-    multirun has no MFU column)."""
-    jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)) \
-        if sweep.is_dir() else []
+    """One row per job of the ladder's multirun: the comparison's own rows (trainer/comparison.py:
+    stage, status, img/s, speed-up over the first stage, peak memory), plus what its table leaves
+    out, read from each job's summary.json: MFU and the settings that make a stage."""
+    jobs = load_jobs(sweep)
     stages: list[dict[str, Any]] = []
     device = ""
-    for job in jobs:
-        path = job / "summary.json"
-        summary = json.loads(path.read_text()) if path.is_file() else None
-        if summary is None:
-            stages.append({"job": int(job.name), "stage": f"job {job.name}", "status": "no summary.json"})
-            continue
-        derived = summary.get("derived", {})
-        throughput = summary.get("throughput") or {}
-        device = device or (summary.get("device") or {}).get("name", "")
-        stages.append({
-            "job": int(job.name), "stage": (summary.get("choices") or {}).get("recipe") or f"job {job.name}",
-            "status": summary.get("status"), "samples_per_s": throughput.get("samples_per_s"),
-            "windows": throughput.get("windows"), "mfu": throughput.get("mfu"), "mfu_note": throughput.get("mfu_note"),
-            "precision": (summary.get("hyperparameters") or {}).get("precision"),
-            "channels_last": (derived.get("precision.channels_last") or {}).get("value"),
-            "compile": (derived.get("compile") or {}).get("value"),
-            "optimizer": (derived.get("optimizer.implementation") or {}).get("value"),
-            "peak_mib": ((summary.get("peak_memory") or {}).get("bytes") or 0) / 2**20 or None,
-            "steps": summary.get("steps"), "error": summary.get("error")})
-    base = stages[0].get("samples_per_s") if stages else None
-    for stage in stages:
-        rate = stage.get("samples_per_s")
-        stage["speedup"] = rate / base if rate and base else None
+    for job, row in zip(jobs, comparison_rows(jobs)):
+        stage: dict[str, Any] = {"job": row.number, "stage": row.stage, "status": row.status,
+                                 "samples_per_s": row.samples_per_s, "speedup": row.speedup, "peak_mib": row.peak_mib}
+        summary = job.summary
+        if summary is not None:
+            derived = summary.get("derived", {})
+            throughput = summary.get("throughput") or {}
+            device = device or (summary.get("device") or {}).get("name", "")
+            stage.update(
+                windows=throughput.get("windows"), mfu=throughput.get("mfu"), mfu_note=throughput.get("mfu_note"),
+                precision=(summary.get("hyperparameters") or {}).get("precision"),
+                channels_last=(derived.get("precision.channels_last") or {}).get("value"),
+                compile=(derived.get("compile") or {}).get("value"),
+                optimizer=(derived.get("optimizer.implementation") or {}).get("value"),
+                steps=summary.get("steps"), error=summary.get("error"))
+        stages.append(stage)
     completed = sum(1 for s in stages if s["status"] == "completed")
     out.mkdir(parents=True, exist_ok=True)
     (out / "ladder.json").write_text(json.dumps({"sweep": str(sweep), "device": device, "completed": completed,

@@ -391,10 +391,6 @@ def _cell(text: str) -> str:
     return one_line(str(text)).replace("|", "\\|") or "-"
 
 
-def one_line(text: str) -> str:
-    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
-
-
 # --------------------------------------------------------------------------- chart
 
 

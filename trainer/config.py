@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import lightning
@@ -22,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trainer.data.base import ImageClassificationData
 from trainer.errors import UserError, choices
+from trainer.recipes import CONF_DIR
 from trainer.schema import (
     AT_LEAST_ONE,
     Doc,
@@ -258,7 +258,6 @@ GROUP_MODULES: dict[str, tuple[str, str]] = {
     "recipe": ("trainer/recipes.py", "a team-shared recipe from recipes/ (+recipe=NAME)"),
 }
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 #: The framework's own groups, checked by a dataclass (the others by their `_target_`'s signature).
 DATACLASS_GROUPS: dict[str, Mapping[str, type]] = {
     "optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "precision": {"": PrecisionConfig},

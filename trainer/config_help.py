@@ -33,7 +33,7 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
     """`config` (the composed job config, plain containers) as YAML lines with ``# doc`` comments;
     each group's header names its choice and the module that consumes it."""
     lines: list[str] = []
-    top_docs = {**_dataclass_docs(RunConfig), "run": "the run's identity and where runs are kept"}
+    top_docs = _dataclass_docs(RunConfig)
     for key, value in config.items():
         if key == "hydra":
             continue
@@ -46,10 +46,10 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
 
 
 def _group_header(group: str, values: Mapping[str, Any], choices: Mapping[str, Any]) -> str:
-    choice = choices.get(group)
-    module, what = GROUP_MODULES.get(group, ("", ""))
     if group == "run":
         return "the run's identity and where runs are kept"
+    choice = choices.get(group)
+    module, what = GROUP_MODULES.get(group, ("", ""))
     parts = [f"{group}={choice}" if choice else "", what, module]
     return "; ".join(part for part in parts if part)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from hydra._internal import utils as hydra_utils
@@ -158,8 +157,7 @@ def _group_value_error() -> str:
 
 
 def _config_groups() -> dict[str, list[str]]:
-    conf = Path(__file__).resolve().parent.parent / "conf"
-    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in conf.iterdir()
+    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in recipes.CONF_DIR.iterdir()
               if d.is_dir() and d.name != "hydra"}
     groups["recipe"] = sorted(f.stem for f in recipes.RECIPES_DIR.glob("*.yaml"))
     return groups
@@ -200,8 +198,3 @@ def _composition_key_error(ex: Exception, cause: Any) -> str:
             text += f"; present here: {choices(known)}"
         return text + f" (a key the schema accepts but the YAML omits is added with +{key}=VALUE)"
     return f"{key}: {first_line(str(getattr(cause, 'msg', None) or cause))}"
-
-
-def first_line(text: str) -> str:
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[0] if lines else str(text)

@@ -292,10 +292,7 @@ def _record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts
     own SIGTERMException: the checkpoint was written by GracefulStop at the end of that step, so the
     run stopped cleanly); the exception to end with, or None to re-raise."""
     ex = built.stopper.outcome() or ex
-    finish_loggers(list(built.trainer.loggers), failed=True)
-    if record.writes:
-        built.curves.try_write_png(Path(record.fields["run_dir"]) / "curves.png", title=name)
-    _note_bad_files(record, parts)
+    _wrap_up(built, parts, record, name, failed=True)
     record.end("interrupted" if was_interrupted(ex) else "failed", error=exception_line(ex),
                nonfinite=parts.guard.summary(), wall_time_s=time.perf_counter() - started,
                steps=built.trainer.global_step)
@@ -310,10 +307,7 @@ def _record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted
     tested = (f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}, "
               f"{monitor}={float(checkpoint.best_model_score):.4f})" if fitted.use_best and checkpoint
               else "weights at the end of training")
-    finish_loggers(list(trainer.loggers), failed=False)
-    if record.writes:
-        built.curves.try_write_png(Path(record.fields["run_dir"]) / "curves.png", title=name)
-    _note_bad_files(record, parts)
+    _wrap_up(built, parts, record, name, failed=False)
     summary = record.end(
         "completed", metrics=fitted.metrics, tested_weights=tested,
         best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
@@ -326,8 +320,13 @@ def _record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted
     return summary
 
 
-def _note_bad_files(record: RunRecord, parts: Parts) -> None:
-    """Files a data module found unreadable (image folders: by the scan and while loading)."""
+def _wrap_up(built: Built, parts: Parts, record: RunRecord, name: str, failed: bool) -> None:
+    """What every ending does before its summary is written: the loggers' runs finished,
+    curves.png drawn (as far as training got), and the files the data module found unreadable
+    (image folders: by the scan and while loading) noted."""
+    finish_loggers(list(built.trainer.loggers), failed=failed)
+    if record.writes:
+        built.curves.try_write_png(record.path.parent / "curves.png", title=name)
     report = getattr(parts.datamodule, "bad_files_summary", None)
     if report is not None:
         record.fields["data"]["bad_files"] = report()
