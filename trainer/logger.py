@@ -3,6 +3,12 @@
 Several loggers at once: ``logger=[csv,tensorboard,wandb]`` (each choice adds its own key).
 A Weights & Biases run gets an id chosen here and kept in the run folder's ``run.json``; a resumed
 run passes the id of the run it resumes, so wandb continues that run instead of starting another.
+
+What every logger receives besides the task's metrics (`logger_callbacks`): the learning rate of
+each parameter group at every logged step, and once, as training starts, the run's
+hyper-parameters: the whole resolved config plus the values the plan derived
+(`run_hyperparameters`). A wandb run is also named after the run, grouped by the multirun it is a
+job of, and tagged with its recipe and group choices (`run_labels`), unless the config says otherwise.
 """
 
 from __future__ import annotations
@@ -10,11 +16,15 @@ from __future__ import annotations
 import logging
 import secrets
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from trainer.errors import exception_line
 
@@ -38,8 +48,42 @@ def logger_ids(specs: Mapping[str, Mapping[str, Any]], previous: Mapping[str, st
     return ids
 
 
+@dataclass(frozen=True)
+class RunLabels:
+    """How a logger that names its runs (wandb) shows this one: by the run's name, in the group of
+    the multirun it is a job of (none for a single run), with tags to filter by."""
+
+    name: str | None = None
+    group: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+#: The group choices that say what a run is, as tags (`data:digits`); the others (logger,
+#: checkpointing, nonfinite, hparams_search) say how it is recorded or launched.
+TAGGED_GROUPS = ("recipe", "ladder", "data", "model", "optimizer", "scheduler", "precision", "compile", "clipping",
+                 "trainer")
+#: wandb refuses longer tags.
+MAX_TAG_LENGTH = 64
+
+
+def run_labels(name: str | None, choices: Mapping[str, str], sweep_dir: Path | None = None,
+               root: Path | str | None = None) -> RunLabels:
+    """The run's name; as group, the multirun's folder (`sweep_dir`, relative to `run.root` where it
+    lies under it), so the jobs of one sweep or ladder are one group; tags ``GROUP:CHOICE``."""
+    group = None
+    if sweep_dir is not None:
+        group = str(sweep_dir)
+        if root is not None:
+            try:
+                group = str(sweep_dir.resolve().relative_to(Path(root).resolve()))
+            except ValueError:
+                pass  # a sweep folder outside run.root keeps its full path
+    tags = tuple(f"{g}:{choices[g]}"[:MAX_TAG_LENGTH] for g in TAGGED_GROUPS if choices.get(g))
+    return RunLabels(name, group, tags)
+
+
 def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
-                  ids: Mapping[str, str] | None = None) -> list[Logger]:
+                  ids: Mapping[str, str] | None = None, labels: RunLabels | None = None) -> list[Logger]:
     loggers = []
     for name, spec in specs.items():
         kwargs: dict[str, Any] = {"save_dir": str(run_dir)}
@@ -47,8 +91,81 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
             # resume="allow": wandb continues the run with this id if it exists, else starts it.
             kwargs.update(id=ids[name], resume="allow")
             spec = {k: v for k, v in spec.items() if k not in ("id", "version")}
+        if labels is not None and _is_wandb(spec):
+            # What the person set (logger.wandb.name=..., .group, .tags) wins over the run's own.
+            for key, value in (("name", labels.name), ("group", labels.group), ("tags", list(labels.tags))):
+                if value and spec.get(key) in (None, "", []):
+                    kwargs[key] = value
         loggers.append(instantiate(spec, **kwargs))
     return loggers
+
+
+def run_hyperparameters(resolved: Mapping[str, Any], derived: Mapping[str, Any]) -> dict[str, Any]:
+    """What the loggers record as the run's hyper-parameters: the whole resolved config, and under
+    ``derived`` each value the plan decided by its key (``optimizer.lr``: the effective lr,
+    ``global_batch_size``, ``precision``, ...). Plain values only; each logger flattens the nesting
+    its own way (csv: hparams.yaml as is; tensorboard: ``optimizer/lr``; wandb: its nested config)."""
+    return {**_plain(resolved), "derived": {str(key): _plain(value) for key, value in derived.items()}}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def logger_callbacks(hyperparameters: Mapping[str, Any]) -> list[Callback]:
+    """The callbacks a run with at least one logger gets: the lr of every parameter group at every
+    logged step (``train/lr/pg1``, ...: the scheduler is named ``train/lr`` in trainer/task.py), and
+    the hyper-parameters once as training starts."""
+    return [LearningRateMonitor(logging_interval="step"), HyperparameterRecord(hyperparameters)]
+
+
+#: The metrics TensorBoard's HParams tab shows beside each run's hyper-parameters (their values are
+#: read from the run's own scalars).
+HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss", "train/acc", "train/loss_epoch")
+
+
+class HyperparameterRecord(Callback):
+    """Hands the run's hyper-parameters to every logger once, at the start of fitting: the process's
+    rank is known by then, and every logger records them on rank 0 only. (Lightning logs the
+    module's own `save_hyperparameters` right after; the task keeps those out of the loggers.)"""
+
+    def __init__(self, hyperparameters: Mapping[str, Any]) -> None:
+        self.hyperparameters = dict(hyperparameters)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for logger in trainer.loggers:
+            logger.log_hyperparams(self.hyperparameters)
+            if isinstance(logger, TensorBoardLogger):
+                _tensorboard_hparams(logger, self.hyperparameters)
+
+
+@rank_zero_only
+def _tensorboard_hparams(logger: TensorBoardLogger, hyperparameters: Mapping[str, Any]) -> None:
+    """The HParams tab. Lightning's TensorBoardLogger writes it only together with metric values
+    (an ``hp_metric`` of -1 unless `default_hp_metric` is off, as in conf/logger/tensorboard.yaml);
+    this names the metrics the run will log instead, so no made-up value enters their curves."""
+    from torch.utils.tensorboard.summary import hparams
+
+    flat = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
+            for key, value in _flatten(hyperparameters).items()}
+    for summary in hparams(flat, dict.fromkeys(HPARAMS_METRICS, 0.0)):
+        logger.experiment.file_writer.add_summary(summary)
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def finish_loggers(loggers: list[Logger], failed: bool) -> None:

@@ -8,6 +8,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainer.config import AdamWConfig, SGDConfig
@@ -39,8 +40,16 @@ class ClassificationTask(L.LightningModule):
         # FSDP the optimizer is built after sharding has flattened every parameter.
         self.no_decay_names = one_dimensional(self.net)
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
+        # logger=False: the loggers get the whole resolved config and the plan instead
+        # (trainer.logger.run_hyperparameters), not these five values.
         self.save_hyperparameters({"num_classes": num_classes, "lr": lr, "weight_decay": weight_decay,
-                                   "optimizer": optimizer.name, "scheduler": scheduler.name})
+                                   "optimizer": optimizer.name, "scheduler": scheduler.name}, logger=False)
+        # The training loss as a metric: each step's value is this process's own (no communication),
+        # and the epoch mean is combined over all processes once, when it is computed. Lightning's
+        # `self.log(..., on_step=True, sync_dist=True)` would all-reduce at every step instead.
+        # "disable": no NaN check (it would cost a host sync per step); a non-finite step makes the
+        # epoch mean non-finite, as it should. Unweighted: training batches are all one size (drop_last).
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -60,9 +69,10 @@ class ClassificationTask(L.LightningModule):
         loss = self.compute_loss(logits, labels)
         self.train_acc(logits.detach(), labels)
         n = labels.shape[0]
-        # sync_dist: with several processes the logged loss is the mean over all of them (one scalar
-        # all-reduce per step), not rank 0's share; accuracy syncs through torchmetrics.
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n, sync_dist=True)
+        # train/loss_step: this process's loss (rank 0's in the loggers, unsynced); train/loss_epoch
+        # and train/loss at the epoch's end: the mean over all steps of all processes.
+        self.train_loss(loss.detach())
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
         return loss
 
@@ -86,4 +96,6 @@ class ClassificationTask(L.LightningModule):
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+        # The name the loggers' lr curves get from LearningRateMonitor (trainer/logger.py): train/lr,
+        # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups.
+        return {"optimizer": optimizer, "lr_scheduler": {**scheduler, "name": "train/lr"}}

@@ -1,12 +1,15 @@
 """The loggers write into the run folder: csv and tensorboard at once, and wandb offline (no
-account), which continues its run id when the run is resumed."""
+account), which continues its run id when the run is resumed. Every logger gets the learning rate
+at every step and the resolved config with the plan's derived values as hyper-parameters."""
 
+import csv
 import json
 import os
 
 import pytest
+import yaml
 
-from tests.helpers import train_forked
+from tests.helpers import ON_CPU, TINY, run_in_process, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -39,3 +42,55 @@ def test_wandb_offline_keeps_its_run_in_the_run_folder_and_its_id_on_resume(tmp_
     assert json.loads((tmp_path / "second" / "run.json").read_text())["logger_ids"]["wandb"] == run_id
     assert list((tmp_path / "second" / "wandb").glob(f"offline-run-*-{run_id}"))
     assert second.summary["steps"] == 10 and second.summary["resumed_from"]["global_step"] == 5
+
+
+# Four steps, two of warmup, so the lr moves at every step: factors 0.5, 1, 1, 0.5 of the effective lr.
+LR_RUN = [*TINY, *ON_CPU, "logger=[csv,tensorboard]", "trainer.log_every_n_steps=1", "data.train_samples=16",
+          "trainer.max_steps=4", "scheduler=warmup_cosine", "scheduler.warmup=2", "scheduler.min_lr_ratio=0.0"]
+LR_FACTORS = [0.5, 1.0, 1.0, 0.5]
+
+
+def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    run_dir = tmp_path / "run"
+    summary = run_in_process(LR_RUN, run_dir)
+    lr = summary["derived"]["optimizer.lr"]["value"]
+    expected = [pytest.approx(lr * f) for f in LR_FACTORS]
+    resolved = yaml.safe_load((run_dir / "config_resolved.yaml").read_text())
+
+    # csv: one lr per parameter group (weights with decay, norm weights and biases without) per step
+    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
+    for group in ("train/lr/pg1", "train/lr/pg2"):
+        logged = [(int(r["step"]), float(r[group])) for r in rows if r.get(group)]
+        assert [s for s, _ in logged] == [0, 1, 2, 3] and [v for _, v in logged] == expected
+    # csv's hparams.yaml: the whole resolved config and the derived values, not the module's five
+    hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
+    derived = hparams.pop("derived")
+    assert hparams == resolved
+    assert hparams["optimizer"]["lr"] == resolved["optimizer"]["lr"] and hparams["data"]["batch_size"] == 4
+    assert derived["optimizer.lr"] == lr and derived["global_batch_size"] == 4
+    assert derived["precision"] == summary["derived"]["precision"]["value"]
+
+    # tensorboard: the lr scalars, and the HParams tab's hyper-parameters
+    scalars, session = {}, None
+    for events in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+        try:
+            contents = accumulator.PluginTagToContent("hparams").values()
+        except KeyError:  # a file without hyper-parameters (the test metrics, written after fit)
+            contents = []
+        for content in contents:
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("session_start_info"):
+                session = data.session_start_info.hparams
+    assert [s for s, _ in scalars["train/lr/pg1"]] == [0, 1, 2, 3]
+    assert [v for _, v in scalars["train/lr/pg1"]] == expected
+    assert session is not None
+    assert session["optimizer/lr"].number_value == pytest.approx(resolved["optimizer"]["lr"])
+    assert session["derived/optimizer.lr"].number_value == pytest.approx(lr)
+    assert session["data/batch_size"].number_value == 4

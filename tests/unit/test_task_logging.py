@@ -1,0 +1,96 @@
+"""What the task logs about training, and what that costs under several processes: the step loss is
+the process's own, without any collective communication inside a training step; the epoch mean is
+combined over every process once, when the epoch ends. A second process is faked through the
+metric's own synchronization hook, so the test runs in one process on the CPU."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer.config import choice_config
+from trainer.task import ClassificationTask
+
+#: The other (fake) process's loss at every step.
+OTHER_LOSS = 7.0
+
+
+def make_task() -> ClassificationTask:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(1), nn.Linear(3 * 4 * 4, 10))
+    return ClassificationTask(net, 10, choice_config("optimizer", "adamw"), choice_config("scheduler", "constant"),
+                              lr=1e-3, weight_decay=0.0)
+
+
+class InsideTrainingBatch(Callback):
+    """Whether a training batch is being processed now, and each step's loss and logged step value."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.losses: list[float] = []
+        self.logged_steps: list[float] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.active = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.active = False
+        self.losses.append(float(outputs["loss"]))
+        self.logged_steps.append(float(trainer.callback_metrics["train/loss_step"]))
+
+
+@pytest.mark.run
+def test_the_step_loss_is_not_synchronized_and_the_epoch_mean_is(monkeypatch):
+    task = make_task()
+    inside = InsideTrainingBatch()
+    synced_per_step, gathered = [], []
+
+    # Lightning's path: a value logged with sync_dist=True and on_step (the default inside
+    # training_step) is all-reduced at every step under DDP (on one device Lightning skips the
+    # reduce, so the calls themselves are what is checked).
+    original_log = L.LightningModule.log
+
+    def recording_log(self, name, value, *args, **kwargs):
+        if inside.active and kwargs.get("sync_dist") and kwargs.get("on_step", True):
+            synced_per_step.append(name)
+        return original_log(self, name, value, *args, **kwargs)
+
+    monkeypatch.setattr(ClassificationTask, "log", recording_log)
+
+    # torchmetrics' path: a second process whose loss was OTHER_LOSS at every step.
+    metric = task.train_loss
+
+    def gather_with_another_process(tensor, group=None):
+        gathered.append(inside.active)
+        other = metric.weight * OTHER_LOSS if tensor is metric.mean_value else metric.weight.clone()
+        return [tensor, other]
+
+    metric.distributed_available_fn = lambda: True
+    metric.dist_sync_fn = gather_with_another_process
+
+    data = TensorDataset(torch.rand(16, 3, 4, 4), torch.randint(0, 10, (16,)))
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[inside],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0)
+    trainer.fit(task, train_dataloaders=DataLoader(data, batch_size=4, drop_last=True))
+
+    assert len(inside.losses) == 4
+    assert synced_per_step == []  # nothing all-reduced at every step
+    assert gathered and not any(gathered)  # the metric synchronized, only outside the steps
+    assert inside.logged_steps == pytest.approx(inside.losses)  # this process's own loss per step
+    own_mean = sum(inside.losses) / len(inside.losses)
+    assert float(trainer.callback_metrics["train/loss_epoch"]) == pytest.approx((own_mean + OTHER_LOSS) / 2)
+    assert float(trainer.callback_metrics["train/loss"]) == pytest.approx((own_mean + OTHER_LOSS) / 2)
+
+
+def test_the_module_hyperparameters_stay_in_checkpoints_and_out_of_the_loggers():
+    task = make_task()
+    # Checkpoints carry these (plain values: they load with weights_only=True) ...
+    assert dict(task.hparams) == {"num_classes": 10, "lr": 1e-3, "weight_decay": 0.0, "optimizer": "adamw",
+                                  "scheduler": "constant"}
+    # ... and Lightning does not hand them to the loggers: those get the resolved config (trainer/logger.py).
+    assert task._log_hyperparams is False
