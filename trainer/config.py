@@ -16,9 +16,12 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import lightning
 from hydra import compose, initialize_config_dir
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.plugins import CheckpointIO, ClusterEnvironment, LayerSync, Precision
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trainer.callbacks.configured import check_callback
 from trainer.data.base import ImageClassificationData
 from trainer.errors import UserError, choices
 from trainer.recipes import CONF_DIR
@@ -200,13 +203,30 @@ SCHEDULERS = {"warmup_cosine": WarmupCosineConfig, "constant": ConstantConfig, "
 TRAINER_KEYS_OWNED_ELSEWHERE = {
     "precision": "the precision group (precision=bf16_mixed, ...)",
     "logger": "the logger group (logger=csv, ...)",
-    "callbacks": "the framework's callbacks (checkpointing=..., progress=...)",
+    "callbacks": "the callbacks group (callbacks=[early_stopping,ema], +callbacks.NAME._target_=pkg.Class)",
     "enable_checkpointing": "the checkpointing group (checkpointing=off)",
     "enable_progress_bar": "the top-level key progress (progress=off)",
     "default_root_dir": "the Hydra run folder (hydra.run.dir=...)",
-    "plugins": "the precision group",
     "gradient_clip_val": "the clipping group (clipping=fixed_norm clipping.max_norm=1.0, ...)",
     "gradient_clip_algorithm": "the clipping group (clipping=value, ...)",
+}
+
+#: Tighter bounds than lightning.Trainer's signature, for arguments Lightning accepts when the
+#: Trainer is built but fails on once fit starts (0 accumulation, 0 epochs or batches between
+#: validations: a ZeroDivisionError mid-run), reads as "always" (negative counts), or that the
+#: batch rules multiply before any Trainer exists (num_nodes, accumulate_grad_batches).
+TRAINER_BOUNDS: dict[str, Any] = {
+    "accumulate_grad_batches": Annotated[int, AT_LEAST_ONE],
+    "num_nodes": Annotated[int, AT_LEAST_ONE],
+    "check_val_every_n_epoch": Optional[Annotated[int, AT_LEAST_ONE]],
+    "val_check_interval": Optional[Union[Annotated[int, AT_LEAST_ONE], Annotated[float, FRACTION], str,
+                                         dict[str, int]]],
+    "log_every_n_steps": Optional[Annotated[int, NON_NEGATIVE]],
+    "min_epochs": Optional[Annotated[int, NON_NEGATIVE]],
+    "min_steps": Optional[Annotated[int, NON_NEGATIVE]],
+    "num_sanity_val_steps": Optional[Annotated[int, Range(ge=-1)]],
+    # Plugin objects come as {_target_: ...} mappings; each is checked by `_plugins`.
+    "plugins": Optional[Union[dict[str, Any], list[Any]]],
 }
 
 
@@ -225,6 +245,7 @@ class RunSpec:
     checkpointing: CheckpointingConfig
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
+    callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     clipping: dict[str, Any] = field(default_factory=dict)
     nonfinite: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: list[str] = field(default_factory=list)
@@ -237,7 +258,7 @@ class RunSpec:
 
 
 GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "nonfinite",
-          "logger", "trainer")
+          "logger", "callbacks", "trainer")
 
 #: Where the code that consumes each config group lives (conf/GROUP/ -> module), and what the group
 #: chooses. `--help` prints it; tests/unit/test_compose_all.py checks every group and module exists.
@@ -252,7 +273,9 @@ GROUP_MODULES: dict[str, tuple[str, str]] = {
     "clipping": ("trainer/callbacks/clipping.py", "gradient clipping (95th percentile by default)"),
     "nonfinite": ("trainer/callbacks/nonfinite.py", "the guard that skips NaN/Inf steps"),
     "logger": ("trainer/logger.py", "Lightning loggers writing into the run folder"),
-    "trainer": ("trainer/build.py", "the lightning.Trainer's own arguments"),
+    "callbacks": ("trainer/callbacks/configured.py", "callbacks added after the framework's: early stopping, "
+                  "EMA, a team's own (+callbacks.NAME._target_=...)"),
+    "trainer": ("trainer/lightning_trainer.py", "the lightning.Trainer's own arguments"),
     "hparams_search": ("trainer/sweeps.py", "an Optuna study (Hydra's Optuna sweeper, its SQLite storage)"),
     "ladder": ("trainer/comparison.py", "an optimization ladder: stages of one multirun, compared"),
     "recipe": ("trainer/recipes.py", "a team-shared recipe from recipes/ (+recipe=NAME)"),
@@ -294,6 +317,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         checkpointing=_dataclass("checkpointing", plain["checkpointing"], CheckpointingConfig),
         loggers=_loggers(plain["logger"]),
         trainer=_trainer(plain["trainer"]),
+        callbacks=_callbacks(plain.get("callbacks") or {}),
         clipping=_target("clipping", plain["clipping"], skip=()),
         nonfinite=_target("nonfinite", plain["nonfinite"], skip=()),
         activation_checkpointing=stages,
@@ -309,6 +333,8 @@ def _check_layout(plain: Mapping[str, Any]) -> None:
         if key not in allowed:
             raise UserError(str(key), "unknown top-level key", choices(allowed))
     for group in GROUPS:
+        if group == "callbacks" and plain.get(group) is None:
+            continue  # callbacks=[] composes no node: no callbacks beyond the framework's
         if not isinstance(plain.get(group), dict):
             raise UserError(group, "missing or not a mapping", f"a choice of the {group} group ({group}=NAME)")
     if not isinstance(plain.get("run", {}), dict):
@@ -369,7 +395,69 @@ def _trainer(values: dict[str, Any]) -> dict[str, Any]:
         if key in TRAINER_KEYS_OWNED_ELSEWHERE:
             raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
     checked = check_mapping("trainer", values, _trainer_schema(lightning.Trainer), "lightning.Trainer")
-    return {k: v for k, v in checked.items() if k in values}
+    given = {k: v for k, v in checked.items() if k in values}
+    for key, value in given.items():
+        # An object argument given as {_target_: ...}: made by trainer/lightning_trainer.py.
+        if key == "plugins":
+            given[key] = _plugins(value)
+        elif isinstance(value, dict) and "_target_" in value:
+            given[key] = _target(f"trainer.{key}", value, skip=())
+    return given
+
+
+def _plugins(value: Any) -> list[dict[str, Any]]:
+    """The person's Trainer plugins: cluster environments and layer syncs, each a `_target_` mapping.
+    The precision plugin is the precision group's, and every checkpoint is written by the framework's
+    SafeCheckpointIO (atomic, weights-only): a plugin of either kind would replace them."""
+    entries = [] if value is None else value if isinstance(value, list) else [value]
+    plugins = []
+    for i, entry in enumerate(entries):
+        key = f"trainer.plugins[{i}]"
+        if not (isinstance(entry, dict) and isinstance(entry.get("_target_"), str)):
+            raise UserError(key, "not a plugin mapping", "{_target_: pkg.module.Plugin, ...its arguments}")
+        plugin_cls = locate_target(key, entry["_target_"])
+        if inspect.isclass(plugin_cls):  # (a factory function: Lightning checks what it returns)
+            _check_plugin_kind(key, entry["_target_"], plugin_cls)
+        plugins.append(_target(key, entry, skip=()))
+    return plugins
+
+
+def _check_plugin_kind(key: str, path: str, plugin_cls: type) -> None:
+    if issubclass(plugin_cls, Precision):
+        raise UserError(f"{key}._target_", f"'{path}' is a precision plugin, which the framework sets itself",
+                        "use the precision group (precision=bf16_mixed|fp16_mixed|fp32, precision.scaler_* for "
+                        "fp16's GradScaler)")
+    if issubclass(plugin_cls, CheckpointIO):
+        raise UserError(f"{key}._target_", f"'{path}' is a CheckpointIO, and every checkpoint is written by the "
+                        "framework's SafeCheckpointIO (atomic, weights-only)",
+                        "use the checkpointing group (checkpointing=default|off, checkpointing.every_n_steps=...)")
+    if not issubclass(plugin_cls, (ClusterEnvironment, LayerSync)):
+        raise UserError(f"{key}._target_", f"'{path}' is not a Lightning plugin",
+                        "a ClusterEnvironment (lightning.pytorch.plugins.environments.SLURMEnvironment, ...) "
+                        "or a LayerSync (lightning.pytorch.plugins.TorchSyncBatchNorm, ...)")
+
+
+def _callbacks(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The callbacks group's entries (name -> `_target_` mapping), each checked against its
+    constructor; see trainer/callbacks/configured.py for what is refused."""
+    callbacks = {}
+    for name, spec in values.items():
+        key = f"callbacks.{name}"
+        if spec is None:
+            continue  # a callback switched off with callbacks.NAME=null
+        if not isinstance(spec, dict):
+            raise UserError(key, "not a mapping", "{_target_: pkg.module.Callback, ...its arguments}")
+        if not isinstance(spec.get("_target_"), str):
+            raise UserError(f"{key}._target_", "missing", "the import path of a Lightning callback class")
+        # What it is first (a callback, not one the framework sets), then whether its keys fit.
+        target = locate_target(key, spec["_target_"])
+        check_callback(key, target, {k: v for k, v in spec.items() if not (k.startswith("_") and k.endswith("_"))})
+        checked = _target(key, spec, skip=())
+        if inspect.isclass(target) and issubclass(target, EarlyStopping) and "monitor" in checked:
+            # Lightning looks the metric up only after the first validation, and stops the run there.
+            check_value(f"{key}.monitor", checked["monitor"], MonitoredMetric)
+        callbacks[name] = checked
+    return callbacks
 
 
 INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size")
@@ -469,5 +557,6 @@ def locate_target(prefix: str, path: str) -> Any:
 
 def _trainer_schema(trainer_cls: type) -> Schema:
     schema = schema_of_callable(trainer_cls)
-    fields = {k: v for k, v in schema.fields.items() if k not in TRAINER_KEYS_OWNED_ELSEWHERE}
+    fields = {k: dataclasses.replace(v, annotation=TRAINER_BOUNDS.get(k, v.annotation))
+              for k, v in schema.fields.items() if k not in TRAINER_KEYS_OWNED_ELSEWHERE}
     return Schema(fields, open=False)

@@ -24,6 +24,20 @@ CASES = {
     "imagefolder missing path": (["data=imagefolder", "data.root=/no/such/folder"], "data.root"),
     "cifar10 without root": (["data=cifar10"], "data.root"),
     "cifar10 missing path": (["data=cifar10", "data.root=/no/such/folder"], "data.root"),
+    # Lightning refuses it while the Trainer is built (after the data and the plan).
+    "trainer value Lightning refuses": (["trainer.max_epochs=-2"], "trainer.max_epochs"),
+    "trainer value Lightning refuses unnamed": (["trainer.devices=junk"], "trainer.devices"),
+    # Lightning accepts it when built and divides by it once fit starts: refused up front.
+    "trainer value failing only at fit": (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches"),
+    "nested trainer target": (["+trainer.strategy={_target_: no.such.Strategy}"], "trainer.strategy._target_"),
+    "nested constructor refusal": (["+trainer.profiler={_target_: lightning.pytorch.profilers.PyTorchProfiler,"
+                                    "sort_by_key: nonsense}"], "trainer.profiler"),
+    "precision plugin": (["+trainer.plugins=[{_target_: lightning.pytorch.plugins.MixedPrecision,precision: 16-mixed,"
+                          "device: cpu}]"], "trainer.plugins[0]._target_"),
+    "callback the framework sets": (["+callbacks.best._target_=lightning.pytorch.callbacks.ModelCheckpoint"],
+                                    "callbacks.best: ModelCheckpoint is set by the framework"),
+    "callback key its constructor lacks": (["callbacks=early_stopping", "+callbacks.early_stopping.patiense=2"],
+                                           "callbacks.early_stopping.patiense"),
 }
 
 
@@ -36,6 +50,12 @@ def test_bad_input_is_one_line(tmp_path, args, key):
 def test_bad_input_is_one_line_in_a_fresh_interpreter(tmp_path):
     result = train(["optimizer.learning_rate=0.1"], tmp_path / "run")
     _assert_one_line_error(result, "optimizer.learning_rate")
+
+
+def test_a_value_lightning_refuses_is_one_line_in_a_fresh_interpreter(tmp_path):
+    result = train(["trainer.max_epochs=-2"], tmp_path / "run")
+    _assert_one_line_error(result, "trainer.max_epochs")
+    assert "non-negative integer or -1" in result.stderr
 
 
 def test_folders_without_images(tmp_path):

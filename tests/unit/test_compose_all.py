@@ -56,6 +56,9 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
         assert getattr(spec, group) == OmegaConf.to_container(cfg[group])
     elif group == "logger":
         assert list(spec.loggers) == [choice]
+    elif group == "callbacks":
+        assert spec.callbacks == OmegaConf.to_container(cfg.callbacks)
+        assert list(spec.callbacks) == ([] if choice == "none" else [choice])
     elif group == "trainer":
         assert spec.trainer == {k: v for k, v in OmegaConf.to_container(cfg.trainer).items()}
     else:

@@ -61,3 +61,10 @@ def test_docstring_args_reads_the_first_sentence_of_each_entry():
         """
 
     assert docstring_args(documented) == {"a": "The first one", "b": "The second, continued here"}
+
+
+def test_the_callbacks_group_shows_what_each_entry_builds_with_its_arguments_docs():
+    text = annotated_config(OmegaConf.to_container(compose(["callbacks=[early_stopping,ema]"])), {})
+    assert GROUP_MODULES["callbacks"][0] in _line(text, "callbacks:")
+    assert _line(text, "  early_stopping:").endswith("builds lightning.pytorch.callbacks.EarlyStopping")
+    assert _line(text, "    patience: 3").split("# ", 1)[1].startswith("number of checks with no improvement")

@@ -1,0 +1,140 @@
+"""The `callbacks` group (conf/callbacks/): Lightning callbacks a person adds by config.
+
+    callbacks=[early_stopping,ema]                  ready choices, one YAML each
+    +callbacks.mine._target_=my_pkg.MyCallback      a team's own (+callbacks.mine.ARG=VALUE for its arguments)
+
+Each entry is checked when the config is validated (trainer/config.py: its keys against its
+constructor's signature; `check_callback` here: that it is a Lightning callback the framework does
+not set itself) and built by `build_callbacks`, after the framework's own callbacks, so Lightning
+calls it after them at every hook. A callback's `state_dict` goes into every checkpoint under its
+`state_key` and comes back when a run resumes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from typing import Any, Mapping
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import (
+    Callback,
+    DeviceStatsMonitor,
+    GradientAccumulationScheduler,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ProgressBar,
+    WeightAveraging,
+)
+from torch.optim.swa_utils import AveragedModel
+
+from trainer.errors import UserError
+from trainer.instantiation import construct
+from trainer.schema import Schema, check_mapping, schema_of_callable
+
+#: Lightning callbacks the framework sets from its own groups: a second one would fight them.
+OWNED_LIGHTNING_CALLBACKS: tuple[tuple[type, str], ...] = (
+    (ModelCheckpoint, "the checkpointing group (checkpointing=default|off, checkpointing.monitor=..., "
+                      "checkpointing.save_top_k=...)"),
+    (ProgressBar, "the top-level key progress (progress=auto|rich|plain|off)"),
+    (GradientAccumulationScheduler, "trainer.accumulate_grad_batches"),
+    (LearningRateMonitor, "the logger group: the learning rate is logged whenever a logger is on (logger=csv, ...)"),
+)
+
+#: The framework's own callbacks (trainer/callbacks/, trainer/checkpoint.py), by class name, and
+#: what sets each. Named rather than imported: trainer/checkpoint.py imports the config module,
+#: which imports this one. Any other Callback class of this package is the framework's as well.
+OWNED_FRAMEWORK_CALLBACKS: dict[str, str] = {
+    "GradientClipping": "the clipping group (clipping=percentile|autoclip|fixed_norm|value|off)",
+    "NonFiniteGuard": "the nonfinite group (nonfinite=skip|off)",
+    "PeriodicCheckpoint": "the checkpointing group (checkpointing.every_n_steps, checkpointing.every_minutes)",
+    "PlainProgress": "the top-level key progress (progress=plain, progress_every_s=...)",
+}
+#: Base classes of this package meant to be built upon; a team's callback may derive from them.
+REUSABLE_BASES = ("StepBoundary",)
+_PACKAGE = __name__.split(".")[0]
+
+#: Callbacks whose ``**kwargs`` go to another constructor, not to a parent class, so the signature
+#: check cannot follow them: WeightAveraging hands them to torch's AveragedModel when fit starts,
+#: where a misspelt key would stop the run with a traceback. (callback, receiver, what it fills in)
+KWARGS_FORWARDED: tuple[tuple[type, Any, tuple[str, ...]], ...] = ((WeightAveraging, AveragedModel, ("model",)),)
+
+
+def check_callback(key: str, target: Any, arguments: Mapping[str, Any]) -> None:
+    """Refuse, at validation, a `_target_` that is not a Lightning callback, one the framework sets
+    itself, or keys that a callback forwards to a constructor the signature check cannot see."""
+    if not inspect.isclass(target):
+        return  # a factory function: what it returns is checked when it is built
+    _refuse_owned(key, target)
+    if not issubclass(target, Callback):
+        raise UserError(f"{key}._target_", f"'{target.__module__}.{target.__qualname__}' is not a Lightning callback",
+                        "a subclass of lightning.pytorch.callbacks.Callback")
+    for owner, receiver, filled_in in KWARGS_FORWARDED:
+        if issubclass(target, owner):
+            own = schema_of_callable(target)
+            forwarded = schema_of_callable(receiver, skip=filled_in)
+            check_mapping(key, arguments, Schema({**forwarded.fields, **own.fields}, open=False), target.__name__)
+
+
+def _refuse_owned(key: str, cls: type) -> None:
+    for owned, pointer in OWNED_LIGHTNING_CALLBACKS:
+        if issubclass(cls, owned):
+            kind = "" if cls is owned else f" (a {owned.__name__})"
+            raise UserError(key, f"{cls.__name__}{kind} is set by the framework", f"use {pointer}")
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] == _PACKAGE and base.__name__ not in REUSABLE_BASES \
+                and issubclass(base, Callback):
+            kind = "" if cls is base else f" (a {base.__name__})"
+            pointer = OWNED_FRAMEWORK_CALLBACKS.get(base.__name__)
+            if pointer:
+                raise UserError(key, f"{cls.__name__}{kind} is set by the framework", f"use {pointer}")
+            raise UserError(key, f"{cls.__name__}{kind} is the framework's own, and every run has it already",
+                            "remove the entry")
+
+
+def build_callbacks(specs: Mapping[str, Mapping[str, Any]], has_logger: bool, accelerator: str) -> list[Callback]:
+    """The group's callbacks in the order composed (validated specs, `_target_` mappings)."""
+    callbacks = []
+    for name, spec in specs.items():
+        key = f"callbacks.{name}"
+        callback = construct(key, lambda spec=spec: instantiate(spec, _convert_="all"))
+        if not isinstance(callback, Callback):
+            raise UserError(f"{key}._target_", f"'{spec['_target_']}' built a {type(callback).__name__}, "
+                            "not a Lightning callback", "a subclass of lightning.pytorch.callbacks.Callback")
+        _refuse_owned(key, type(callback))
+        if isinstance(callback, DeviceStatsMonitor):
+            _check_device_stats(key, spec, has_logger, accelerator)
+        callbacks.append(callback)
+        if isinstance(callback, WeightAveraging):
+            callbacks.append(AveragedWeightsUnderTest(callback))
+    return callbacks
+
+
+class AveragedWeightsUnderTest(Callback):
+    """Makes the test measure a weight-averaging callback's (EMA, SWA) averaged weights.
+
+    The run tests the best checkpoint with the Trainer that trained (`trainer.test(ckpt_path=
+    "best")`). Its state_dict holds the average, but Lightning 2.6's WeightAveraging, still set up
+    from fit, then loads the checkpoint's raw weights (current_model_state) back into the model, so
+    the test would measure the weights the average was meant to replace. The average it restored
+    from the same checkpoint goes back into the model before the first test batch.
+    """
+
+    def __init__(self, averaging: WeightAveraging) -> None:
+        self.averaging = averaging
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.averaging._average_model is not None:  # noqa: SLF001 - see the class docstring
+            self.averaging._copy_average_to_current(pl_module)  # noqa: SLF001
+
+
+def _check_device_stats(key: str, spec: Mapping[str, Any], has_logger: bool, accelerator: str) -> None:
+    """DeviceStatsMonitor's own checks, which Lightning makes only once fit has started."""
+    if not has_logger:
+        raise UserError(key, "DeviceStatsMonitor writes through the run's loggers, and this run has none",
+                        "a logger (logger=csv, tensorboard or wandb)")
+    cpu_stats = spec.get("cpu_stats")
+    if (cpu_stats or (cpu_stats is None and accelerator == "cpu")) and importlib.util.find_spec("psutil") is None:
+        raise UserError(f"{key}.cpu_stats", "CPU statistics need the psutil package, which is not installed",
+                        "false, or pip install psutil")
