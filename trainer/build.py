@@ -2,27 +2,30 @@
 
 `build_parts` instantiates what the config names (data module, network, clipping and non-finite
 callbacks) before anything is resolved; `build_task` applies the frozen `Plan` to the network;
-`build_trainer` assembles the callbacks, loggers and `lightning.Trainer` (the `trainer` group's
-arguments plus what the plan decided). Nothing here decides a setting: that is `trainer.plan`.
+`build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
+`lightning.Trainer` (the `trainer` group's arguments plus what the plan decided, made by
+trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.plan`.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import lightning as L
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
+from trainer.callbacks.configured import build_callbacks
 from trainer.callbacks.curves import Curves
-from trainer.callbacks.graceful import GracefulStop
+from trainer.callbacks.graceful import GracefulStop, SignalLatch
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.nonfinite import NonFiniteGuard
 from trainer.callbacks.progress import PlainProgress
@@ -33,7 +36,9 @@ from trainer.compile import apply_compile
 from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.errors import UserError
-from trainer.logger import build_loggers
+from trainer.instantiation import construct
+from trainer.lightning_trainer import make_trainer
+from trainer.logger import RunLabels, build_loggers, logger_callbacks, run_hyperparameters
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
 from trainer.plan import Plan
 from trainer.precision import apply_tf32, lightning_precision
@@ -101,21 +106,6 @@ def build_model(spec: RunSpec, info: DataInfo) -> nn.Module:
     return net
 
 
-def construct(group: str, build: Callable[[], Any]) -> Any:
-    """Instantiate a group's `_target_`; its own argument checks become one-line errors."""
-    try:
-        return build()
-    except UserError:
-        raise
-    except InstantiationException as ex:
-        cause = ex.__cause__ or ex
-        if isinstance(cause, UserError):
-            raise cause from None
-        if isinstance(cause, (TypeError, ValueError)):
-            raise UserError(group, f"the {group} constructor rejected its arguments: {cause}") from None
-        raise
-
-
 def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
     """Apply the plan to the network (checkpointed stages, TF32, compile, memory format) and wrap it
     in the LightningModule with the plan's lr, weight decay and optimizer kernel."""
@@ -128,10 +118,11 @@ def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
 
 
 def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
-                  logger_ids: dict[str, str] | None = None) -> Built:
+                  logger_ids: dict[str, str] | None = None, latch: SignalLatch | None = None,
+                  labels: RunLabels | None = None) -> Built:
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
                             mfu_note=plan.peak_flops_note)
-    losses, stopper, curves = LossRecord(), GracefulStop(), Curves()
+    losses, stopper, curves = LossRecord(), GracefulStop(latch), Curves()
     # The guard goes first: a step it skips has no gradients left for clipping to record.
     # RNGState: the random generators' states go into every checkpoint and come back on resume.
     callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState()]
@@ -141,8 +132,15 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     progress = _progress_callback(spec)
     if progress is not None:
         callbacks.append(progress)
-    loggers = build_loggers(spec.loggers, run_dir, logger_ids)
-    trainer = L.Trainer(
+    loggers = build_loggers(spec.loggers, run_dir, logger_ids, labels)
+    if loggers:
+        # Every logger gets the lr per step and the resolved config with the plan's derived values.
+        callbacks += logger_callbacks(run_hyperparameters(
+            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}))
+    # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
+    callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
+    trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>
+        spec.trainer,
         **_trainer_arguments(spec, plan),
         logger=loggers if loggers else False,
         callbacks=callbacks,
@@ -167,16 +165,44 @@ def _progress_callback(spec: RunSpec) -> Callback | None:
 def _trainer_arguments(spec: RunSpec, plan: Plan) -> dict[str, Any]:
     """The `trainer` group's arguments, with the accelerator and precision the plan chose."""
     arguments = dict(spec.trainer)
-    arguments.update(accelerator=plan.accelerator, **lightning_precision(plan.precision, plan.accelerator,
-                                                                         spec.precision))
+    precision = lightning_precision(plan.precision, plan.accelerator, spec.precision)
     # Every checkpoint the Trainer writes or reads goes through SafeCheckpointIO (atomic,
-    # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO.
-    arguments["plugins"] = [*arguments.get("plugins", []), SafeCheckpointIO()]
+    # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO. The person's own
+    # plugins (trainer.plugins: cluster environments, layer syncs) come after the framework's.
+    plugins = [*precision.pop("plugins", []), SafeCheckpointIO(), *arguments.pop("plugins", [])]
+    if _inside_slurm_job() and not _names_cluster_environment(plugins):
+        # Deliberately without Lightning's SLURM auto-requeue: its SIGUSR1 handler writes an
+        # hpc_ckpt and requeues on its own, and a requeued run then restores that file whatever
+        # `resume` says. Preemption is submitit's signal and GracefulStop's checkpoint here.
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    arguments.update(accelerator=plan.accelerator, plugins=plugins, **precision)
     if arguments.get("benchmark") is None:
         # cuDNN autotuning goes with TF32 (both off when deterministic). Said explicitly either way:
         # Lightning's None keeps the process's setting, which a previous job of a sweep may have set.
         arguments["benchmark"] = plan.tf32 and plan.accelerator == "cuda"
     return arguments
+
+
+def _inside_slurm_job() -> bool:
+    """Lightning's own test, without the srun hint it prints on any machine that has srun
+    (trainer/lightning_trainer.py drops that hint)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SLURMEnvironment.detect()
+
+
+def _names_cluster_environment(plugins: list[Any]) -> bool:
+    """Whether the person's plugins (objects, or `_target_` mappings still to be built) include a
+    cluster environment of their own."""
+    for plugin in plugins:
+        target = plugin.get("_target_") if isinstance(plugin, Mapping) else type(plugin)
+        try:
+            cls = get_class(target) if isinstance(target, str) else target
+        except Exception:  # noqa: BLE001 - an unknown target is reported where it is built
+            continue
+        if isinstance(cls, type) and issubclass(cls, ClusterEnvironment):
+            return True
+    return False
 
 
 def device_of(plan: Plan) -> torch.device:

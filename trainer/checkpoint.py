@@ -81,6 +81,8 @@ class PeriodicCheckpoint(StepBoundary):
                            batch_idx: int) -> None:
         if not self.ended_on_optimizer_step(trainer):
             return  # no optimizer step in this batch (gradient accumulation): its gradients are in no checkpoint
+        if self.ends_epoch(trainer, batch_idx):
+            return  # the epoch's end writes last.ckpt (StepBoundary.ends_epoch says why not here)
         step = int(trainer.global_step)
         due = bool(self.every_n_steps and step % self.every_n_steps == 0)
         due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)

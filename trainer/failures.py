@@ -50,6 +50,11 @@ def ending_for(ex: BaseException, spec: RunSpec, last_checkpoint: str | None) ->
         sys.stdout.flush()
         sys.stderr.write(f"{ex}\n")
         sys.stderr.flush()
+        if ex.hand_over is not None:
+            # submitit's handler, now that the checkpoint and summary are written: it saves the
+            # job's resubmission, asks SLURM to requeue it and exits (rank 0; the others return).
+            log.info("handing the preemption over to the launcher's handler (submitit requeues the job)")
+            ex.hand_over()
         return SystemExit(128 + ex.signum)
     if isinstance(ex, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError in newer torch
         return out_of_memory(ex, spec, last_checkpoint)

@@ -1,8 +1,9 @@
 """A run's identity (`run.name`) and where it resumes from (`resume=auto|PATH`).
 
-Every run folder holds ``run.json`` with the run's name. ``resume=auto`` searches `run.root` for
-the folders of runs with this name (a requeued job lands in a new Hydra folder, so the folder is
-not the identity) and takes the newest checkpoint among them that reads back whole; files that do
+Every run folder holds ``run.json`` with the run's name. ``resume=auto`` searches the run's own
+folder (where a job requeued by submitit starts again) and the folders under `run.root` of runs
+with this name (the same command run again lands in a new Hydra folder, so the folder is not the
+identity) and takes the newest checkpoint among them that reads back whole; files that do
 not (a kill during a write leaves only a hidden temporary, but a disk can still hand back a torn
 file) are passed over with a warning. Asked to resume and nothing found: an error, never a silent
 fresh start.
@@ -125,11 +126,14 @@ def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]
     return found
 
 
-def find_latest(name: str, root: Path, exclude: Path | None = None) -> Checkpoint | None:
+def find_latest(name: str, root: Path, own_folder: Path | None = None) -> Checkpoint | None:
     """The newest checkpoint (by modification time; last.ckpt first on a tie) of the runs named
-    `name` that reads back whole."""
-    candidates = [path for folder in runs_named(name, root, exclude)
-                  for path in checkpoint_files(folder / "checkpoints")]
+    `name` that reads back whole. `own_folder`, this run's folder, is searched too, wherever it
+    lies: a requeued SLURM job starts again in the folder of its first attempt."""
+    folders = runs_named(name, root, exclude=own_folder)
+    if own_folder is not None and _named(own_folder) in (name, None):
+        folders.append(own_folder)
+    candidates = [path for folder in folders for path in checkpoint_files(folder / "checkpoints")]
     for path in newest_first(candidates):
         try:
             return read_resumable(path)
@@ -140,15 +144,21 @@ def find_latest(name: str, root: Path, exclude: Path | None = None) -> Checkpoin
 
 def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) -> Checkpoint | None:
     """What `resume` asks for, as a checkpoint; None when the run starts fresh."""
+    if request is None and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
+        # A job SLURM started again (requeued after a preemption) runs the same command in the same
+        # folder: starting fresh would throw away its own checkpoint.
+        log.info("resume: this SLURM job was requeued (SLURM_RESTART_COUNT=%s): carrying on as resume=if_any",
+                 os.environ["SLURM_RESTART_COUNT"])
+        request = "if_any"
     if request is None:
         return None
     if request == "if_any":  # a job that may be a requeue: carry on if there is something to carry on from
-        found = find_latest(name, root, exclude=run_dir)
+        found = find_latest(name, root, run_dir)
         if found is None:
             log.info("resume=if_any: no checkpoint of run '%s' under '%s' yet: starting fresh", name, root)
         return found
     if request == "auto":
-        found = find_latest(name, root, exclude=run_dir)
+        found = find_latest(name, root, run_dir)
         if found is None:
             raise UserError("resume", f"auto found no readable checkpoint of run '{name}' under '{root}'",
                             f"run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
@@ -165,6 +175,15 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     elif not path.is_file():
         raise UserError("resume", f"'{path}' does not exist", "resume=auto, or the path of a .ckpt file or run folder")
     return read_resumable(path)
+
+
+def _named(folder: Path) -> str | None:
+    """The name in a folder's run.json; None when it has none yet."""
+    try:
+        record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record.get("name") if isinstance(record, dict) else None
 
 
 def check_fits(checkpoint: Checkpoint, model_state: Mapping[str, Any]) -> None:

@@ -25,11 +25,15 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
+from trainer import attempts
 from trainer.alignment import check_alignment
 from trainer.atomic import write_text_atomic
 from trainer.build import Built, Parts, build_parts, build_task, build_trainer, device_of
+from trainer.callbacks.graceful import SignalLatch, StoppedBySignal
+from trainer.signals import is_preemption
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.config import RunSpec, validate
 from trainer.data.synthetic import SyntheticDataModule
@@ -40,7 +44,7 @@ from trainer.errors import UserError, exception_line, exit_with, full_error_requ
 from trainer.failures import check_trial, ending_for, in_multirun, job_failed, objective_value, was_interrupted
 from trainer.fingerprint import fingerprint
 from trainer.library_logs import quiet_library_warnings, route_library_logs
-from trainer.logger import finish_loggers, logger_ids
+from trainer.logger import finish_loggers, logger_ids, run_labels
 from trainer.models.layers import count_parameters
 from trainer.optimizer import build_optimizer
 from trainer.plan import Plan, resolve
@@ -83,6 +87,9 @@ class Identity(NamedTuple):
     name: str
     resume_from: Checkpoint | None
     logger_ids: dict[str, str]
+    #: The run's attempts before this one (a requeued or resumed run), and this one's record.
+    earlier_attempts: list[dict[str, Any]]
+    attempt: dict[str, Any]
 
 
 class Fitted(NamedTuple):
@@ -90,6 +97,9 @@ class Fitted(NamedTuple):
     metrics: dict[str, dict[str, float]]
     use_best: bool
     peak_memory: dict[str, Any]
+    #: The callbacks' records at the end of training, taken before testing the best checkpoint
+    #: restores their states as they were when it was written.
+    training_records: dict[str, Any]
 
 
 def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, str] | None = None,
@@ -120,6 +130,17 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
 
 
 def _run(job: Job) -> float | None:
+    # From here on a stop signal (a scheduler's preemption, SIGTERM, Ctrl-C) is recorded and acted
+    # on at the next step boundary (trainer/callbacks/graceful.py).
+    latch = SignalLatch()
+    latch.install()
+    try:
+        return _run_phases(job, latch)
+    finally:
+        latch.uninstall()
+
+
+def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     started = time.perf_counter()
     spec = validate(job.cfg, job.choices)
     rank_zero = _check_launch(spec, job)
@@ -136,17 +157,21 @@ def _run(job: Job) -> float | None:
     environment = _announce(spec, plan, job, identity, rank_zero)
     if spec.run.diagnose:
         return _diagnose(spec, plan, parts, task, job.run_dir)
-    built = build_trainer(spec, plan, job.run_dir, parts, identity.logger_ids)
+    # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
+    # hydra.sweep.subdir puts each job one level below it); the recipe and group choices.
+    labels = run_labels(identity.name, job.choices, job.run_dir.parent if job.multirun else None, spec.identity.root)
+    built = build_trainer(spec, plan, job.run_dir, parts, identity.logger_ids, latch=latch, labels=labels)
     record = RunRecord(job.run_dir / "summary.json", writes=rank_zero, fields=_what_ran(
         job, spec, plan, identity, parts, built, {"parameters": parameters, "alignment": alignment}, environment))
+    record.begin()
     try:
         fitted = _fit_and_test(built, task, parts, identity.resume_from, device_of(plan))
     except BaseException as ex:
-        ending = _record_failure(ex, spec, built, parts, record, started, identity.name)
+        ending = _record_failure(ex, spec, built, parts, record, started, identity)
         if ending is None:
             raise
         raise ending from None
-    summary = _record_completion(spec, built, parts, fitted, record, started, identity.name)
+    summary = _record_completion(spec, built, parts, fitted, record, started, identity)
     return objective_value(summary["metrics"], spec.run.objective)
 
 
@@ -172,9 +197,11 @@ def _identify(spec: RunSpec, job: Job, rank_zero: bool) -> Identity:
     name = spec.identity.name or default_name(job.choices, job.overrides)
     resume_from = resolve_resume(spec.run.resume, name, Path(spec.identity.root), job.run_dir)
     ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
+    resumed_step = resume_from.global_step if resume_from else None
+    earlier = attempts.earlier_attempts(resume_from.path if resume_from else None, resumed_step)
     if rank_zero:
         write_identity(job.run_dir, name, str(resume_from.path) if resume_from else None, ids)
-    return Identity(name, resume_from, ids)
+    return Identity(name, resume_from, ids, earlier, attempts.this_attempt(len(earlier) + 1, resumed_step))
 
 
 def _announce(spec: RunSpec, plan: Plan, job: Job, identity: Identity, rank_zero: bool) -> dict[str, Any]:
@@ -235,6 +262,7 @@ def _what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Pa
     return {
         "run_name": identity.name,
         "run_dir": str(job.run_dir),
+        **attempts.totals([*identity.earlier_attempts, identity.attempt]),
         "resumed_from": ({"path": str(resumed.path), "global_step": resumed.global_step, "epoch": resumed.epoch,
                           "mid_epoch": resumed.mid_epoch} if resumed else None),
         "command": " ".join([Path(sys.argv[0]).name, *job.overrides]),
@@ -274,47 +302,56 @@ def _fit_and_test(built: Built, task: ClassificationTask, parts: Parts, resume_f
                     weights_only=True)
         fit_seconds = time.perf_counter() - started
         metrics = split_metrics(dict(trainer.callback_metrics))
-        stopped = built.stopper.outcome()
-        if stopped is not None:
-            raise stopped
         if trainer.interrupted:
             raise KeyboardInterrupt
+        records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
+                   "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
         use_best = built.checkpoint is not None and bool(built.checkpoint.best_model_path)
         tested = trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if use_best else None,
                               verbose=False, weights_only=True)
     metrics.update(split_metrics(tested[0] if tested else {}))
-    return Fitted(fit_seconds, metrics, use_best, peak_memory(memory_device, peak_reset))
+    return Fitted(fit_seconds, metrics, use_best, peak_memory(memory_device, peak_reset), records)
 
 
 def _record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts, record: RunRecord,
-                    started: float, name: str) -> BaseException | None:
-    """summary.json of a run that failed or was interrupted (Lightning ends a SIGTERM'd fit with its
-    own SIGTERMException: the checkpoint was written by GracefulStop at the end of that step, so the
-    run stopped cleanly); the exception to end with, or None to re-raise."""
+                    started: float, identity: Identity) -> BaseException | None:
+    """summary.json of a run that failed, was preempted or was interrupted (Lightning ends a
+    SIGTERM'd fit with its own SIGTERMException: the checkpoint was written by GracefulStop at the
+    end of that step, so the run stopped cleanly); the exception to end with, or None to re-raise."""
     ex = built.stopper.outcome() or ex
-    _wrap_up(built, parts, record, name, failed=True)
-    record.end("interrupted" if was_interrupted(ex) else "failed", error=exception_line(ex),
-               nonfinite=parts.guard.summary(), wall_time_s=time.perf_counter() - started,
-               steps=built.trainer.global_step)
+    status = _ending_status(ex)
+    steps = built.trainer.global_step
+    signum = ex.signum if isinstance(ex, StoppedBySignal) else None
+    _wrap_up(built, parts, record, identity.name, failed=True)
+    record.end(status, error=exception_line(ex), nonfinite=parts.guard.summary(),
+               wall_time_s=time.perf_counter() - started, steps=steps,
+               **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, status, steps, signum)]))
     last = built.checkpoint.last_model_path if built.checkpoint is not None else None
     return ending_for(ex, spec, last)
 
 
+def _ending_status(ex: BaseException) -> str:
+    """preempted (a scheduler's signal: the job may come back), interrupted (a person), or failed."""
+    if isinstance(ex, SIGTERMException) or (isinstance(ex, StoppedBySignal) and is_preemption(ex.signum)):
+        return "preempted"
+    return "interrupted" if was_interrupted(ex) else "failed"
+
+
 def _record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
-                       started: float, name: str) -> dict[str, Any]:
+                       started: float, identity: Identity) -> dict[str, Any]:
     """summary.json of a completed run: metrics, which weights were tested, cost; printed."""
     trainer, checkpoint, monitor = built.trainer, built.checkpoint, spec.checkpointing.monitor
     tested = (f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}, "
               f"{monitor}={float(checkpoint.best_model_score):.4f})" if fitted.use_best and checkpoint
               else "weights at the end of training")
-    _wrap_up(built, parts, record, name, failed=False)
+    _wrap_up(built, parts, record, identity.name, failed=False)
     summary = record.end(
         "completed", metrics=fitted.metrics, tested_weights=tested,
         best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
-        optimizer_param_groups=optimizer_param_groups(trainer.optimizers), throughput=built.meter.summary(),
-        loss=built.losses.summary(), clipping=parts.clipping.summary(), nonfinite=parts.guard.summary(),
+        optimizer_param_groups=optimizer_param_groups(trainer.optimizers), **fitted.training_records,
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
-        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started)
+        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started,
+        **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
     if record.writes:
         log_result(summary)
     return summary

@@ -30,6 +30,12 @@ class RunRecord:
         self.fields = {"status": "running", **fields}
         self.writes = writes
 
+    def begin(self) -> None:
+        """Written as the run starts: a run killed outright (SIGKILL, a lost node) leaves a summary
+        that says it was running, which the next attempt counts as killed (trainer/attempts.py)."""
+        if self.writes:
+            write_json_atomic(self.path, self.fields)
+
     def end(self, status: str, **fields: Any) -> dict[str, Any]:
         self.fields.update(status=status, **fields)
         if self.writes:

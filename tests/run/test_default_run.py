@@ -55,6 +55,9 @@ def test_summary_records_what_ran_and_what_it_cost(default_run):
     assert 0 < summary["fit_time_s"] < summary["wall_time_s"]
     assert summary["steps"] == 10 * (1257 // 64)  # drop_last: 19 full batches per epoch
     assert summary["tested_weights"].startswith("best checkpoint by val/loss")
+    # The callbacks' records are those at the end of training, not the ones testing the best
+    # checkpoint restored (the clipping calibration as it was when that checkpoint was written).
+    assert summary["clipping"]["steps_observed"] == summary["steps"]
 
 
 def test_run_folder_holds_config_env_checkpoints_and_logs(default_run):

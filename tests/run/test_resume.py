@@ -46,6 +46,23 @@ def kill_at_step(step: int) -> Callable[[], None]:
     return setup
 
 
+def preempt_at_step(step: int) -> Callable[[], None]:
+    """Send submitit's preemption signal (USR2) as training step `step` ends: the run writes
+    last.ckpt there and stops."""
+    def setup() -> None:
+        from trainer.callbacks.graceful import GracefulStop
+
+        original = GracefulStop.on_train_batch_end
+
+        def on_train_batch_end(self, trainer, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if trainer.global_step == step:
+                os.kill(os.getpid(), signal.SIGUSR2)
+            original(self, trainer, *args, **kwargs)
+
+        GracefulStop.on_train_batch_end = on_train_batch_end  # type: ignore[method-assign]
+    return setup
+
+
 def kill_during_save(number: int) -> Callable[[], None]:
     """SIGKILL the process halfway through writing its `number`-th checkpoint file."""
     def setup() -> None:
@@ -84,26 +101,34 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return weights(root / "run" / "checkpoints" / "last.ckpt")
 
 
+KILLED = (-signal.SIGKILL, "running")  # no handler ran: the summary still says what it said at the start
 CASES = {
     # killed at step 3: last.ckpt of step 2, two batches into epoch 0
-    "mid-epoch 0": (kill_at_step(3), 2, True),
+    "mid-epoch 0": (kill_at_step(3), 2, True, KILLED),
     # killed at step 7: last.ckpt of step 6, one batch into epoch 1
-    "mid-epoch 1": (kill_at_step(7), 6, True),
+    "mid-epoch 1": (kill_at_step(7), 6, True, KILLED),
     # killed while writing the 4th file (last.ckpt at the end of epoch 0, just after the best
     # checkpoint of step 5): the torn temporary is passed over, the best one of step 5 is newest
-    "during a checkpoint write": (kill_during_save(4), 5, False),
+    "during a checkpoint write": (kill_during_save(4), 5, False, KILLED),
     # killed at step 11: last.ckpt written after validation at the end of epoch 1 (step 10)
-    "after an epoch end": (kill_at_step(11), 10, False),
+    "after an epoch end": (kill_at_step(11), 10, False, KILLED),
+    # preempted (USR2) at the end of step 7: last.ckpt of step 7, two batches into epoch 1, and
+    # nothing after it (no validation, no epoch-end checkpoint) that would say the epoch was over
+    "preempted mid-epoch": (preempt_at_step(7), 7, True, (128 + signal.SIGUSR2, "preempted")),
+    # preempted at the end of step 10, the last batch of epoch 1 (cut to 5 batches by
+    # limit_train_batches): the epoch ends first (validation, last.ckpt), then the run stops after
+    # the first step of epoch 2 with last.ckpt of step 11
+    "preempted on an epoch's last batch": (preempt_at_step(10), 11, True, (128 + signal.SIGUSR2, "preempted")),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, case):
-    kill, resumed_step, mid_epoch = CASES[case]
+    kill, resumed_step, mid_epoch, (returncode, status) = CASES[case]
     args = [*RUN, f"run.root={tmp_path}", "run.name=killed"]
     killed = train_forked(args, tmp_path / "first", setup=kill)
-    assert killed.returncode == -signal.SIGKILL, killed
-    assert not (tmp_path / "first" / "summary.json").exists()  # it had no chance to write one
+    assert killed.returncode == returncode, killed
+    assert json.loads((tmp_path / "first" / "summary.json").read_text())["status"] == status
 
     resumed = train_forked([*args, "resume=auto"], tmp_path / "second")
     assert resumed.returncode == 0, resumed
@@ -111,6 +136,8 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path, uninterrupted, case):
     assert summary["resumed_from"]["global_step"] == resumed_step
     assert summary["resumed_from"]["mid_epoch"] is mid_epoch
     assert summary["steps"] == FINAL_STEP
+    assert summary["requeues"] == 1 and summary["attempts"][0]["status"] == ("killed" if status == "running" else status)
+    assert summary["steps_lost"] == (0 if status == "preempted" else None)  # a kill's lost steps are unknown
     identity = json.loads((tmp_path / "second" / "run.json").read_text())
     assert identity["name"] == "killed" and identity["resumed_from"] == summary["resumed_from"]["path"]
 

@@ -81,13 +81,22 @@ def test_auto_takes_the_newest_readable_checkpoint_of_runs_with_that_name(tmp_pa
     assert "passing over" in caplog.text and "epoch001-step000030.ckpt" in caplog.text
 
 
-def test_auto_leaves_out_the_current_run_folder_and_says_when_nothing_is_found(tmp_path):
-    current = make_run(tmp_path, "runs/now", "mine")
-    fake_checkpoint(current / "checkpoints" / "last.ckpt", 5)
+def test_a_requeued_job_carries_on_from_its_own_folder_and_nothing_found_is_one_line(tmp_path):
+    # submitit requeues a job into the folder of its first attempt, which need not lie under run.root.
+    own = make_run(tmp_path, "sweep/0", "mine")
+    root = tmp_path / "root"
     with pytest.raises(UserError) as caught:
-        resolve_resume("auto", "mine", tmp_path, current)
+        resolve_resume("auto", "mine", root, own)
     line = caught.value.line()
-    assert line.startswith("resume: auto found no readable checkpoint of run 'mine'") and str(tmp_path) in line
+    assert line.startswith("resume: auto found no readable checkpoint of run 'mine'") and str(root) in line
+    assert resolve_resume("if_any", "mine", root, own) is None
+    fake_checkpoint(own / "checkpoints" / "last.ckpt", 5)
+    assert resolve_resume("if_any", "mine", root, own).global_step == 5
+    assert resolve_resume("auto", "mine", root, own).global_step == 5
+    # A folder that holds another run's name is not this run's to carry on from.
+    other = make_run(tmp_path, "sweep/1", "someone else")
+    fake_checkpoint(other / "checkpoints" / "last.ckpt", 9)
+    assert resolve_resume("if_any", "mine", root, other) is None
 
 
 def test_if_any_carries_on_when_there_is_a_checkpoint_and_starts_fresh_when_not(tmp_path):
@@ -226,3 +235,12 @@ def test_run_identity_file(tmp_path):
     write_identity(tmp_path, "name,with=chars", "/x/last.ckpt")
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["name"] == "name,with=chars" and record["resumed_from"] == "/x/last.ckpt"
+
+
+def test_a_requeued_slurm_job_without_resume_carries_on_rather_than_starting_over(tmp_path, monkeypatch):
+    own = make_run(tmp_path, "sweep/0", "mine")
+    fake_checkpoint(own / "checkpoints" / "last.ckpt", 12)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert resolve_resume(None, "mine", tmp_path / "root", own) is None  # a first start: fresh
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert resolve_resume(None, "mine", tmp_path / "root", own).global_step == 12

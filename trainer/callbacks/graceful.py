@@ -1,12 +1,17 @@
-"""SIGTERM and SIGINT stop a run at the next step boundary, after a checkpoint is written.
+"""Stop signals end a run at the next step boundary, after a checkpoint is written.
 
-A scheduler's SIGTERM (preemption, a requeue, `scancel`) or a person's Ctrl-C should not cost the
-work since the last epoch's checkpoint: the signal only sets a flag; at the end of the current
-training step (the optimizer step, under gradient accumulation) the callback writes
-`checkpoints/last.ckpt` (atomically, see trainer/checkpoint.py) and asks Lightning to stop; the run
-carries on exactly from there with ``resume=auto``. A second SIGINT while it finishes the step interrupts at once.
-The handlers are installed while training steps run (not during the sanity check, validation at the
-end or testing), and only in the main thread.
+A scheduler's preemption signal (submitit's USR2, or the one `SUBMITIT_PREEMPT_SIGNAL` names),
+its SIGTERM (preemption, `scancel`) or a person's Ctrl-C should not cost the work since the last
+epoch's checkpoint. `SignalLatch` is installed when the run starts and only records the signal; at
+the end of the current training step (the optimizer step, under gradient accumulation) `GracefulStop`
+writes `checkpoints/last.ckpt` (atomically, see trainer/checkpoint.py) and asks Lightning to stop;
+the run carries on exactly from there with ``resume=auto`` or ``resume=if_any``. A signal that came
+before training started stops the run after its first step. A second SIGINT interrupts at once.
+
+Under submitit the preemption signal is submitit's to act on: it saves the job's resubmission and
+asks SLURM to requeue it. We deliberately delay that until the checkpoint and summary are written
+(submitit's own handler exits on the spot, mid-step): the latch keeps submitit's handler and
+`StoppedBySignal.hand_over` calls it once the run has recorded how it ended.
 """
 
 from __future__ import annotations
@@ -14,46 +19,93 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
 
 from trainer.callbacks.steps import StepBoundary
-
+from trainer.signals import preemption_signal, priority
 
 class StoppedBySignal(Exception):
-    """Training stopped cleanly on a signal; `signum` tells which one."""
+    """Training stopped cleanly on a signal; `signum` tells which one. `hand_over`, when set, is the
+    handler that was there before the run (submitit's), to be called once everything is recorded."""
 
-    def __init__(self, signum: int, step: int, checkpoint: str) -> None:
+    def __init__(self, signum: int, step: int, checkpoint: str,
+                 hand_over: Callable[[], None] | None = None) -> None:
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
+        self.hand_over = hand_over
         super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}; checkpoint: {checkpoint}")
 
 
-class GracefulStop(StepBoundary):
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+class SignalLatch:
+    """Records the first stop signal of a run; installed in the main thread only."""
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self.checkpoint: str | None = None
-        self.step: int | None = None
-        self._previous: dict[int, Any] = {}
+        self._before_run: dict[int, Any] = {}
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    @staticmethod
+    def signals() -> tuple[signal.Signals, ...]:
+        return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGINT, preemption_signal())))
+
+    def handle(self, signum: int, frame: Any) -> None:
         if self.received == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt  # asked twice: stop now
-        self.received = signum
+        if self.received is None or priority(signum) > priority(self.received):
+            self.received = signum
+
+    def install(self) -> None:
+        """At the start of the run: from here on a stop signal is recorded, not acted on at once."""
+        if threading.current_thread() is threading.main_thread() and not self._before_run:
+            self._before_run = self.take_over()
+
+    def take_over(self) -> dict[int, Any]:
+        """Put the latch in front of whatever handles the signals now; returns those handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self.handle) for signum in self.signals()}
+
+    @staticmethod
+    def put_back(handlers: dict[int, Any]) -> None:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+    def uninstall(self) -> None:
+        self.put_back(self._before_run)
+        self._before_run = {}
+
+    def hand_over(self, signum: int) -> Callable[[], None] | None:
+        """The handler that was installed before the run for `signum` (submitit's requeue on its
+        preemption signal), bound to that signal; None if there was none to call."""
+        handler = self._before_run.get(signum)
+        if not callable(handler) or handler in (signal.default_int_handler,) or signum != preemption_signal():
+            return None
+        return lambda: handler(signum, None)
+
+
+class GracefulStop(StepBoundary):
+    def __init__(self, latch: SignalLatch | None = None) -> None:
+        self.latch = latch or SignalLatch()
+        self.checkpoint: str | None = None
+        self.step: int | None = None
+        self._displaced: dict[int, Any] = {}
+
+    @property
+    def received(self) -> int | None:
+        return self.latch.received
+
+    @received.setter
+    def received(self, signum: int | None) -> None:
+        self.latch.received = signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # Installed here, after Lightning's own signal connector: its SIGTERM handling ends the fit
-        # with an exception at a moment of its choosing, possibly before this step's checkpoint.
-        # Restored at train end (or on an exception), before Lightning puts back the originals.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        # Here, after Lightning's own signal connector: its SIGTERM handling ends the fit with an
+        # exception at a moment of its choosing, possibly before this step's checkpoint. Its
+        # handlers are put back at train end (or on an exception), before Lightning restores ours.
+        self._displaced = self.latch.take_over()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -61,19 +113,29 @@ class GracefulStop(StepBoundary):
             return
         if not self.ended_on_optimizer_step(trainer):
             return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
+        if self.ends_epoch(trainer, batch_idx):
+            return  # the epoch ends (validation, last.ckpt) first; stop after the next epoch's first step
         if trainer.world_size > 1:
             # All processes stop at the same step, or the ones still training would wait forever
             # in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
             # reach every process, but not at the same instant), all agree on it here. One scalar
             # all-reduce per optimizer step, only with several processes.
-            signum = torch.tensor([self.received or 0], device=pl_module.device)
-            self.received = int(trainer.strategy.reduce(signum, reduce_op="max").item()) or None
+            # Encoded as priority * 256 + signal, so the maximum is the signal every process stops for.
+            mine = priority(self.received) * 256 + self.received if self.received else 0
+            agreed = int(trainer.strategy.reduce(torch.tensor([mine], device=pl_module.device), reduce_op="max").item())
+            self.received = agreed % 256 or None
         if self.received is None:
             return
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
         self.checkpoint, self.step = str(path), int(trainer.global_step)
-        trainer.should_stop = True
+        # Raised, not `trainer.should_stop = True`: on should_stop Lightning still validates and
+        # ends the epoch, and ModelCheckpoint then replaces this mid-epoch last.ckpt with one whose
+        # loops say the epoch is over, so a resumed run would skip the epoch's remaining batches.
+        # Lightning passes an exception from a hook through on_exception and teardown to fit's caller.
+        stopped = self.outcome()
+        assert stopped is not None
+        raise stopped
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
@@ -82,11 +144,10 @@ class GracefulStop(StepBoundary):
         self._restore()
 
     def _restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        self.latch.put_back(self._displaced)
+        self._displaced = {}
 
     def outcome(self) -> StoppedBySignal | None:
         if self.received is None or self.checkpoint is None or self.step is None:
             return None
-        return StoppedBySignal(self.received, self.step, self.checkpoint)
+        return StoppedBySignal(self.received, self.step, self.checkpoint, self.latch.hand_over(self.received))

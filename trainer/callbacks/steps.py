@@ -27,3 +27,12 @@ class StepBoundary(Callback):
 
     def ended_on_optimizer_step(self, trainer: L.Trainer) -> bool:
         return int(trainer.global_step) != self._step_before
+
+    @staticmethod
+    def ends_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
+        """The epoch's last training batch (`limit_train_batches` counted). A checkpoint written
+        there, before the epoch's validation and end, does not always read back as what it is:
+        when the epoch was cut short by `limit_train_batches` the loader was not exhausted, and
+        Lightning resumes it as mid-epoch and trains that epoch again. The epoch end is a moment
+        to write one instead."""
+        return batch_idx + 1 >= trainer.num_training_batches

@@ -122,11 +122,11 @@ class ImageClassificationData(L.LightningDataModule):
         host_finishing = not self.device_normalize and not self.finishes_on_host_itself
         if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
+        replicas, rank = self._process_share()
         if not train:
-            replicas, rank = self._process_share()
             share = EvalShare(len(dataset), replicas, rank) if replicas > 1 else None  # type: ignore[arg-type]
             return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
-                              generator=own_generator(self.run_seed), **loader.dataloader_kwargs())
+                              generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
         # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
         # shuffle=True (see trainer/data/resumable.py for why).
         seeded = self.random_on_host or host_finishing
@@ -138,7 +138,7 @@ class ImageClassificationData(L.LightningDataModule):
             # A short last batch skews BatchNorm statistics and recompiles compiled graphs.
             drop_last=True,
             generator=own_generator(self.run_seed),
-            **loader.dataloader_kwargs(),
+            **loader.dataloader_kwargs(rank),
         )
 
     def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:

@@ -1,5 +1,6 @@
-"""DataLoader settings for this machine, each with the reason it was chosen; failures inside loader
-workers turned into one actionable line (`loader_failure`)."""
+"""DataLoader settings for this machine, each with the reason it was chosen; what loader workers do
+with stop signals (`WorkerStart`); failures inside loader workers turned into one actionable line
+(`loader_failure`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import sys
 from dataclasses import dataclass
 from typing import Literal, Union
 
+from lightning.fabric.utilities.seed import pl_worker_init_function
+
 from trainer.errors import UserError
 from trainer.fingerprint import proc_kib
+from trainer.signals import preemption_signal
 
 Auto = Literal["auto"]
 
@@ -25,15 +29,36 @@ class LoaderSettings:
     prefetch_factor: int | None
     reasons: dict[str, str]
 
-    def dataloader_kwargs(self) -> dict[str, object]:
+    def dataloader_kwargs(self, rank: int = 0) -> dict[str, object]:
         kwargs: dict[str, object] = {
             "num_workers": self.num_workers,
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
         }
-        if self.num_workers > 0 and self.prefetch_factor is not None:
-            kwargs["prefetch_factor"] = self.prefetch_factor
+        if self.num_workers > 0:
+            kwargs["worker_init_fn"] = WorkerStart(rank)
+            if self.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = self.prefetch_factor
         return kwargs
+
+
+class WorkerStart:
+    """A loader worker's `worker_init_fn`. SLURM signals every process of a job step, loader workers
+    included: USR2's default action would kill a worker mid-epoch, and the training process would
+    fail on the dead worker before it could write its checkpoint. Workers ignore the scheduler's
+    signals and leave them to the training process, which stops them when it stops.
+
+    Setting a worker_init_fn replaces the one Lightning adds under ``seed_everything(workers=True)``
+    (it adds one only where none is set), so that one is called here."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in (signal.SIGTERM, preemption_signal()):
+            signal.signal(signum, signal.SIG_IGN)
+        if os.environ.get("PL_SEED_WORKERS") == "1":
+            pl_worker_init_function(worker_id, rank=self.rank)
 
 
 def usable_cpus() -> int:

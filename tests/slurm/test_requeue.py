@@ -1,0 +1,108 @@
+"""On a real one-node SLURM (tests/slurm/cluster.py): a run whose training outlasts its time limit
+is signalled by SLURM (submitit's USR2, `signal_delay_s` before the limit), writes its checkpoint at
+the next step, says `preempted`, is requeued by submitit into the same folder, carries on from that
+checkpoint with resume=if_any, and completes, with final weights equal, tensor for tensor, to those
+of a run that was never interrupted; its summary counts the requeues and the steps lost (none).
+A two-job SLURM multirun ends with its comparison table.
+
+SLURM's signal timing is coarse: slurmctld looks at time limits every 30 s, so the signal comes
+anywhere from `signal_delay_s` to `signal_delay_s` + 30 s before the limit. The run is therefore made to outlast
+the limit by a margin (a test callback sleeps a second per step of the first attempt: wall time,
+not CPU), and nothing here depends on when exactly the signal arrives, only that at least one
+does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.helpers import ON_CPU, REPO, train_forked
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# Digits, 5 steps an epoch, 14 epochs: 70 steps of a second each in the first attempt, which
+# outlasts the first signal (it comes 30 to 60 s into the job: a 60 s limit, the signal 30 s before
+# it, looked at every 30 s) by a margin. Deterministic CPU on one thread, as in the SIGKILL test (tests/run/test_resume.py),
+# so that an interrupted run can equal an uninterrupted one.
+RUN = [*ON_CPU, "trainer.max_epochs=14", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
+       "trainer.num_sanity_val_steps=1", "trainer.deterministic=true", "progress=plain", "logger=csv"]
+FINAL_STEP = 70
+SECONDS_PER_STEP = 1.0
+#: What the README's requeue recipe sets, with a one-minute limit and the signal 30 s before it.
+SLURM_LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.gpus_per_node=0",
+                  "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=30"]
+
+
+def submit(slurm, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """`python train.py -m ARGS` on the login side, as a person would: it submits and waits."""
+    env = {**slurm.env, "OMP_NUM_THREADS": "1"}  # one thread, as the forked reference run
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, str(REPO / "train.py"), "-m", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_a_run_that_outlasts_its_time_limit_is_requeued_and_equals_an_uninterrupted_one(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    started = time.monotonic()
+    done = submit(slurm, [*SLURM_LAUNCHER, "hydra.launcher.cpus_per_task=2", "hydra.launcher.max_num_timeout=8",
+                          "resume=if_any", *RUN, f"run.root={tmp_path}", "run.name=requeued",
+                          "+callbacks.pace._target_=tests.slurm.pace.StepPace",
+                          f"+callbacks.pace.seconds_per_step={SECONDS_PER_STEP}", f"hydra.sweep.dir={sweep}"])
+    wall = time.monotonic() - started
+    job = sweep / "0"
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((sweep / ".submitit").rglob("*.err")))
+    assert done.returncode == 0, f"{done.stderr[-3000:]}\n{logs}\n{slurm.log_tail()}"
+
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == FINAL_STEP, summary["attempts"]
+    attempts = summary["attempts"]
+    assert summary["requeues"] >= 1 and summary["requeues"] == len(attempts) - 1, attempts
+    assert summary["preemptions"] == summary["requeues"]
+    assert attempts[0]["steps"] < FINAL_STEP  # the first attempt was cut short by the time limit
+    assert all(a["status"] == "preempted" and a["signal"] == "SIGUSR2" for a in attempts[:-1]), attempts
+    assert summary["steps_lost"] == 0  # each checkpoint was written at the step the attempt stopped at
+    assert len({a["slurm_job_id"] for a in attempts}) == 1  # one SLURM job, requeued
+    for before, after in zip(attempts, attempts[1:]):
+        assert after["resumed_from_step"] == before["steps"] > 0
+    assert [a["attempt"] for a in attempts] == list(range(1, len(attempts) + 1))
+
+    reference_root = tmp_path / "reference"
+    reference = train_forked([*RUN, f"run.root={reference_root}", "run.name=reference", "progress=off"],
+                             reference_root / "run")
+    assert reference.returncode == 0, reference
+    final, expected = weights(job / "checkpoints" / "last.ckpt"), weights(reference_root / "run" / "checkpoints"
+                                                                          / "last.ckpt")
+    assert final.keys() == expected.keys()
+    different = [k for k in final if not torch.equal(final[k], expected[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+    # The figures docs/scale-out.md quotes, from this test's run (pytest -s shows them).
+    figures = {"time_limit_min": 1, "signal_delay_s": 30, "steps": FINAL_STEP, "seconds_per_step": SECONDS_PER_STEP,
+               "requeues": summary["requeues"], "steps_lost": summary["steps_lost"],
+               "stopped_at_steps": [a["steps"] for a in attempts[:-1]], "wall_time_s": round(wall, 1)}
+    (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
+    print(f"\nSLURM requeue figures: {json.dumps(figures)}")
+
+
+def test_a_two_job_slurm_multirun_ends_with_its_comparison_table(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    done = submit(slurm, [*SLURM_LAUNCHER, "hydra.launcher.timeout_min=5", "hydra.launcher.cpus_per_task=1",
+                          *ON_CPU, "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+                          "trainer.limit_test_batches=1", "checkpointing=off", "progress=off", "seed=1,2",
+                          f"run.root={tmp_path}", f"hydra.sweep.dir={sweep}"], timeout=600)
+    assert done.returncode == 0, f"{done.stderr[-3000:]}\n{slurm.log_tail()}"
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["attempts"][0]["slurm_job_id"]
+    table = (sweep / "comparison.md").read_text()
+    assert "seed=1" in table and "seed=2" in table
