@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -290,6 +291,24 @@ class MemoryHungryMLP(ExplodingMLP):
 
     def failure(self) -> BaseException:
         return torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)")
+
+
+class PreemptedCNN(SmallCNN):
+    """The default model (same weights, names and initialization) whose process `rank` sends
+    itself submitit's preemption signal (USR2) inside training forward call number `signal_at`:
+    a scheduler's signal that reaches one process of a multi-process run before the others."""
+
+    def __init__(self, num_classes: int, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
+                 dropout: float = 0.1, signal_at: int = 25, rank: int = 1) -> None:
+        super().__init__(num_classes, in_channels, widths, dropout)
+        self.signal_at, self.rank, self.calls = signal_at, rank, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.signal_at and int(os.environ.get("RANK", 0)) == self.rank:
+                os.kill(os.getpid(), signal.SIGUSR2)
+        return super().forward(x)
 
 
 class ExplodingCNN(CrashesAt, SmallCNN):

@@ -3,8 +3,9 @@
 Started by Lightning, the default run trains digits to test accuracy >= 0.95 in one run folder
 with the lr and weight decay of the global batch of 128, rank 0 alone writing. Started by torchrun
 and crashed in step 43, it leaves one folder, a failed summary and a mid-epoch last.ckpt, from
-which a resumed run ends with weights equal, tensor for tensor, to the uninterrupted run's. A
-multirun of DDP jobs started on this machine is refused in one line before any job trains.
+which a resumed run ends with weights equal, tensor for tensor, to the uninterrupted run's.
+Preempted with USR2 reaching only one of them, both stop at the same step, and the run carries on
+from there exactly. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
 
 These start real processes (each imports torch and Lightning), so they are marked slow; CI runs them.
 """
@@ -107,6 +108,32 @@ def test_crashed_under_torchrun_and_resumed_mid_epoch_equals_the_uninterrupted_r
     assert summary["steps"] == 108
     expected, got = _weights(reference / "checkpoints" / "last.ckpt"), _weights(folder / "checkpoints" / "last.ckpt")
     assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"
+
+
+def test_preempting_one_process_stops_both_at_the_same_step_and_the_run_carries_on_exactly(reference, tmp_path):
+    # Under torchrun, only rank 1 gets submitit's USR2, during step 23 (the fifth step of epoch 2):
+    # both ranks agree at the end of that step, rank 0 writes last.ckpt there, both stop.
+    preempted_root = tmp_path / "preempted"
+    preempted = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                         str(REPO / "train.py"), *REFERENCE, "model._target_=tests.helpers.PreemptedCNN",
+                         "+model.signal_at=23"], preempted_root)
+    assert preempted.returncode != 0 and "stopped by SIGUSR2 at step 23" in preempted.stderr, preempted.stderr[-3000:]
+    # The one traceback is torchrun's own report of children that exited non-zero (140).
+    assert preempted.stderr.count("Traceback") == 1 and "ChildFailedError" in preempted.stderr
+    folder = _only_run_folder(preempted_root)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["status"] == "preempted" and summary["steps"] == 23
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    assert torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"] == 23
+
+    resumed_root = tmp_path / "resumed"
+    resumed = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE, f"resume={checkpoint}"], resumed_root)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((_only_run_folder(resumed_root) / "summary.json").read_text())
+    assert summary["steps"] == 108 and summary["steps_lost"] == 0 and summary["requeues"] == 1
+    expected = _weights(reference / "checkpoints" / "last.ckpt")
+    got = _weights(_only_run_folder(resumed_root) / "checkpoints" / "last.ckpt")
     assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"
 
 
