@@ -186,8 +186,10 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return (bunch.images * (255.0 / 16.0)).round().astype(np.uint8), bunch.target
 
 
-def write_digit_pngs(root: Path, per_class: dict[str, int], classes: Sequence[int] = range(10), size: int = 16) -> None:
-    """An ImageFolder tree of real digit images, upscaled to `size` px, as grayscale PNGs."""
+def write_digit_pngs(root: Path, per_class: dict[str, int], classes: Sequence[int] = range(10), size: int = 16,
+                     suffix: str = ".png") -> None:
+    """An ImageFolder tree of real digit images, upscaled to `size` px, as grayscale PNGs (or JPEGs
+    at quality 95 with ``suffix=".jpg"``)."""
     from PIL import Image
 
     images, labels = digits_arrays()
@@ -200,7 +202,33 @@ def write_digit_pngs(root: Path, per_class: dict[str, int], classes: Sequence[in
             candidates = [i for i in np.flatnonzero(labels == c) if i not in used]
             for i in rng.choice(candidates, size=count, replace=False):
                 used.add(int(i))
-                Image.fromarray(images[i], mode="L").resize((size, size), Image.NEAREST).save(folder / f"{i}.png")
+                digit = Image.fromarray(images[i], mode="L").resize((size, size), Image.NEAREST)
+                digit.save(folder / f"{i}{suffix}", **({"quality": 95} if suffix == ".jpg" else {}))
+
+
+def write_photo_jpegs(root: Path, per_class: dict[str, int], classes: int = 2, size: tuple[int, int] = (160, 120),
+                      seed: int = 0) -> None:
+    """An ImageFolder tree of real photos (scikit-learn's bundled two, cut at random places and
+    scales, alternately landscape and portrait), as RGB JPEGs at quality 90."""
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    rng = np.random.default_rng(seed)
+    photos = [Image.fromarray(a) for a in load_sample_images().images]
+    n = 0
+    for split, count in per_class.items():
+        for c in range(classes):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for _ in range(count):
+                photo = photos[n % len(photos)]
+                width, height = size if n % 2 == 0 else size[::-1]
+                least = max(width / photo.width, height / photo.height)
+                scale = rng.uniform(least, max(least, 1.0))
+                big = photo.resize((max(width, int(photo.width * scale)), max(height, int(photo.height * scale))))
+                left, top = int(rng.integers(0, big.width - width + 1)), int(rng.integers(0, big.height - height + 1))
+                big.crop((left, top, left + width, top + height)).save(folder / f"{n:04d}.jpg", quality=90)
+                n += 1
 
 
 def write_cifar_copy(root: Path, train_per_batch: int = 200, test: int = 200, batches: int = 2) -> Path:

@@ -78,6 +78,7 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
                                          batch_bytes=info.sample_bytes * int(spec.data["batch_size"]) or None)
     for key, reason in loader.reasons.items():
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
+    derived["data.decode"] = Derived(*datamodule.resolve_decode(cuda=accelerator == "cuda"))
     lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
     tf32, how = resolve_tf32(spec.precision.tf32, accelerator, bool(spec.trainer.get("deterministic", False)))
     derived["precision.tf32"] = Derived(tf32, how)

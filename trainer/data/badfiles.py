@@ -21,6 +21,7 @@ found by a worker still ends the run with one line.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
@@ -124,7 +125,8 @@ class BadShareError(WorkerSafeUserError):
 
 
 # -- loading ------------------------------------------------------------------------------------------
-def load_rgb(path: str | os.PathLike[str]) -> Image.Image:
+def load_rgb(path: str | os.PathLike[str], data: Optional[bytes | bytearray] = None,
+             before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image:
     """The image at `path` decoded and converted to 8-bit RGB (see `to_rgb`).
 
     Replaces torchvision's ``pil_loader`` (``Image.open(f).convert("RGB")``), which is right for
@@ -132,8 +134,13 @@ def load_rgb(path: str | os.PathLike[str]) -> Image.Image:
     30000 out of 65535 becomes white) and lets PIL's own exceptions escape with no file name.
     Truncated files are an error here: PIL's ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False, so a
     cut-off JPEG is not filled up with grey and trained on.
+
+    `data`: the file's bytes when the caller has read them already (`path` then only names it).
+    `before_decode`: called with the opened image before its pixels are decoded, when its size and
+    format are known (the fast path picks its crop and a reduced JPEG decoding scale there).
     """
-    return _open(str(path), decode=True, convert=True)  # type: ignore[return-value]
+    return _open(str(path), decode=True, convert=True, data=data,  # type: ignore[return-value]
+                 before_decode=before_decode)
 
 
 def check_file(path: str, decode: bool) -> tuple[str, str] | None:
@@ -149,13 +156,33 @@ def check_file(path: str, decode: bool) -> tuple[str, str] | None:
     return None
 
 
-def _open(path: str, decode: bool, convert: bool) -> Image.Image | None:
+def read_bytes(path: str) -> bytearray:
+    """The whole file, in a writable buffer (tensors can then share it without a copy); a file that
+    cannot be read or is empty is a `BadImageError`."""
     try:
-        f = open(path, "rb")
+        with open(path, "rb") as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            filled = f.readinto(data)
     except OSError as ex:
         raise BadImageError(path, UNREADABLE, ex.strerror or str(ex)) from None
+    if not data:
+        raise BadImageError(path, EMPTY, "0 bytes")
+    return data if filled == len(data) else data[:filled]
+
+
+def _open(path: str, decode: bool, convert: bool, data: Optional[bytes | bytearray] = None,
+          before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image | None:
+    if data is not None:
+        if not data:
+            raise BadImageError(path, EMPTY, "0 bytes")
+        f: Any = io.BytesIO(data)
+    else:
+        try:
+            f = open(path, "rb")
+        except OSError as ex:
+            raise BadImageError(path, UNREADABLE, ex.strerror or str(ex)) from None
     with f:
-        if os.fstat(f.fileno()).st_size == 0:
+        if data is None and os.fstat(f.fileno()).st_size == 0:
             raise BadImageError(path, EMPTY, "0 bytes")
         try:
             image = Image.open(f)
@@ -165,6 +192,8 @@ def _open(path: str, decode: bool, convert: bool) -> Image.Image | None:
             raise BadImageError(path, _os_failure(ex) or UNIDENTIFIED, _pil_detail(ex)) from None
         if not decode:
             return None
+        if before_decode is not None:
+            before_decode(image)
         try:
             image.load()
         except Exception as ex:  # noqa: BLE001 - as above, from the decoders
@@ -410,7 +439,15 @@ class ImageFiles(Dataset[tuple[Any, int]]):
     wrapping around, with that file's own label. The replacement depends only on the files, never
     on which worker or epoch met the bad file first, so runs stay reproducible. Policy ``error``:
     the `BadImageError` goes up and stops the run.
+
+    An item is an index, or ``(index, sample_seed)`` for data sets that draw their random crops
+    from the seed themselves (`takes_seeds`; see trainer/data/resumable.py). Subclasses that load
+    files another way override `load` (trainer/data/decode.py: the fast and device paths).
     """
+
+    #: Items arrive as (index, seed) and `load` draws from the seed (else `SeededSamples` seeds the
+    #: global RNG around the call, which torchvision's random transforms use).
+    takes_seeds = False
 
     def __init__(self, split: str, samples: Sequence[tuple[str, int]], classes: Sequence[str],
                  transform: Optional[Callable[[Image.Image], Any]], policy: Policy, bad_list: BadFileList) -> None:
@@ -427,7 +464,21 @@ class ImageFiles(Dataset[tuple[Any, int]]):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def load(self, path: str, seed: Optional[int]) -> Any:
+        """One sample from the file at `path` (`seed`: the sample's own, when `takes_seeds`)."""
+        image = load_rgb(path)
+        return self.transform(image) if self.transform is not None else image
+
+    def collate_fn(self) -> Optional[Callable[[list[Any]], Any]]:
+        """The loader's collate function for these samples (None: PyTorch's default)."""
+        return None
+
+    def __getitem__(self, item: Any) -> tuple[Any, int]:
+        index, seed = item if isinstance(item, tuple) else (item, None)
+        return self.first_loadable(index, seed)
+
+    def first_loadable(self, index: int, seed: Optional[int]) -> tuple[Any, int]:
+        """The sample of `index`, or under policy skip that of the next loadable index after it."""
         count = len(self.samples)
         for step in range(count):
             candidate = (index + step) % count
@@ -435,13 +486,15 @@ class ImageFiles(Dataset[tuple[Any, int]]):
                 continue
             path, label = self.samples[candidate]
             try:
-                image = load_rgb(path)
+                return self.load(path, seed), label
             except BadImageError as ex:
-                if self.policy == "error":
-                    raise
-                self._known_bad.add(candidate)
-                self.bad_list.record_found_while_loading(BadFile(self.split, path, ex.reason, ex.detail))
-                continue
-            return (self.transform(image) if self.transform is not None else image), label
+                self.found_bad(candidate, ex)
         raise BadShareError("data.root", f"no file of {self.split}/ can be loaded ({self.bad_list.where_listed()})",
                             "a folder of readable images")
+
+    def found_bad(self, index: int, ex: BadImageError) -> None:
+        """Policy error: raise `ex`; skip: remember and list the file."""
+        if self.policy == "error":
+            raise ex
+        self._known_bad.add(index)
+        self.bad_list.record_found_while_loading(BadFile(self.split, self.samples[index][0], ex.reason, ex.detail))

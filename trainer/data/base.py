@@ -12,7 +12,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
+from trainer.errors import UserError
 from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc
+
+DECODE_MODES = ("auto", "pil", "fast", "device")
 
 Auto = Literal["auto"]
 
@@ -69,9 +72,16 @@ class ImageClassificationData(L.LightningDataModule):
                                        "short")] = "auto",
         device_normalize: Annotated[bool, Doc("ship raw batches and finish them (augment, normalize) on the "
                                               "device; false: per sample on the host")] = True,
+        decode: Annotated[Literal["auto", "pil", "fast", "device"],
+                          Doc("how image files become training crops: pil (the reference), fast (host), "
+                              "device (batched on the GPU); auto: device on CUDA with JPEGs, else fast. "
+                              "Data held decoded has nothing to decode")] = "auto",
     ) -> None:
         super().__init__()
+        if decode not in DECODE_MODES:
+            raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
         self.device_normalize = device_normalize
+        self.decode = decode
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self._loader_request = (num_workers, pin_memory, persistent_workers, prefetch_factor)
@@ -98,6 +108,21 @@ class ImageClassificationData(L.LightningDataModule):
     def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
         return images
 
+    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
+        """(the decode mode in use, how it was chosen). Data sets held decoded decode nothing."""
+        held = "images held decoded: nothing to decode"
+        if self.decode == "auto":
+            return "none", f"auto -> none ({held})"
+        return "none", f"{self.decode} -> none (has no effect: {held})"
+
+    def decode_choices(self) -> tuple[str, ...]:
+        """The decode modes the diagnosis can compare (none for data held decoded)."""
+        return ()
+
+    def use_decode(self, mode: str) -> None:
+        """Rebuild the data sets to decode with `mode` (the diagnosis's decode sweep)."""
+        raise NotImplementedError(f"{type(self).__name__} decodes nothing")
+
     # -- shared ---------------------------------------------------------------------------------
     def configure_loader(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
         """Resolve this module's loader request (`auto` values) for the device; `batch_bytes`, one
@@ -123,10 +148,13 @@ class ImageClassificationData(L.LightningDataModule):
         if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)
         replicas, rank = self._process_share()
+        make_collate = getattr(dataset, "collate_fn", None)  # a data set that batches its own way
+        collate = make_collate() if callable(make_collate) else None
         if not train:
             share = EvalShare(len(dataset), replicas, rank) if replicas > 1 else None  # type: ignore[arg-type]
             return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
-                              generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
+                              generator=own_generator(self.run_seed), collate_fn=collate,
+                              **loader.dataloader_kwargs(rank))
         # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
         # shuffle=True (see trainer/data/resumable.py for why).
         seeded = self.random_on_host or host_finishing
@@ -138,6 +166,7 @@ class ImageClassificationData(L.LightningDataModule):
             # A short last batch skews BatchNorm statistics and recompiles compiled graphs.
             drop_last=True,
             generator=own_generator(self.run_seed),
+            collate_fn=collate,
             **loader.dataloader_kwargs(rank),
         )
 

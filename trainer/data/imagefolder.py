@@ -23,6 +23,8 @@ from torchvision.transforms import v2
 from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError,
                                    ImageFiles, check_files, is_image_name, scan_threads, truncated_images_accepted)
 from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.decode import (JPEG_EXTENSIONS, DecodedFiles, EncodedBatch, EncodedFiles, Geometry,
+                                  decode_batch)
 from trainer.data.transforms import normalize, random_flip
 from trainer.errors import UserError
 from trainer.schema import AT_LEAST_ONE, FRACTION, Doc, Range
@@ -108,6 +110,10 @@ class ImageFolderDataModule(ImageClassificationData):
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
+        if self.decode == "device" and not self.device_normalize:
+            raise UserError("data.decode", "device decodes, crops, flips and normalizes batches on the device, "
+                            "which data.device_normalize=false turns off", "data.decode=fast (or pil) with "
+                            "data.device_normalize=false, or data.device_normalize=true")
         if bad_files not in ("skip", "error"):
             raise UserError("data.bad_files", f"'{bad_files}' is not a policy", "skip, error")
         if scan not in ("header", "full", "off"):
@@ -130,6 +136,8 @@ class ImageFolderDataModule(ImageClassificationData):
         self._scanned: Optional[_Scanned] = None
         self._bad_list: Optional[BadFileList] = None
         self._notes: list[str] = []
+        #: The decode mode in use once resolved for the device (`resolve_decode`): pil, fast or device.
+        self.decode_in_use: Optional[str] = None
 
     # -- before training ----------------------------------------------------------------------------
     def inspect(self) -> DataInfo:
@@ -278,14 +286,60 @@ class ImageFolderDataModule(ImageClassificationData):
             summary["scan_seconds"] = round(self._scanned.seconds, 3)
         return summary
 
+    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
+        """auto: device on CUDA when most files are JPEGs (nvjpeg's format), else fast."""
+        if self.decode != "auto":
+            how = f"{self.decode} (as configured)"
+            if self.decode == "device" and not cuda:
+                how = "device (as configured; no CUDA: the same batched path decodes on the CPU, in the training process)"
+            self.decode_in_use = self.decode
+            return self.decode, how
+        share = self._jpeg_share()
+        if cuda and share >= 0.5:
+            self.decode_in_use, how = "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
+        elif cuda:
+            self.decode_in_use, how = "fast", f"auto -> fast (only {share:.0%} of the files are JPEGs, nvjpeg's format)"
+        else:
+            self.decode_in_use, how = "fast", "auto -> fast (no CUDA: decoded on the host)"
+        return self.decode_in_use, how
+
+    def decode_choices(self) -> tuple[str, ...]:
+        return ("pil", "fast", "device") if self.device_normalize else ("pil", "fast")
+
+    def use_decode(self, mode: str) -> None:
+        self.decode_in_use = mode
+        self.train_set = self.val_set = self.test_set = None
+        self.setup("fit")
+
+    def _jpeg_share(self) -> float:
+        if self._scanned is None:
+            return 0.0
+        files = [f for classes in self._scanned.good.values() for names in classes.values() for f in names]
+        return sum(f.lower().endswith(JPEG_EXTENSIONS) for f in files) / max(1, len(files))
+
+    def _geometry(self, train: bool) -> Geometry:
+        finish = None if self.device_normalize else (self.hflip, tuple(self.mean), tuple(self.std))
+        return Geometry(self.image_size, train, scale=self.train_crop_scale, resize=self._eval_resize(),
+                        host_finish=finish)
+
+    def _eval_resize(self) -> int:
+        return max(self.image_size, int(round(self.image_size / self.eval_crop_fraction)))
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Device-path batches are decoded on `device` here (Lightning's default would copy the
+        encoded bytes there, where nvjpeg does not read them); other batches as Lightning does."""
+        if isinstance(batch, EncodedBatch):
+            files = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[batch.split]
+            return decode_batch(batch, files, device)  # type: ignore[arg-type]
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def _transforms(self, train: bool) -> v2.Compose:
         if train:
             geometry = [v2.RandomResizedCrop(self.image_size, scale=self.train_crop_scale, antialias=True)]
             if self.hflip and not self.device_normalize:
                 geometry.append(v2.RandomHorizontalFlip())
         else:
-            resize = max(self.image_size, int(round(self.image_size / self.eval_crop_fraction)))
-            geometry = [v2.Resize(resize, antialias=True), v2.CenterCrop(self.image_size)]
+            geometry = [v2.Resize(self._eval_resize(), antialias=True), v2.CenterCrop(self.image_size)]
         steps = [v2.ToImage(), *geometry]
         if self.device_normalize:
             # uint8 leaves the worker; `device_transform` finishes the job on the device.
@@ -316,12 +370,18 @@ class ImageFolderDataModule(ImageClassificationData):
                 if self._scanned.bad:
                     log.warning("%s listed in %s", _plural(len(self._scanned.bad), "unreadable file"), path)
         classes = list(self._classes)
+        if self.decode_in_use is None:
+            self.resolve_decode(cuda=torch.cuda.is_available())
 
         def make(split: str, train: bool) -> ImageFiles:
             assert self._scanned is not None and self._classes is not None and self._bad_list is not None
             samples = [(path, self._classes[name]) for name, files in self._scanned.good[split].items()
                        if name in self._classes for path in files]
-            return ImageFiles(split, samples, classes, self._transforms(train), self.bad_files, self._bad_list)
+            if self.decode_in_use == "pil":
+                return ImageFiles(split, samples, classes, self._transforms(train), self.bad_files, self._bad_list)
+            files = DecodedFiles if self.decode_in_use == "fast" else EncodedFiles
+            return files(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
+                         geometry=self._geometry(train))
 
         self.train_set = make("train", True)
         self.val_set = make("val", False)
