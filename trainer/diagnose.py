@@ -13,7 +13,7 @@ device synchronized before every clock read:
 
 From them: per-part milliseconds and shares of the full step, a verdict (input-bound,
 compute-bound, optimizer-bound or host-overhead-bound) and the switch to try next. The loader's
-worker count is swept too. Written as diagnosis.json and diagnosis.png in the run folder.
+worker count and, for image files, the decode mode are swept too. Written as diagnosis.json and diagnosis.png in the run folder.
 """
 
 from __future__ import annotations
@@ -126,6 +126,26 @@ def sweep_workers(datamodule: ImageClassificationData, device: torch.device, ste
     return results
 
 
+def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, steps: int) -> list[dict[str, Any]]:
+    """Samples/s of the data pipeline in each ``data.decode`` mode the data module can use, with its
+    configured workers (none for data held decoded)."""
+    modes = datamodule.decode_choices()
+    if len(modes) < 2:
+        return []
+    configured = getattr(datamodule, "decode_in_use", None)
+    workers = datamodule.loader.num_workers if datamodule.loader else 0
+    results = []
+    try:
+        for mode in modes:
+            datamodule.use_decode(mode)
+            ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * workers)
+            results.append({"decode": mode, "ms_per_batch": ms, "samples_per_s": datamodule.batch_size / (ms / 1000)})
+    finally:
+        if configured is not None:
+            datamodule.use_decode(configured)
+    return results
+
+
 def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
                scaler: Any, device: torch.device, steps: int, warmup: int) -> tuple[float, float, float]:
     """(forward, forward + backward, forward + backward + optimizer step) in ms on one resident batch."""
@@ -170,6 +190,11 @@ def verdict(t: Timings, context: dict[str, Any]) -> Verdict:
         best = context.get("best_workers")
         if best is not None and best != context.get("num_workers"):
             tries.append(f"data.num_workers={best} (fastest in the sweep)")
+        decoders = {d["decode"]: d["samples_per_s"] for d in context.get("decode_sweep", [])}
+        fastest = max(decoders, key=decoders.__getitem__) if decoders else None
+        if fastest is not None and fastest != context.get("decode"):
+            tries.append(f"data.decode={fastest} (fastest decode mode: {decoders[fastest]:,.0f} samples/s against "
+                         f"{decoders.get(context.get('decode'), 0):,.0f} with {context.get('decode')})")
         if not context.get("device_normalize", True):
             tries.append("data.device_normalize=true (ship uint8, finish on the device)")
         if cuda and not context.get("pin_memory"):
@@ -221,7 +246,8 @@ def shares(t: Timings) -> dict[str, float]:
             "data wait + host overhead": t.remainder_ms / full}
 
 
-def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]]) -> list[str]:
+def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]],
+                 decoders: list[dict[str, Any]] | None = None) -> list[str]:
     rows = [("data pipeline alone", t.data_ms), ("forward alone", t.forward_ms),
             ("forward + backward", t.forward_backward_ms), ("forward + backward + optimizer", t.step_ms),
             ("full training step", t.full_ms)]
@@ -231,6 +257,8 @@ def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]]) -> list[
     lines.append("shares of the full step: " + ", ".join(f"{k} {v:.0%}" for k, v in shares(t).items()))
     if workers:
         lines.append("loader workers: " + ", ".join(f"{w['num_workers']} -> {w['samples_per_s']:,.0f}/s" for w in workers))
+    if decoders:
+        lines.append("decode modes: " + ", ".join(f"{d['decode']} -> {d['samples_per_s']:,.0f}/s" for d in decoders))
     lines += [f"verdict: {v.kind}: {v.reason}", "try next: " + "; ".join(v.try_next)]
     lines += [f"note: {n}" for n in t.notes]
     return lines
@@ -305,8 +333,10 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     else:
         workers = sweep_workers(datamodule, device, steps)
         context["best_workers"] = max(workers, key=lambda w: w["samples_per_s"])["num_workers"]
+    decoders = sweep_decoders(datamodule, device, steps) if sweep else []
+    context["decode_sweep"] = decoders
     result_verdict = verdict(timings, context)
-    for line in report_lines(timings, result_verdict, workers):
+    for line in report_lines(timings, result_verdict, workers, decoders):
         log.info(line)
     record = {
         "batch_size": batch_size,
@@ -322,6 +352,7 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         "reason": result_verdict.reason,
         "try_next": result_verdict.try_next,
         "worker_sweep": workers,
+        "decode_sweep": decoders,
         "context": context,
         "notes": notes,
     }

@@ -246,6 +246,7 @@ def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask,
                "optimizer_implementation": plan.optimizer_implementation,
                "num_workers": plan.loader.num_workers, "pin_memory": plan.loader.pin_memory,
                "device_normalize": getattr(parts.datamodule, "device_normalize", True),
+               "decode": plan.derived["data.decode"].value,
                "activation_checkpointing": list(plan.checkpointed_stages),
                "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules())}
     precision = built.trainer.precision_plugin

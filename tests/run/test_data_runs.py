@@ -38,6 +38,21 @@ def test_imagefolder_of_png_digits(tmp_path):
     assert summary["metrics"]["test"]["acc"] >= 0.8
 
 
+@pytest.mark.parametrize("decode", ["fast", "device"])
+def test_imagefolder_of_jpeg_digits_in_each_decode_mode(tmp_path, decode):
+    """make train ARGS="data=imagefolder data.root=... data.decode=MODE" trains to the pil path's
+    accuracy band; the summary says which decoder ran and why (device without CUDA: on the CPU)."""
+    root = tmp_path / "digits_jpeg"
+    write_digit_pngs(root, {"train": 40, "val": 10}, size=16, suffix=".jpg")
+    result = train([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
+                    "data.hflip=false", "data.eval_crop_fraction=1.0", "data.batch_size=32", "data.num_workers=1",
+                    f"data.decode={decode}", "trainer.max_epochs=12", *FAST], tmp_path / "run")
+    assert result.returncode == 0, result
+    derived = result.summary["derived"]["data.decode"]
+    assert derived["value"] == decode and "as configured" in derived["how"]
+    assert result.summary["metrics"]["test"]["acc"] >= 0.8
+
+
 def test_cifar10_tiny_copy_in_torchvision_format(tmp_path):
     write_cifar_copy(tmp_path / "cifar", train_per_batch=300, test=200, batches=2)
     result = train_forked(["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.batch_size=32", "trainer.max_epochs=8",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, run_in_process
+from tests.helpers import REPO, run_in_process, write_digit_pngs
 
 pytestmark = pytest.mark.run
 
@@ -84,3 +84,20 @@ def test_diagnose_on_device_made_data_skips_the_worker_sweep_and_says_why(tmp_pa
                     "data.batch_size=8", "data.train_samples=64"], tmp_path)
     record = json.loads((tmp_path / "diagnosis.json").read_text())
     assert record["worker_sweep"] == [] and any("worker sweep skipped" in n for n in record["notes"])
+
+
+def test_diagnose_on_an_image_folder_compares_the_decode_modes(tmp_path):
+    """The diagnosis times the data pipeline in each decode mode and records the fastest; when the
+    run is input-bound and another mode is faster, the advice names it."""
+    root = tmp_path / "jpegs"
+    write_digit_pngs(root, {"train": 12, "val": 4}, size=32, suffix=".jpg")
+    run_in_process(["diagnose=true", "diagnose_steps=3", "data=imagefolder", f"data.root={root}", "data.image_size=32",
+                    "data.batch_size=16", "data.num_workers=0", "data.decode=pil", "trainer.accelerator=cpu",
+                    "trainer.max_epochs=1"], tmp_path / "run")
+    record = json.loads((tmp_path / "run" / "diagnosis.json").read_text())
+    sweep = {d["decode"]: d["samples_per_s"] for d in record["decode_sweep"]}
+    assert set(sweep) == {"pil", "fast", "device"} and all(rate > 0 for rate in sweep.values())
+    assert record["context"]["decode"] == "pil"
+    fastest = max(sweep, key=sweep.get)
+    if record["verdict"] == "input-bound" and fastest != "pil":
+        assert any(t.startswith(f"data.decode={fastest}") for t in record["try_next"])
