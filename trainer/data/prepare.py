@@ -1,0 +1,347 @@
+"""A resized copy of an image folder: ``python -m trainer.data.prepare SRC DST --max-side 500``.
+
+Decoding costs grow with the pixels, and JPEG decoding in the loader workers is often what keeps a
+run waiting. ImageNet's photos average about 400x350, but a raw photo folder holds 12-megapixel
+images, some 80 times the pixels, which training throws away at its first resize to 224. Shrinking
+the folder once (the usual ImageNet preprocessing: longer side 500) makes every epoch cheaper.
+
+DST gets SRC's layout and file names, walked as training walks it (`imagefolder.list_split`: hidden
+files and folders left out, sub-folders followed, files directly in SRC not part of it). An image
+whose longer side exceeds ``--max-side`` is resized to exactly that, aspect kept, in the format its
+extension names (JPEGs decoded at a reduced DCT scale first); a smaller one is copied byte for byte.
+Non-images and unreadable images (fully decoded: a truncated JPEG is caught) are not written but
+listed in ``DST/bad_files.tsv`` as training lists them. Pixels stay what training sees: no EXIF
+rotation, no metadata carried over, alpha kept where the format stores it (training drops it).
+
+Each file is written under a hidden temporary name and renamed into place: a killed run leaves no
+partial file, and a rerun does only what is missing. ``DST/.prepare.json`` holds the settings, so a
+rerun with others cannot mix two sizes in one folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
+
+from PIL import Image
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.data.badfiles import (CORRUPT, LIST_HEADER, LIST_NAME, UNSUPPORTED, BadFile, BadImageError, check_file,
+                                   to_rgb)
+from trainer.data.imagefolder import list_split
+from trainer.data.loader import usable_cpus
+from trainer.errors import EXIT_USER_ERROR, UserError, first_line, full_error_requested
+
+RESIZED, COPIED, SKIPPED, BAD = "resized", "copied", "skipped", "bad"
+SETTINGS_NAME = ".prepare.json"
+# PIL first shrinks by a whole factor with a box filter, then resamples: much faster on large
+# images, and at 3 indistinguishable from a plain antialiased resize.
+REDUCING_GAP = 3.0
+# `replace_atomic`'s temporary files: ``.<name>.<random>.tmp``, hidden so training never lists them.
+_LEFTOVER = re.compile(r"^\..+\.tmp$")
+_SRC_ALLOWED = "an image folder: SRC/<class>/<image>, or SRC/train/<class>/<image> and SRC/val/<class>/<image>"
+
+
+@dataclass(frozen=True)
+class _Task:
+    split: str
+    src: str
+    dst: str
+
+
+@dataclass(frozen=True)
+class _Done:
+    outcome: str
+    bytes_before: int = 0
+    bytes_after: int = 0
+    bad: BadFile | None = None
+
+
+@dataclass
+class PrepareReport:
+    """What one run did; bytes count every image in DST (this run's and those already present)."""
+
+    src: Path
+    dst: Path
+    resized: int = 0
+    copied: int = 0
+    skipped: int = 0
+    bad: list[BadFile] = field(default_factory=list)
+    bytes_before: int = 0
+    bytes_after: int = 0
+    seconds: float = 0.0
+    bad_list: Path | None = None
+
+    @property
+    def total(self) -> int:
+        return self.resized + self.copied + self.skipped + len(self.bad)
+
+    def add(self, done: _Done) -> None:
+        if done.bad is not None:
+            self.bad.append(done.bad)
+            return
+        setattr(self, done.outcome, getattr(self, done.outcome) + 1)
+        self.bytes_before += done.bytes_before
+        self.bytes_after += done.bytes_after
+
+    def summary(self) -> str:
+        return (f"prepared {self.total} files in {self.seconds:.1f} s: {self.resized} resized, {self.copied} copied "
+                f"unchanged, {self.skipped} already present, {len(self.bad)} bad; images "
+                f"{self.bytes_before / 1e6:,.1f} MB in SRC, {self.bytes_after / 1e6:,.1f} MB in DST")
+
+    def bad_line(self) -> str:
+        return f"{len(self.bad)} bad files (not written) listed in {self.bad_list}"
+
+
+# -- one file (runs in a pool worker) ------------------------------------------------------------------
+def prepare_file(task: _Task, max_side: int, quality: int) -> _Done:
+    """Resize, copy, or find `task`'s file bad. Top-level so a process pool can send it to workers."""
+    problem = check_file(task.src, decode=False)  # cheap first: non-images, empty files, wrong content
+    if problem is not None:
+        return _bad(task, *problem)
+    try:
+        with Image.open(task.src) as image:
+            target = _target_size(image.size, max_side)
+            if target is None:
+                return _copy(task)
+            fmt = _format(task.dst)  # by extension, so name and content agree (a PNG named .jpg becomes a JPEG)
+            data = _encoded(_resized(task.src, image, target, fmt), fmt, quality)
+    except BadImageError as ex:
+        return _bad(task, ex.reason, ex.detail)
+    replace_atomic(Path(task.dst), lambda tmp: tmp.write_bytes(data))
+    return _Done(RESIZED, os.path.getsize(task.src), len(data))
+
+
+def _bad(task: _Task, reason: str, detail: str) -> _Done:
+    return _Done(BAD, bad=BadFile(task.split, task.src, reason, detail))
+
+
+def _target_size(size: tuple[int, int], max_side: int) -> tuple[int, int] | None:
+    """The size with the longer side `max_side`, aspect kept; None when already that small."""
+    width, height = size
+    longer = max(width, height)
+    if longer <= max_side:
+        return None
+    return max(1, round(width * max_side / longer)), max(1, round(height * max_side / longer))
+
+
+def _copy(task: _Task) -> _Done:
+    # The full decode training does: a small truncated JPEG has a valid header too.
+    problem = check_file(task.src, decode=True)
+    if problem is not None:
+        return _bad(task, *problem)
+    replace_atomic(Path(task.dst), lambda tmp: shutil.copyfile(task.src, tmp))
+    size = os.path.getsize(task.dst)
+    return _Done(COPIED, size, size)
+
+
+def _format(path: str) -> str:
+    return Image.registered_extensions()[os.path.splitext(path)[1].lower()]
+
+
+def _resized(path: str, image: Image.Image, target: tuple[int, int], fmt: str) -> Image.Image:
+    # JPEG: libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below `target`; other formats ignore it.
+    image.draft("RGB", target)
+    try:
+        image.load()
+    except Exception as ex:  # noqa: BLE001 - PIL's decoders raise OSError, SyntaxError, ValueError ...
+        raise BadImageError(path, CORRUPT, first_line(ex) or type(ex).__name__) from None
+    try:
+        return _resamplable(image, fmt).resize(target, Image.BILINEAR, reducing_gap=REDUCING_GAP)
+    except (ValueError, OSError, TypeError) as ex:
+        raise BadImageError(path, UNSUPPORTED, f"mode {image.mode}: {ex}") from None
+
+
+def _resamplable(image: Image.Image, fmt: str) -> Image.Image:
+    # JPEG stores 8-bit grey and RGB as training reads them; CMYK, alpha and 16-bit become what
+    # training would make of them. Palette indices and bits cannot be interpolated (PIL would fall
+    # back to nearest neighbour), so those go to RGB for every format.
+    if (fmt == "JPEG" and image.mode not in ("RGB", "L")) or image.mode in ("P", "PA", "1"):
+        return to_rgb(image)
+    return image
+
+
+def _encoded(image: Image.Image, fmt: str, quality: int) -> bytes:
+    options: dict[str, Any] = {"quality": quality} if fmt == "JPEG" else {}
+    try:
+        return _save(image, fmt, options)
+    except (OSError, ValueError, KeyError, TypeError):  # the format cannot store the mode (WebP and I;16, ...)
+        return _save(to_rgb(image), fmt, options)
+
+
+def _save(image: Image.Image, fmt: str, options: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()  # in memory: resized images are small, and the file is then written in one go
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+# -- the folder ------------------------------------------------------------------------------------------
+def prepare(src: Path, dst: Path, max_side: int, quality: int = 90, workers: int | None = None,
+            progress: bool = True) -> PrepareReport:
+    """Write SRC's images to DST with their longer side at most `max_side` (see the module docstring)."""
+    started = time.perf_counter()
+    src, dst = _checked(Path(src), Path(dst), max_side, quality, workers)
+    tasks = list(_tasks(src, dst))
+    _claim(dst, {"max_side": max_side, "quality": quality})
+    _remove_leftovers(dst)
+    report = PrepareReport(src, dst)
+    todo = []
+    for task in tasks:  # present files are complete: every write is a rename of a finished file
+        if os.path.exists(task.dst):
+            report.add(_Done(SKIPPED, os.path.getsize(task.src), os.path.getsize(task.dst)))
+        else:
+            todo.append(task)
+    try:
+        _run(todo, partial(prepare_file, max_side=max_side, quality=quality), workers or usable_cpus(), progress,
+             report)
+    except OSError as ex:  # from a write: a full disk, a folder that cannot be written
+        raise UserError(str(ex.filename or dst), ex.strerror or str(ex),
+                        "a DST that can be written, with free space") from None
+    report.bad_list = dst / LIST_NAME  # replaced whole: files fixed in SRC since the last run drop out
+    write_text_atomic(report.bad_list, LIST_HEADER + "".join(record.tsv_line() for record in report.bad))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _checked(src: Path, dst: Path, max_side: int, quality: int, workers: int | None) -> tuple[Path, Path]:
+    if max_side < 1:
+        raise UserError("--max-side", f"{max_side} is not a size", "a whole number of pixels >= 1, e.g. 500")
+    if not 1 <= quality <= 100:
+        raise UserError("--quality", f"{quality} is not a JPEG quality", "1 to 100 (above 95 only grows files)")
+    if workers is not None and workers < 1:
+        raise UserError("--workers", f"{workers} is not a number of processes", "1 or more")
+    if not src.is_dir():
+        raise UserError("SRC", f"'{src}' {'is not a folder' if src.exists() else 'does not exist'}", _SRC_ALLOWED)
+    if dst.exists() and not dst.is_dir():
+        raise UserError("DST", f"'{dst}' is not a folder", "a new folder, or the DST of an earlier run")
+    src, dst = src.resolve(), dst.resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise UserError("DST", f"'{dst}' and SRC '{src}' overlap", "a folder outside SRC that does not contain it")
+    return src, dst
+
+
+def _tasks(src: Path, dst: Path) -> Iterator[_Task]:
+    listed = list_split(src)
+    if not any(listed.values()):
+        raise UserError("SRC", f"no files in the sub-folders of '{src}'", _SRC_ALLOWED)
+    for top, paths in listed.items():
+        for path in paths:
+            yield _Task(top, path, str(dst / os.path.relpath(path, src)))
+
+
+def _claim(dst: Path, settings: dict[str, int]) -> None:
+    """Record the settings in DST; refuse a DST made with other settings, or not by this command."""
+    marker = dst / SETTINGS_NAME
+    if marker.exists():
+        try:
+            before = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = None
+        if before != settings:
+            raise UserError("DST", f"'{dst}' was prepared with {_flags(before)}, not {_flags(settings)}",
+                            "the same --max-side and --quality to finish it, or a new DST")
+        return
+    if dst.exists() and any(not entry.name.startswith(".") for entry in os.scandir(dst)):
+        raise UserError("DST", f"'{dst}' holds files this command did not write",
+                        "a new or empty folder, or the DST of an unfinished run to resume it")
+    write_text_atomic(marker, json.dumps(settings) + "\n")
+
+
+def _flags(settings: object) -> str:
+    if not isinstance(settings, dict):
+        return "unknown settings"
+    return " ".join(f"--{key.replace('_', '-')} {value}" for key, value in settings.items())
+
+
+def _remove_leftovers(dst: Path) -> None:
+    """Temporary files of a killed run: never renamed into place, so never complete."""
+    for parent, _, names in os.walk(dst):
+        for name in names:
+            if _LEFTOVER.match(name):
+                os.unlink(os.path.join(parent, name))
+
+
+def _run(todo: list[_Task], work: Callable[[_Task], _Done], workers: int, progress: bool,
+         report: PrepareReport) -> None:
+    with _pool(workers if len(todo) > 1 else 1) as pool:
+        # Submitted before the progress bar starts its refresh thread: forked workers start with no
+        # other thread's state half-held.
+        results: Iterable[_Done] = (pool.map(work, todo, chunksize=_chunk(len(todo), workers))
+                                    if pool is not None else map(work, todo))
+        with _bar(progress) as bar:
+            bar_task = bar.add_task("prepare", total=report.total + len(todo), completed=report.total)
+            for done in results:
+                report.add(done)
+                bar.advance(bar_task)
+
+
+def _pool(workers: int) -> ContextManager[ProcessPoolExecutor | None]:
+    if workers == 1:
+        return contextlib.nullcontext()
+    # Fork where there is one: the workers inherit the imports (spawn would import torch again in each).
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    return ProcessPoolExecutor(workers, mp_context=context)
+
+
+def _chunk(count: int, workers: int) -> int:
+    # Large enough to keep the inter-process traffic small, small enough to balance the load.
+    return max(1, min(256, count // (workers * 16)))
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:,.0f} files/s" if task.speed else "- files/s")
+
+
+def _bar(enabled: bool) -> Progress:
+    return Progress(TextColumn("prepare"), BarColumn(), MofNCompleteColumn(), _RateColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not enabled)
+
+
+# -- the command -----------------------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer.data.prepare",
+                                     description="Write a copy of an image folder with smaller images.")
+    parser.add_argument("src", type=Path, metavar="SRC", help="the image folder (train/<class>/..., val/<class>/...)")
+    parser.add_argument("dst", type=Path, metavar="DST", help="the folder to write (rerun to finish an interrupted run)")
+    parser.add_argument("--max-side", type=int, required=True, help="longer side in pixels of resized images (e.g. 500)")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality of resized JPEGs (default 90)")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: the usable CPUs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        report = prepare(args.src, args.dst, args.max_side, args.quality, args.workers, progress=not args.quiet)
+    except UserError as ex:
+        if full_error_requested():
+            raise
+        sys.stdout.flush()
+        print(f"error: {ex.line()}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(report.summary())
+    print(report.bad_line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
