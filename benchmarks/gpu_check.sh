@@ -23,20 +23,22 @@
 #                on/off, channels_last, fused vs foreach, compile vs eager
 #   ladder       the ResNet-50 ladder (benchmarks/ladder_gpu.sh) shortened to 16 steps of batch 128 per
 #                stage, no validation; ladder_mfu.md: img/s, speed-up and MFU per stage
+#   input_pipeline  benchmarks/input_pipeline.py --device-side: images per host core per decode mode,
+#                and the device mode's batched nvjpeg decode + crop on the GPU (input_pipeline.md)
 #
-# A later step (the device input pipeline, the deploy bench) is a function step_NAME plus its name
+# A later step (the deploy bench) is a function step_NAME plus its name
 # in STEPS and its budgets in BUDGET_S and DRY_BUDGET_S (and, for key figures, a reader in
 # benchmarks/gpu_check_report.py). Keep the sum of BUDGET_S within 460 s.
 set -uo pipefail
 
-STEPS=(environment gpu_tests practices ladder)
+STEPS=(environment gpu_tests practices ladder input_pipeline)
 # Seconds per step on one H200: environment ~5 s; the GPU tests ~90 s (three torch.compile modes
 # of a tiny network are most of it); practices 6 runs of ~15-20 s and one compile of ResNet-50
 # (~60 s); the ladder one process, six stages, two compiles (the second mostly from the cache the
-# practices step filled). 450 s in all, plus at most 5 s per step to stop one that overruns.
-declare -A BUDGET_S=([environment]=15 [gpu_tests]=125 [practices]=165 [ladder]=145)
+# practices step filled); the input pipeline ~20 s. 460 s in all, plus at most 5 s per step to stop one that overruns.
+declare -A BUDGET_S=([environment]=15 [gpu_tests]=125 [practices]=150 [ladder]=140 [input_pipeline]=30)
 # The dry run takes 30-60 s on 2 CPU cores; these only stop a hung step.
-declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120)
+declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120 [input_pipeline]=90)
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -72,6 +74,13 @@ for name in "${STEPS[@]}"; do rm -rf "${OUT:?}/$name"; done
 rm -f "$OUT/summary.md" "$OUT/steps.tsv" "$OUT/run.json"
 
 # -- the steps -------------------------------------------------------------------------------------
+
+step_input_pipeline() {
+  local dir="$OUT/input_pipeline"
+  local size=(--images 256 --rounds 1 --batches 6 --batch 32)
+  [ "$DRY" = 1 ] && size=(--images 24 --rounds 1 --batches 2 --batch 4)
+  "$PYTHON" benchmarks/input_pipeline.py --device-side --out "$dir/input_pipeline.md" "${size[@]}"
+}
 
 step_environment() {
   local dir="$OUT/environment"
@@ -138,7 +147,7 @@ step_ladder() {
   return $status
 }
 
-export -f step_environment step_gpu_tests step_practices step_ladder
+export -f step_environment step_gpu_tests step_practices step_ladder step_input_pipeline
 
 # -- running them ----------------------------------------------------------------------------------
 

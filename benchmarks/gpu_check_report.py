@@ -139,9 +139,15 @@ def figures_ladder(folder: Path) -> list[str]:
     return lines
 
 
+def figures_input_pipeline(folder: Path) -> list[str]:
+    """The benchmark's verdict lines and its device-side line (benchmarks/input_pipeline.py)."""
+    text = (folder / "input_pipeline.md").read_text()
+    return [line[2:] for line in text.splitlines() if line.startswith("- ")]
+
+
 FIGURES: dict[str, Callable[[Path], list[str]]] = {
     "environment": figures_environment, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
-    "ladder": figures_ladder,
+    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline,
 }
 
 

@@ -17,7 +17,7 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-STEPS = ["environment", "gpu_tests", "practices", "ladder"]
+STEPS = ["environment", "gpu_tests", "practices", "ladder", "input_pipeline"]
 LADDER = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channels_last", "resnet50_compile",
           "resnet50_optimized"]
 
@@ -95,3 +95,14 @@ def test_ladder_has_img_per_s_for_every_stage(dry_run):
     assert (out / "ladder" / "ladder_resnet50.png").read_bytes()[:4] == b"\x89PNG"
     assert "resnet50_optimized" in (out / "ladder" / "ladder_resnet50.md").read_text()
     assert (out / "ladder" / "figures.md").read_text().startswith("6/6 stages completed")
+
+
+def test_input_pipeline_step_times_every_decode_mode_and_the_device_side(dry_run):
+    """The input-pipeline step's table has every pipeline, and the device mode's decode ran (on the
+    CPU in a dry run); its key figures are the verdict lines."""
+    out, _ = dry_run
+    report = (out / "input_pipeline" / "input_pipeline.md").read_text()
+    for row in ("torchvision ImageFolder", "data.decode=pil", "data.decode=fast", "data.decode=device"):
+        assert row in report
+    assert "device mode, decode + crop + resize of prefetched batches on" in report
+    assert (out / "input_pipeline" / "figures.md").read_text().startswith("fast vs standard:")

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
+import torch.nn.functional as nn_functional
 import torchvision.transforms.v2.functional as F
 from PIL import Image
 from torch.utils.data import get_worker_info
@@ -144,6 +145,9 @@ class Geometry:
         if box is not None:
             top, left, height, width = box
             crop = batch[:, :, top:top + height, left:left + width].contiguous(memory_format=torch.channels_last)
+            if crop.device.type == "cpu":  # v2's resize for uint8 on the CPU is this call, minus its checks
+                return nn_functional.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True,
+                                                 align_corners=False)[0]
             return F.resize(crop, [self.size, self.size], antialias=True)[0]
         resized = F.resize(batch.contiguous(memory_format=torch.channels_last), [self.resize], antialias=True)
         return F.center_crop(resized, [self.size, self.size])[0]
