@@ -261,6 +261,9 @@ def test_auto_is_device_on_cuda_with_jpegs_and_fast_otherwise(photos, tmp_path):
     assert dm.resolve_decode(cuda=True)[0] == "device"
     mode, how = dm.resolve_decode(cuda=False)
     assert mode == "fast" and "no CUDA" in how
+    host_finishing = ImageFolderDataModule(root=str(photos), decode="auto", device_normalize=False)
+    host_finishing.inspect()
+    assert host_finishing.resolve_decode(cuda=True)[0] == "fast"
     for path in list(photos.rglob("*.jpg")):
         target = tmp_path / path.relative_to(photos).with_suffix(".png")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -295,7 +295,9 @@ class ImageFolderDataModule(ImageClassificationData):
             self.decode_in_use = self.decode
             return self.decode, how
         share = self._jpeg_share()
-        if cuda and share >= 0.5:
+        if cuda and not self.device_normalize:
+            self.decode_in_use, how = "fast", "auto -> fast (data.device_normalize=false finishes samples on the host)"
+        elif cuda and share >= 0.5:
             self.decode_in_use, how = "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
         elif cuda:
             self.decode_in_use, how = "fast", f"auto -> fast (only {share:.0%} of the files are JPEGs, nvjpeg's format)"
