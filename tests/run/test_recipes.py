@@ -59,11 +59,12 @@ def test_the_baseline_differs_from_optimized_by_the_practices_switched_off():
     assert changed["optimizer.implementation"] == ["auto", "for_loop"]
     assert changed["optimizer.decay_norm_and_bias"] == [False, True]
     assert changed["data.num_workers"] == ["auto", 0] and changed["data.device_normalize"] == [True, False]
+    assert changed["data.decode"] == ["auto", "pil"]
     # Keys that only the percentile clipping choice has appear as removed; nothing else changes.
     assert set(changed) - {k for k in changed if k.startswith("clipping.")} == {
         "precision.name", "precision.channels_last", "precision.tf32", "compile.mode", "optimizer.lr_scaling",
         "optimizer.implementation", "optimizer.decay_norm_and_bias", "data.num_workers", "data.pin_memory",
-        "data.persistent_workers", "data.device_normalize"}
+        "data.persistent_workers", "data.device_normalize", "data.decode"}
 
 
 def test_a_resnet50_recipe_without_a_data_folder_says_how_to_set_one(tmp_path, capsys):
