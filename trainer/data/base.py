@@ -115,6 +115,11 @@ class ImageClassificationData(L.LightningDataModule):
             return "none", f"auto -> none ({held})"
         return "none", f"{self.decode} -> none (has no effect: {held})"
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """How an image becomes the network's input at evaluation, for the model card (export, serving);
+        empty when the data are not images a client could send (e.g. made on the device)."""
+        return {}
+
     def decode_choices(self) -> tuple[str, ...]:
         """The decode modes the diagnosis can compare (none for data held decoded)."""
         return ()

@@ -114,6 +114,10 @@ class CIFAR10DataModule(ImageClassificationData):
         return DataInfo(10, 3, (32, 32), {"train": train_n - val_n, "val": val_n, "test": test_n},
                         class_names=CLASSES, sample_bytes=3 * 32 * 32 * (1 if self.device_normalize else 4))
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        return {"image": "32x32 8-bit RGB", "scale": 1 / 255, "mean": list(MEAN), "std": list(STD),
+                "layout": "NCHW float32"}
+
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:
             return

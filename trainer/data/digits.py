@@ -76,11 +76,20 @@ class DigitsDataModule(ImageClassificationData):
         x = torch.from_numpy(images).unsqueeze(1) / 16.0
         train_x = x[parts["train"]]
         mean, std = train_x.mean(), train_x.std()
+        self._standardized = (float(mean), float(std))
         x = (x - mean) / std
         y = torch.from_numpy(labels)
         self.train_set, self.val_set, self.test_set = (
             TensorDataset(x[parts[name]], y[parts[name]]) for name in ("train", "val", "test")
         )
+
+    def inference_preprocessing(self) -> dict[str, Any]:
+        """scikit-learn's digits are 8x8 grey levels 0..16; a client's 8-bit image is resized to 8x8
+        and scaled to that range first."""
+        self.setup()
+        mean, std = self._standardized
+        return {"image": "8x8 grey, values 0..16 (an 8-bit image: resized to 8x8, times 16/255)", "channels": 1,
+                "size": 8, "scale": 1 / 16, "mean": [mean], "std": [std], "layout": "NCHW float32"}
 
     def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
         if training and self.translate:

@@ -305,6 +305,11 @@ class ImageFolderDataModule(ImageClassificationData):
             self.decode_in_use, how = "fast", "auto -> fast (no CUDA: decoded on the host)"
         return self.decode_in_use, how
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        return {"image": "any format PIL reads, converted to 8-bit RGB", "resize_shorter_side": self._eval_resize(),
+                "center_crop": self.image_size, "interpolation": "bilinear, antialiased", "scale": 1 / 255,
+                "mean": list(self.mean), "std": list(self.std), "layout": "NCHW float32"}
+
     def decode_choices(self) -> tuple[str, ...]:
         return ("pil", "fast", "device") if self.device_normalize else ("pil", "fast")
 

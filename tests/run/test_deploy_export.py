@@ -1,0 +1,102 @@
+"""python -m trainer.deploy export: from a short digits run, the ONNX model, the torch.export program
+and the folded network give PyTorch's logits on real evaluation images; the model card holds the
+classes, the preprocessing, the run's accuracy and the checkpoint's hash; bad input is one line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from tests.helpers import REPO, run_in_process
+from trainer.deploy.export import TOLERANCE, checked_eval, export_run, onnx_logits, program_logits
+from trainer.errors import UserError
+
+pytestmark = pytest.mark.run
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("digits_run")
+    summary = run_in_process(["trainer.max_epochs=3", "trainer.accelerator=cpu", "progress=plain"], run_dir)
+    return run_dir, summary
+
+
+def test_export_writes_models_that_agree_with_pytorch(digits_run, tmp_path):
+    """Each exported form, run again here on a fresh batch size, gives the folded network's logits;
+    the card names the best checkpoint by hash and carries the run's test accuracy."""
+    run_dir, summary = digits_run
+    exported = export_run(run_dir, out=tmp_path / "export")
+    assert exported.checkpoint == type(exported.checkpoint)(summary["best_checkpoint"])
+    assert all(diff <= TOLERANCE for diff in exported.max_abs_diff.values()) and exported.images_checked == 64
+    assert exported.folded_modules[1] < exported.folded_modules[0]  # Conv-BN pairs folded
+    card = json.loads((tmp_path / "export" / "model.json").read_text())
+    assert card["classes"] == [str(d) for d in range(10)] and card["input"]["shape"] == [1, 8, 8]
+    assert card["accuracy"]["test"] == summary["metrics"]["test"]["acc"]
+    assert card["checkpoint"]["sha256"] == hashlib.sha256(exported.checkpoint.read_bytes()).hexdigest()
+    assert card["preprocessing"]["scale"] == 1 / 16 and len(card["preprocessing"]["mean"]) == 1
+    images = torch.randn(5, 1, 8, 8)  # a batch size the export never saw: the batch is dynamic
+    from_program = program_logits(tmp_path / "export" / "model.pt2", images)
+    from_onnx = onnx_logits(tmp_path / "export" / "model.onnx", images)
+    assert from_program.shape == (5, 10) and torch.allclose(from_onnx, from_program, atol=1e-4)
+    weights = load_file(str(tmp_path / "export" / "weights.safetensors"))
+    assert any(k.endswith("running_mean") for k in weights)  # the trained, unfolded weights
+
+
+class _StuckDropout(nn.Dropout):
+    def train(self, mode: bool = True) -> "_StuckDropout":
+        return super().train(True)  # ignores eval()
+
+
+class _RandomForward(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x, 0.5, training=True)
+
+
+class _BatchStatistics(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.batch_norm(x, self.bn.running_mean, self.bn.running_var, training=True)
+
+
+@pytest.mark.parametrize("net,says", [
+    (nn.Sequential(nn.Linear(4, 4), _StuckDropout(0.5)), "still in training mode after eval(): 1"),
+    (_RandomForward(), "something is still random"),
+    (_BatchStatistics(), "changed bn.running_mean"),
+])
+def test_a_network_not_ready_for_inference_is_refused_naming_the_module(net, says):
+    with pytest.raises(UserError, match="model: ") as raised:
+        checked_eval(net, torch.randn(8, 4))
+    assert says in str(raised.value)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainer.deploy", "export", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_what_is_not_a_run_or_not_this_models_checkpoint_is_one_line(digits_run, tmp_path):
+    """A folder that is not a run, an unknown format, and a checkpoint of another model: exit 2 and
+    one line naming the path."""
+    run_dir, _ = digits_run
+    (tmp_path / "notes.txt").write_text("x")
+    foreign = run_dir / "checkpoints" / "foreign.ckpt"
+    torch.save({"state_dict": {"net.head.weight": torch.zeros(3, 3)}}, foreign)
+    try:
+        for args, says in (((str(tmp_path),), "is not a run folder"), ((str(tmp_path / "notes.txt"),), "unknown format"),
+                           ((str(foreign),), "does not fit the run's model")):
+            result = _cli(*args)
+            assert result.returncode == 2, result.stderr
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+    finally:
+        foreign.unlink()

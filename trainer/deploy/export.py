@@ -1,0 +1,274 @@
+"""``python -m trainer.deploy export RUN_DIR|CKPT``: the inference form of a trained run.
+
+From the run folder alone (its ``config_resolved.yaml``, its best or last checkpoint, its
+``summary.json``), with nothing repeated by the user:
+
+1. the network is rebuilt from the run's config and loaded from the checkpoint (a checkpoint of
+   another model is refused, naming the keys that do not fit);
+2. eval mode is checked module by module: a module still in training mode after ``eval()`` (a
+   Dropout or BatchNorm whose ``train`` was overridden) is refused with its name, and so is a forward
+   that is still random or still updates BatchNorm statistics;
+3. Conv-BN pairs are folded (`trainer.models.fuse.fuse_for_inference`), checked against the
+   unfolded network;
+4. written into ``RUN_DIR/export/``: ``model.onnx`` (dynamic batch; ONNX Runtime's output on real
+   evaluation images compared with PyTorch's, the difference reported and bounded), ``model.pt2``
+   (a ``torch.export`` program, loaded back and compared the same way), ``weights.safetensors``
+   (the trained weights, unfolded, for `build_model`) and ``model.json``, the model card: classes,
+   input shape, the evaluation preprocessing of training, the run's accuracy and the checkpoint's
+   SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+from torch import nn
+
+from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.build import build_data, build_model
+from trainer.checkpoint import load_checkpoint
+from trainer.config import validate
+from trainer.errors import UserError
+from trainer.models.fuse import fuse_for_inference
+
+CONFIG_NAME = "config_resolved.yaml"
+NET_PREFIX = "net."
+#: ONNX Runtime and torch.export against eager PyTorch: float32 kernels differ in summation order.
+TOLERANCE = 1e-3
+CHECK_IMAGES = 64
+
+
+@dataclass
+class Exported:
+    """What `export_run` wrote and measured."""
+
+    folder: Path
+    checkpoint: Path
+    files: dict[str, Path]
+    max_abs_diff: dict[str, float]
+    images_checked: int
+    folded_modules: tuple[int, int]  # modules before, after folding
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        diffs = ", ".join(f"{name} {value:.2e}" for name, value in self.max_abs_diff.items())
+        return [f"exported {self.checkpoint} into {self.folder}: " + ", ".join(p.name for p in self.files.values()),
+                f"checked on {self.images_checked} evaluation images, max abs difference of the logits from "
+                f"eager PyTorch: {diffs} (bound {TOLERANCE:g})",
+                f"Conv-BN folding: {self.folded_modules[0]} modules -> {self.folded_modules[1]}", *self.notes]
+
+
+# -- finding the run -----------------------------------------------------------------------------------
+def locate(source: Path, which: str = "best") -> tuple[Path, Path]:
+    """(run folder, checkpoint) for a run folder or a checkpoint inside one."""
+    source = Path(source).expanduser()
+    if not source.exists():
+        raise UserError(str(source), "does not exist", "a run folder written by train.py, or a .ckpt in its checkpoints/")
+    if source.is_file():
+        if source.suffix != ".ckpt":
+            raise UserError(str(source), f"unknown format '{source.suffix or 'no extension'}'",
+                            "a run folder, or a training checkpoint (.ckpt) in its checkpoints/")
+        run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
+        checkpoint = source
+    else:
+        run_dir = source
+        checkpoint = _checkpoint_of(run_dir, which)
+    if not (run_dir / CONFIG_NAME).is_file():
+        raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
+                        "a folder written by train.py, or a .ckpt in its checkpoints/")
+    return run_dir, checkpoint
+
+
+def _checkpoint_of(run_dir: Path, which: str) -> Path:
+    summary = _summary(run_dir)
+    best = summary.get("best_checkpoint")
+    if which == "best" and best and Path(best).is_file():
+        return Path(best)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        return last
+    if not (run_dir / CONFIG_NAME).is_file():
+        raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
+                        "a folder written by train.py, or a .ckpt in its checkpoints/")
+    raise UserError(str(run_dir), "holds no checkpoint (checkpointing=off?)",
+                    "a run trained with checkpointing, or the path of a .ckpt")
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# -- the network ---------------------------------------------------------------------------------------
+def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Module, Any, Any, Any]:
+    """(network with the checkpoint's weights, run spec, data module, data info); the data module
+    writes what it writes (a bad-file list) into `scratch`, never into the run folder."""
+    spec = validate(OmegaConf.load(run_dir / CONFIG_NAME))
+    datamodule, info = build_data(spec, scratch)
+    net = build_model(spec, info)
+    state = load_checkpoint(checkpoint).get("state_dict")
+    if not isinstance(state, Mapping) or not state:
+        raise UserError(str(checkpoint), "has no state_dict", "a training checkpoint (.ckpt) of this run")
+    weights = {k[len(NET_PREFIX):]: v for k, v in state.items() if k.startswith(NET_PREFIX)}
+    missing, unexpected = _mismatch(net, weights)
+    if missing or unexpected:
+        raise UserError(str(checkpoint), f"does not fit the run's model {spec.model['_target_']} (missing "
+                        f"{_few(missing)}; unexpected {_few(unexpected)})", "a checkpoint written by this run")
+    net.load_state_dict(weights)
+    return net, spec, datamodule, info
+
+
+def _mismatch(net: nn.Module, weights: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    own = net.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    shapes = [f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in weights and weights[k].shape != v.shape]
+    return missing + shapes, unexpected
+
+
+def _few(names: list[str], limit: int = 3) -> str:
+    if not names:
+        return "none"
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def checked_eval(net: nn.Module, images: torch.Tensor) -> nn.Module:
+    """`net` in eval mode, refused when some part of it still behaves as in training."""
+    net.eval()
+    stuck = [name or type(net).__name__ for name, module in net.named_modules() if module.training]
+    if stuck:
+        raise UserError("model", f"still in training mode after eval(): {_few(stuck, 5)}",
+                        "modules whose train(False) takes effect (Dropout, BatchNorm and their subclasses)")
+    before = {name: buffer.clone() for name, buffer in net.named_buffers()}
+    with torch.inference_mode():
+        first, second = net(images), net(images)
+    changed = [name for name, buffer in net.named_buffers() if not torch.equal(buffer, before[name])]
+    if changed:
+        raise UserError("model", f"a forward in eval mode changed {_few(changed)} (BatchNorm statistics updated "
+                        "at inference)", "BatchNorm layers that use their running statistics in eval mode")
+    if not torch.equal(first, second):
+        raise UserError("model", "two forwards of the same images differ in eval mode: something is still random "
+                        "(a dropout called with training=True?)", "a network whose eval-mode forward is deterministic")
+    return net
+
+
+# -- the files -----------------------------------------------------------------------------------------
+def evaluation_images(datamodule: Any, count: int = CHECK_IMAGES) -> torch.Tensor:
+    """Up to `count` evaluation images as the network receives them (preprocessed, on the CPU)."""
+    datamodule.configure_loader(cuda=False)
+    datamodule.setup("fit")
+    taken: list[torch.Tensor] = []
+    for batch in datamodule.val_dataloader():
+        images, _ = datamodule.finish_batch(datamodule.transfer_batch_to_device(batch, torch.device("cpu"), 0),
+                                            training=False)
+        taken.append(images.float())
+        if sum(len(t) for t in taken) >= count:
+            break
+    return torch.cat(taken)[:count]
+
+
+def write_onnx(net: nn.Module, images: torch.Tensor, path: Path) -> None:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+
+    def write(tmp: Path) -> None:
+        torch.onnx.export(net, (images[:2],), str(tmp), input_names=["images"], output_names=["logits"],
+                          dynamic_shapes=({0: batch},), dynamo=True, external_data=False, verbose=False)
+
+    replace_atomic(path, write)
+
+
+def onnx_logits(path: Path, images: torch.Tensor) -> torch.Tensor:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return torch.from_numpy(session.run(None, {name: images.numpy()})[0])
+
+
+def write_program(net: nn.Module, images: torch.Tensor, path: Path) -> None:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(net, (images[:2],), dynamic_shapes=({0: batch},))
+
+    def write(tmp: Path) -> None:  # torch.export wants the .pt2 extension on the file it writes
+        named = tmp.with_name(tmp.name + ".pt2")
+        torch.export.save(program, str(named))
+        os.replace(named, tmp)
+
+    replace_atomic(path, write)
+
+
+def program_logits(path: Path, images: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return torch.export.load(str(path)).module()(images)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    summary = _summary(run_dir)
+    metrics = summary.get("metrics", {})
+    classes = list(info.class_names or [str(i) for i in range(info.num_classes)])
+    return {
+        "model": spec.model["_target_"],
+        "classes": classes,
+        "input": {"shape": [info.in_channels, *info.image_size], "dtype": "float32", "layout": "NCHW",
+                  "batch": "dynamic"},
+        "preprocessing": datamodule.inference_preprocessing(),
+        "accuracy": {split: metrics.get(split, {}).get("acc") for split in ("val", "test")},
+        "tested_weights": summary.get("tested_weights"),
+        "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
+        "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
+        "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"},
+    }
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def export_run(source: Path, out: Optional[Path] = None, which: str = "best") -> Exported:
+    run_dir, checkpoint = locate(Path(source), which)
+    folder = Path(out) if out is not None else run_dir / "export"
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="export-data-") as scratch:
+        net, spec, datamodule, info = load_network(run_dir, checkpoint, Path(scratch))
+        images = evaluation_images(datamodule)
+        card = model_card(spec, info, datamodule, run_dir, checkpoint)
+    net = checked_eval(net, images)
+    folded = fuse_for_inference(net)
+    with torch.inference_mode():
+        reference = net(images)
+        diffs = {"folded": float((folded(images) - reference).abs().max())}
+    files = {"onnx": folder / "model.onnx", "torch_export": folder / "model.pt2",
+             "weights": folder / "weights.safetensors", "card": folder / "model.json"}
+    write_onnx(folded, images, files["onnx"])
+    diffs["onnxruntime"] = float((onnx_logits(files["onnx"], images) - reference).abs().max())
+    write_program(folded, images, files["torch_export"])
+    diffs["torch_export"] = float((program_logits(files["torch_export"], images) - reference).abs().max())
+    bound = TOLERANCE * max(1.0, float(reference.abs().max()))
+    worst = max(diffs, key=diffs.__getitem__)
+    if diffs[worst] > bound:
+        raise UserError(str(files[worst] if worst in files else folder), f"the {worst} model's logits differ from "
+                        f"PyTorch's by {diffs[worst]:.2e} on evaluation images (bound {bound:.2e})",
+                        "an exportable network (report it: the export is not trustworthy)")
+    weights = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
+    replace_atomic(files["weights"], lambda tmp: save_file(weights, str(tmp), metadata={"source": str(checkpoint)}))
+    card["checked"] = {"images": len(images), "max_abs_diff": diffs, "bound": bound}
+    write_text_atomic(files["card"], json.dumps(card, indent=2) + "\n")
+    return Exported(folder, checkpoint, files, diffs, len(images),
+                    (sum(1 for _ in net.modules()), sum(1 for _ in folded.modules())))
