@@ -1,4 +1,4 @@
-"""python -m trainer.deploy export: from a short digits run, the ONNX model, the torch.export program
+"""python -m trainer.deploy export and bench: from a short digits run, the ONNX model, the torch.export program
 and the folded network give PyTorch's logits on real evaluation images; the model card holds the
 classes, the preprocessing, the run's accuracy and the checkpoint's hash; bad input is one line."""
 
@@ -100,3 +100,26 @@ def test_what_is_not_a_run_or_not_this_models_checkpoint_is_one_line(digits_run,
             assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
     finally:
         foreign.unlink()
+
+
+def test_bench_times_every_variant_at_every_batch_size(digits_run):
+    """eager, folded and ONNX Runtime (compiled only on CUDA) at each batch size, percentiles in order,
+    markdown, json and png in the run folder."""
+    from trainer.deploy.bench import bench_run
+
+    run_dir, _ = digits_run
+    timings, markdown = bench_run(run_dir, batch_sizes=(1, 4), warmup=2, calls=7, budget_s=0.5, device="cpu")
+    assert {(t.variant, t.batch) for t in timings} == {(v, b) for v in ("eager", "folded", "onnxruntime") for b in (1, 4)}
+    assert all(0 < t.p50_ms <= t.p90_ms <= t.p99_ms and t.calls == 7 for t in timings)
+    assert "| 4 | onnxruntime |" in markdown.read_text()
+    record = json.loads((run_dir / "deploy_bench.json").read_text())
+    assert len(record["timings"]) == 6
+    assert (run_dir / "deploy_bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_with_a_bad_batch_list_is_one_line(digits_run):
+    run_dir, _ = digits_run
+    result = subprocess.run([sys.executable, "-m", "trainer.deploy", "bench", str(run_dir), "--batch-sizes", "1,x"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: --batch-sizes: '1,x' is not a list of positive integers; allowed: e.g. 1,8,32,128")
