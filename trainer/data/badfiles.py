@@ -464,9 +464,9 @@ class ImageFiles(Dataset[tuple[Any, int]]):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def load(self, path: str, seed: Optional[int]) -> Any:
-        """One sample from the file at `path` (`seed`: the sample's own, when `takes_seeds`)."""
-        image = load_rgb(path)
+    def load(self, index: int, seed: Optional[int]) -> Any:
+        """Sample `index` from its file (`seed`: the sample's own, when `takes_seeds`)."""
+        image = load_rgb(self.samples[index][0])
         return self.transform(image) if self.transform is not None else image
 
     def collate_fn(self) -> Optional[Callable[[list[Any]], Any]]:
@@ -484,9 +484,8 @@ class ImageFiles(Dataset[tuple[Any, int]]):
             candidate = (index + step) % count
             if candidate in self._known_bad:
                 continue
-            path, label = self.samples[candidate]
             try:
-                return self.load(path, seed), label
+                return self.load(candidate, seed), self.samples[candidate][1]
             except BadImageError as ex:
                 self.found_bad(candidate, ex)
         raise BadShareError("data.root", f"no file of {self.split}/ can be loaded ({self.bad_list.where_listed()})",

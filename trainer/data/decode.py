@@ -253,7 +253,8 @@ class DecodedFiles(ImageFiles):
         super().__init__(*args, transform=None, **kwargs)
         self.geometry = geometry
 
-    def load(self, path: str, seed: Optional[int]) -> torch.Tensor:
+    def load(self, index: int, seed: Optional[int]) -> torch.Tensor:
+        path = self.samples[index][0]
         generator = _generator(seed)
         image = decode_on_host(path, read_bytes(path), self.geometry, generator)
         if self.geometry.host_finish is not None:
@@ -332,15 +333,15 @@ class EncodedFiles(ImageFiles):
     def __init__(self, *args: Any, geometry: Geometry, **kwargs: Any) -> None:
         super().__init__(*args, transform=None, **kwargs)
         self.geometry = geometry
-        self._index_of = {path: i for i, (path, _) in enumerate(self.samples)}
 
-    def load(self, path: str, seed: Optional[int]) -> Union[EncodedImage, torch.Tensor]:
+    def load(self, index: int, seed: Optional[int]) -> Union[EncodedImage, torch.Tensor]:
+        path = self.samples[index][0]
         data = read_bytes(path)
         header = jpeg_header(data)
         if header is None or not header.device_decodable:
             return decode_on_host(path, data, self.geometry, _generator(seed))
         box = self.geometry.box(header.height, header.width, _generator(seed))
-        return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, self._index_of[path], seed)
+        return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, index, seed)
 
     def collate_fn(self) -> Callable[[list[Any]], Any]:
         return CollateEncoded(self.split)
@@ -350,8 +351,7 @@ class EncodedFiles(ImageFiles):
         when the host cannot either, policy skip takes the next loadable file, as in every mode."""
         path, label = self.samples[item.index]
         try:
-            return decode_on_host(path, bytearray(item.data.numpy().tobytes()), self.geometry,
-                                  _generator(item.seed)), label
+            return decode_on_host(path, bytearray(item.data.numpy()), self.geometry, _generator(item.seed)), label
         except BadImageError as ex:
             self.found_bad(item.index, ex)
         image, label = self.first_loadable((item.index + 1) % len(self.samples), item.seed)
