@@ -13,7 +13,8 @@ device synchronized before every clock read:
 
 From them: per-part milliseconds and shares of the full step, a verdict (input-bound,
 compute-bound, optimizer-bound or host-overhead-bound) and the switch to try next. The loader's
-worker count and, for image files, the decode mode are swept too. Written as diagnosis.json and diagnosis.png in the run folder.
+worker count and, for image files, the decode mode are swept too. Written as diagnosis.json and
+diagnosis.png in the run folder.
 """
 
 from __future__ import annotations

@@ -73,32 +73,26 @@ def locate(source: Path, which: str = "best") -> tuple[Path, Path]:
     source = Path(source).expanduser()
     if not source.exists():
         raise UserError(str(source), "does not exist", "a run folder written by train.py, or a .ckpt in its checkpoints/")
+    if source.is_file() and source.suffix != ".ckpt":
+        raise UserError(str(source), f"unknown format '{source.suffix or 'no extension'}'",
+                        "a run folder, or a training checkpoint (.ckpt) in its checkpoints/")
     if source.is_file():
-        if source.suffix != ".ckpt":
-            raise UserError(str(source), f"unknown format '{source.suffix or 'no extension'}'",
-                            "a run folder, or a training checkpoint (.ckpt) in its checkpoints/")
         run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
-        checkpoint = source
     else:
         run_dir = source
-        checkpoint = _checkpoint_of(run_dir, which)
     if not (run_dir / CONFIG_NAME).is_file():
         raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
                         "a folder written by train.py, or a .ckpt in its checkpoints/")
-    return run_dir, checkpoint
+    return run_dir, source if source.is_file() else _checkpoint_of(run_dir, which)
 
 
 def _checkpoint_of(run_dir: Path, which: str) -> Path:
-    summary = _summary(run_dir)
-    best = summary.get("best_checkpoint")
+    best = _summary(run_dir).get("best_checkpoint")
     if which == "best" and best and Path(best).is_file():
         return Path(best)
     last = run_dir / "checkpoints" / "last.ckpt"
     if last.is_file():
         return last
-    if not (run_dir / CONFIG_NAME).is_file():
-        raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
-                        "a folder written by train.py, or a .ckpt in its checkpoints/")
     raise UserError(str(run_dir), "holds no checkpoint (checkpointing=off?)",
                     "a run trained with checkpointing, or the path of a .ckpt")
 
