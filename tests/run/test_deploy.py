@@ -14,18 +14,11 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.helpers import REPO, run_in_process
+from tests.helpers import REPO
 from trainer.deploy.export import TOLERANCE, checked_eval, export_run, onnx_logits, program_logits
 from trainer.errors import UserError
 
 pytestmark = pytest.mark.run
-
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("digits_run")
-    summary = run_in_process(["trainer.max_epochs=3", "trainer.accelerator=cpu", "progress=plain"], run_dir)
-    return run_dir, summary
 
 
 def test_export_writes_models_that_agree_with_pytorch(digits_run, tmp_path):
@@ -40,7 +33,8 @@ def test_export_writes_models_that_agree_with_pytorch(digits_run, tmp_path):
     assert card["classes"] == [str(d) for d in range(10)] and card["input"]["shape"] == [1, 8, 8]
     assert card["accuracy"]["test"] == summary["metrics"]["test"]["acc"]
     assert card["checkpoint"]["sha256"] == hashlib.sha256(exported.checkpoint.read_bytes()).hexdigest()
-    assert card["preprocessing"]["scale"] == 1 / 16 and len(card["preprocessing"]["mean"]) == 1
+    assert card["preprocessing"]["scale"] == 1 / 255 and len(card["preprocessing"]["mean"]) == 1
+    assert (card["preprocessing"]["color"], card["preprocessing"]["resize"]) == ("L", [8, 8])
     images = torch.randn(5, 1, 8, 8)  # a batch size the export never saw: the batch is dynamic
     from_program = program_logits(tmp_path / "export" / "model.pt2", images)
     from_onnx = onnx_logits(tmp_path / "export" / "model.onnx", images)

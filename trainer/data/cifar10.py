@@ -115,8 +115,9 @@ class CIFAR10DataModule(ImageClassificationData):
                         class_names=CLASSES, sample_bytes=3 * 32 * 32 * (1 if self.device_normalize else 4))
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        return {"image": "32x32 8-bit RGB", "scale": 1 / 255, "mean": list(MEAN), "std": list(STD),
-                "layout": "NCHW float32"}
+        return {"image": "8-bit RGB, resized to 32x32", "color": "RGB", "resize": [32, 32],
+                "interpolation": "bilinear", "center_crop": None, "scale": 1 / 255, "mean": list(MEAN),
+                "std": list(STD), "layout": "NCHW float32"}
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:

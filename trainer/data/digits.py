@@ -84,12 +84,14 @@ class DigitsDataModule(ImageClassificationData):
         )
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        """scikit-learn's digits are 8x8 grey levels 0..16; a client's 8-bit image is resized to 8x8
-        and scaled to that range first."""
+        """The data set's values 0..16 are an 8-bit image's values times 16/255: with ``scale`` 1/255
+        both become x/16 before standardization. Its 8x8 pixels are the counts of 4x4 blocks of
+        32x32 bitmaps, so a larger client image is reduced by box averaging (``area``)."""
         self.setup()
         mean, std = self._standardized
-        return {"image": "8x8 grey, values 0..16 (an 8-bit image: resized to 8x8, times 16/255)", "channels": 1,
-                "size": 8, "scale": 1 / 16, "mean": [mean], "std": [std], "layout": "NCHW float32"}
+        return {"image": "a digit, ink bright on dark, any size (reduced to 8x8 grey)", "color": "L",
+                "resize": [8, 8], "interpolation": "area", "center_crop": None, "scale": 1 / 255,
+                "mean": [mean], "std": [std], "layout": "NCHW float32"}
 
     def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
         if training and self.translate:

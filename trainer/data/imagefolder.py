@@ -306,8 +306,8 @@ class ImageFolderDataModule(ImageClassificationData):
         return self.decode_in_use, how
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        return {"image": "any format PIL reads, converted to 8-bit RGB", "resize_shorter_side": self._eval_resize(),
-                "center_crop": self.image_size, "interpolation": "bilinear, antialiased", "scale": 1 / 255,
+        return {"image": "any format PIL reads, converted to 8-bit RGB", "color": "RGB", "resize": self._eval_resize(),
+                "interpolation": "bilinear", "center_crop": [self.image_size, self.image_size], "scale": 1 / 255,
                 "mean": list(self.mean), "std": list(self.std), "layout": "NCHW float32"}
 
     def decode_choices(self) -> tuple[str, ...]:
