@@ -1,4 +1,4 @@
-"""``python -m trainer.deploy {export,bench} RUN_DIR|CKPT [options]``: the deployment layer's commands."""
+"""``python -m trainer.deploy {export,bench,serve,load} RUN_DIR|CKPT [options]``: the deployment layer's commands."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
+from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.errors import UserError, exit_with, full_error_requested
 
 
@@ -26,6 +27,26 @@ def main(argv: Optional[list[str]] = None) -> None:
     bench.add_argument("--budget-s", type=float, default=3.0, help="at most this long per variant and batch size")
     bench.add_argument("--warmup", type=int, default=10, help="untimed calls first")
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is one")
+    serve = commands.add_parser("serve", help="the exported model behind a batching HTTP server (LitServe): POST "
+                                              "an image to /predict, GET /health")
+    serve.add_argument("source", type=Path, help="an export folder (model.json), a run folder or a .ckpt inside one; "
+                                                 "a run is exported first when it has no export of its checkpoint")
+    _server_options(serve)
+    serve.add_argument("--port", type=int, default=8000, help="default 8000")
+    serve.add_argument("--host", choices=("127.0.0.1", "0.0.0.0", "::"), default="127.0.0.1",
+                       help="default 127.0.0.1 (loopback only)")
+    serve.add_argument("--top-k", type=int, default=5, help="classes per answer unless the request says ?k=N")
+    serve.add_argument("--max-bytes", type=int, default=10 * 1024 * 1024, help="largest image body accepted (413 above)")
+    serve.add_argument("--runtime", choices=("auto", "onnxruntime", "torch"), default="auto",
+                       help="auto: ONNX Runtime on the CPU, the torch.export program on CUDA")
+    load = commands.add_parser("load", help="QPS and P50/P99 of the server at several concurrencies, batching on "
+                                            "and off, in one run")
+    load.add_argument("source", type=Path, help="a run folder or a .ckpt inside one")
+    _server_options(load)
+    load.add_argument("--concurrency", default="1,8,32", help="comma-separated concurrent callers (default 1,8,32)")
+    load.add_argument("--requests", type=int, default=2000, help="at most this many requests per measurement")
+    load.add_argument("--budget-s", type=float, default=10.0, help="at most this long per measurement")
+    load.add_argument("--rounds", type=int, default=2, help="each measurement this many times, servers taking turns")
     args = parser.parse_args(argv)
     try:
         for line in _run(args):
@@ -42,6 +63,23 @@ def _run(args: argparse.Namespace) -> list[str]:
         from trainer.deploy.export import export_run
 
         return export_run(args.source, out=args.out, which=args.checkpoint).lines()
+    if args.command == "serve":
+        from trainer.deploy.serve import serve
+
+        _positive(args, "port", "max_batch_size", "top_k", "max_bytes")
+        serve(args.source, port=args.port, host=args.host, max_batch_size=args.max_batch_size,
+              batch_timeout_ms=args.batch_timeout_ms, top_k=args.top_k, max_bytes=args.max_bytes,
+              runtime=args.runtime, device=args.device)
+        return []
+    if args.command == "load":
+        from trainer.deploy.load import load_run, ratios, table as load_table
+
+        _positive(args, "max_batch_size", "requests", "rounds")
+        concurrencies = _batch_sizes(args.concurrency, "--concurrency")
+        rows, written, every = load_run(args.source, concurrencies, requests=args.requests, budget_s=args.budget_s,
+                                 rounds=args.rounds, max_batch_size=args.max_batch_size,
+                                 batch_timeout_ms=args.batch_timeout_ms, device=args.device)
+        return [*load_table(rows, every), *ratios(rows), f"written: {written} (and .json beside it)"]
     from trainer.deploy.bench import bench_run, table
 
     sizes = _batch_sizes(args.batch_sizes)
@@ -50,13 +88,32 @@ def _run(args: argparse.Namespace) -> list[str]:
     return [*table(timings), f"written: {written} (and .json, .png beside it)"]
 
 
-def _batch_sizes(text: str) -> list[int]:
+def _server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                        help="dynamic batching: at most this many requests per batch (1: no batching; default "
+                             f"{DEFAULT_MAX_BATCH_SIZE})")
+    parser.add_argument("--batch-timeout-ms", type=float, default=DEFAULT_BATCH_TIMEOUT_MS,
+                        help="dynamic batching: wait at most this long after a batch's first request (default "
+                             f"{DEFAULT_BATCH_TIMEOUT_MS:g})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is one")
+
+
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            raise UserError("--" + name.replace("_", "-"), f"{getattr(args, name)} is not a positive integer",
+                            "1 or more")
+    if getattr(args, "batch_timeout_ms", 0) < 0:
+        raise UserError("--batch-timeout-ms", f"{args.batch_timeout_ms:g} is negative", "0 or more milliseconds")
+
+
+def _batch_sizes(text: str, option: str = "--batch-sizes") -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise UserError("--batch-sizes", f"'{text}' is not a list of positive integers", "e.g. 1,8,32,128")
+        raise UserError(option, f"'{text}' is not a list of positive integers", "e.g. 1,8,32,128")
     return sizes
 
 

@@ -1,0 +1,167 @@
+"""python -m trainer.deploy serve and load, end to end on loopback: a real server process on a free port
+answers /health, classifies the run's own test digits sent as PNG files, refuses bad requests with a
+one-line 4xx and keeps serving, forms batches from concurrent requests, and stops on SIGTERM with
+nothing left running; a tiny load run measures both servers."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+from trainer.data.digits import DigitsDataModule
+from trainer.deploy.export import onnx_logits
+from trainer.deploy.load import ServerProcess, client_samples, descendants, load_run
+from trainer.deploy.serve import export_folder
+
+pytestmark = [pytest.mark.run, pytest.mark.slow]
+
+MAX_BYTES = 20_000
+
+
+@pytest.fixture(scope="module")
+def samples(digits_run):
+    run_dir, _ = digits_run
+    return client_samples(run_dir, count=64)
+
+
+@pytest.fixture(scope="module")
+def server(digits_run, tmp_path_factory):
+    """One batching server for the module (a long batch timeout, so that concurrent requests meet)."""
+    run_dir, _ = digits_run
+    folder = export_folder(run_dir)
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    process = ServerProcess(folder, max_batch_size=16, batch_timeout_ms=100, log=log,
+                            extra=["--max-bytes", str(MAX_BYTES)])
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+def _post(url: str, body: bytes, content_type: str | None) -> tuple[int, dict]:
+    """http.client, which sends no Content-Type of its own when none is given."""
+    address = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        connection.request("POST", address.path + (f"?{address.query}" if address.query else ""), body=body,
+                           headers={"Content-Type": content_type} if content_type else {})
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+def test_health_and_real_digits_are_classified(server, samples, digits_run):
+    """The test digits, posted one by one as PNG files, get the class the exported model gives the
+    run's own test tensors (so the server's preprocessing is training's), and their labels as often as
+    the run's test accuracy says; the top-k list is sorted and as long as asked."""
+    run_dir, summary = digits_run
+    dm = DigitsDataModule()
+    dm.setup()
+    tensors = torch.stack([dm.test_set[i][0] for i in range(30)])
+    expected = onnx_logits(run_dir / "export" / "model.onnx", tensors).argmax(1).tolist()
+    with urllib.request.urlopen(server.url + "/health", timeout=10) as answer:
+        assert answer.status == 200
+    agree = correct = 0
+    for sample, reference in zip(samples[:30], expected):
+        status, answer = _post(server.url + "/predict", sample.body, sample.content_type)
+        assert status == 200, answer
+        probabilities = [entry["probability"] for entry in answer["top_k"]]
+        assert len(probabilities) == 5 and probabilities == sorted(probabilities, reverse=True)
+        assert answer["top_k"][0]["class"] == str(answer["top_k"][0]["index"])
+        agree += answer["top_k"][0]["index"] == reference
+        correct += answer["top_k"][0]["index"] == sample.label
+    assert agree >= 29  # one near-tie may fall the other way: an 8-bit file rounds 0..16 levels
+    assert abs(correct / 30 - summary["metrics"]["test"]["acc"]) <= 0.15
+    status, answer = _post(server.url + "/predict?k=2", samples[0].body, "image/png")
+    assert status == 200 and len(answer["top_k"]) == 2
+
+
+def test_bad_requests_are_a_one_line_4xx_and_the_server_keeps_serving(server, samples):
+    good = samples[0].body
+    cases = [
+        (b"%PDF-1.4 not an image", "image/png", 400, "not a usable image"),
+        (good[: len(good) // 2], "image/png", 400, "truncated or corrupt"),
+        (b"", "image/jpeg", 400, "empty body"),
+        (good, "text/plain", 415, "'text/plain' is not an image"),
+        (good, None, 415, "'none' is not an image"),
+        (b"\x89PNG" + bytes(MAX_BYTES), "image/png", 413, "over the limit"),
+    ]
+    for body, content_type, status, says in cases:
+        got, answer = _post(server.url + "/predict", body, content_type)
+        assert got == status and says in answer["detail"] and "\n" not in answer["detail"], (says, got, answer)
+    got, answer = _post(server.url + "/predict?k=zero", good, "image/png")
+    assert got == 422 and "k='zero'" in answer["detail"]
+    status, answer = _post(server.url + "/predict", good, "image/png")
+    assert status == 200 and answer["top_k"][0]["index"] == samples[0].label
+
+
+def test_concurrent_requests_are_served_in_batches(server, samples):
+    """48 requests at once: the server answers each with its own label, in batches larger than one."""
+    import aiohttp
+
+    async def all_at_once() -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            async def one(sample):
+                async with session.post(server.url + "/predict", data=sample.body,
+                                        headers={"Content-Type": sample.content_type}) as answer:
+                    assert answer.status == 200
+                    return await answer.json()
+            return await asyncio.gather(*(one(s) for s in samples[:48]))
+
+    answers = asyncio.run(all_at_once())
+    assert max(a["batch"] for a in answers) > 1
+    assert sum(a["top_k"][0]["index"] == s.label for a, s in zip(answers, samples)) >= 48 * 0.7
+
+
+def test_sigterm_stops_the_server_and_everything_it_started(server):
+    """Last in this module: SIGTERM ends the server with exit code 0, its inference worker, queue
+    manager and HTTP process gone with it."""
+    children = descendants(server.process.pid)
+    assert len(children) >= 2  # at least the inference worker and the HTTP server
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=90) == 0
+    assert "stopped after" in server.log.read_text()
+    left = [pid for pid in children if Path(f"/proc/{pid}").exists()
+            and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]]
+    assert not left, left
+
+
+def test_a_tiny_load_run_measures_both_servers(digits_run):
+    run_dir, _ = digits_run
+    rows, markdown, _ = load_run(run_dir, concurrencies=(1, 4), requests=24, budget_s=5, rounds=1)
+    assert {(r.server.split(" ")[0], r.concurrency) for r in rows} == {
+        (name, c) for name in ("batched", "unbatched") for c in (1, 4)}
+    assert all(r.requests > 0 and r.errors == 0 and r.correct >= 0.7 and r.p50_ms <= r.p99_ms for r in rows)
+    assert all(r.mean_batch == 1.0 for r in rows if r.server == "unbatched")
+    assert all(r.cpu_ms["worker"] > 0 and r.cpu_ms["server"] > 0 and r.cpu_ms["client"] > 0 for r in rows)
+    text = markdown.read_text()
+    assert "| 4 | unbatched |" in text and "the QPS of unbatched" in text
+    assert len(json.loads(markdown.with_suffix(".json").read_text())["rounds"]) == 4
+
+
+@pytest.mark.parametrize("args,says", [
+    (["serve", "{tmp}"], "is not a run folder"),
+    (["serve", "{run}", "--port", "80"], "--port: 80 is out of range"),
+    (["load", "{run}", "--concurrency", "0"], "--concurrency: '0' is not a list of positive integers"),
+])
+def test_serve_and_load_mistakes_are_one_line(digits_run, tmp_path, args, says):
+    run_dir, _ = digits_run
+    argv = [a.format(tmp=tmp_path, run=run_dir) for a in args]
+    result = subprocess.run([sys.executable, "-m", "trainer.deploy", *argv], cwd=REPO, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and says in lines[0], result.stderr

@@ -1,0 +1,302 @@
+"""``python -m trainer.deploy serve RUN_DIR|CKPT|EXPORT_DIR``: the exported model behind a batching HTTP server.
+
+Built on LitServe (Lightning's serving library): its inference worker process, its dynamic batching
+(``max_batch_size`` requests or ``batch_timeout`` seconds, whichever comes first), its ``/health``
+(200 once the worker has loaded and warmed up the model) and its graceful shutdown.
+
+``POST /predict`` takes the image's bytes as the body (``Content-Type: image/jpeg`` or
+``image/png``; ``?k=N`` for the top N) and answers
+``{"top_k": [{"class": ..., "index": ..., "probability": ...}, ...], "batch": n}``, ``batch`` being
+the size of the batch the request was served in.
+
+Where this replaces LitServe's behaviour, deliberately:
+
+- LitServe reads every body that is not a form as JSON (LitServe issue #732), so the request
+  handler is ours: it reads the raw bytes, and it checks and preprocesses the image in the HTTP
+  process, before the request is queued. A bad image is then a 4xx for that request alone; in
+  LitServe's batched loop one request whose ``decode_request`` raises fails its whole batch. What
+  crosses to the inference worker is the uint8 pixels, and the worker normalizes whole batches.
+- SIGTERM: LitServe installs no handler (the process would die with its queue manager's children
+  left behind); here SIGTERM takes LitServe's Ctrl+C path: uvicorn stops accepting, finishes the
+  requests in flight, then the inference worker is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from queue import Empty
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import litserve as ls
+import numpy as np
+import torch
+from fastapi import HTTPException, Request, Response
+from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
+from litserve.loops.simple_loops import BatchedLoop
+from litserve.server import RegularRequestHandler
+
+from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
+from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing
+from trainer.errors import UserError
+
+CONTENT_TYPES = ("image/jpeg", "image/png")
+DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+API_PATH = "/predict"
+
+
+# -- the model files ------------------------------------------------------------------------------------
+def export_folder(source: Path) -> Path:
+    """The export folder for an export folder, a run folder or a checkpoint in one; the run is exported
+    first when it has no export of this checkpoint."""
+    source = Path(source).expanduser()
+    if source.is_dir() and (source / "model.json").is_file():
+        return source
+    from trainer.deploy.export import export_run, locate, sha256
+
+    run_dir, checkpoint = locate(source)
+    card_path = run_dir / "export" / "model.json"
+    if card_path.is_file() and _card(card_path).get("checkpoint", {}).get("sha256") == sha256(checkpoint):
+        return card_path.parent
+    print(f"no export of {checkpoint.name} in {card_path.parent}: exporting first", flush=True)
+    return export_run(source).folder
+
+
+def _card(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as ex:
+        raise UserError(str(path), f"is not a readable model card ({ex})", "the model.json written by export") from None
+
+
+def read_card(folder: Path) -> tuple[dict[str, Any], Preprocessing]:
+    card = _card(folder / "model.json")
+    if not card.get("preprocessing"):
+        raise UserError(str(folder / "model.json"), "states no preprocessing: the run's data are not images a "
+                        "client could send", "a run trained on digits, CIFAR-10 or an image folder")
+    try:
+        return card, Preprocessing.from_card(card["preprocessing"], str(folder / "model.json"))
+    except ValueError as ex:
+        raise UserError(str(folder / "model.json"), str(ex).partition(": ")[2], "a model card written by "
+                        "this version's export") from None
+
+
+class Runtime:
+    """The exported network on one device: ONNX Runtime (model.onnx, CPU) or the torch.export program
+    (model.pt2, any device). Takes normalized float batches, gives probabilities."""
+
+    def __init__(self, folder: Path, kind: str, device: torch.device) -> None:
+        self.kind, self.device = kind, device
+        if kind == "onnxruntime":
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = torch.get_num_threads()
+            # ONNX Runtime's pool threads spin between calls by default: in a server that waits for
+            # requests most of the time, that spinning takes the CPU the HTTP process needs.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            self._session = onnxruntime.InferenceSession(str(folder / "model.onnx"), options,
+                                                         providers=["CPUExecutionProvider"])
+            self._input = self._session.get_inputs()[0].name
+        else:
+            self._program = torch.export.load(str(folder / "model.pt2")).module().to(device)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.kind == "onnxruntime":
+            logits = torch.from_numpy(self._session.run(None, {self._input: images.cpu().numpy()})[0])
+        else:
+            with torch.inference_mode():
+                logits = self._program(images.to(self.device))
+        return torch.softmax(logits.float(), dim=1).cpu()
+
+
+def runtime_for(device: torch.device, runtime: str) -> str:
+    if runtime == "auto":
+        return "onnxruntime" if device.type == "cpu" else "torch"
+    if runtime == "onnxruntime" and device.type != "cpu":
+        raise UserError("--runtime", "onnxruntime runs on the CPU here (onnxruntime-gpu is not installed)",
+                        "--runtime torch on CUDA, or --device cpu")
+    return runtime
+
+
+# -- the inference worker -------------------------------------------------------------------------------
+class WaitingBatchLoop(BatchedLoop):
+    """LitServe's batched loop, collecting a batch by waiting on the request queue instead of polling it.
+
+    Replaces LitServe's ``collate_requests`` (litserve/loops/base.py), which asks the queue's manager
+    process for a request every millisecond even when the server is idle (18% of a core measured
+    here, at rest) and, with ``batch_timeout=0``, spins on ``get_nowait``. Here the first request is
+    waited for (up to a second, then the loop checks in again), the rest of the batch until
+    ``batch_timeout`` after it arrived, whichever of that and ``max_batch_size`` comes first.
+    """
+
+    def get_batch_requests(self, lit_api: ls.LitAPI, request_queue: Any, transport: Any) -> tuple[list, list]:
+        payloads: list[tuple[Any, Any, Any]] = []
+        timed_out: list[tuple[Any, Any]] = []
+        deadline = None
+        while len(payloads) < lit_api.max_batch_size:
+            wait = 1.0 if deadline is None else deadline - time.monotonic()
+            try:
+                item = request_queue.get(timeout=wait) if wait > 0 else request_queue.get_nowait()
+            except Empty:
+                break
+            if item == _SENTINEL_VALUE:
+                raise _StopLoopError()
+            response_queue_id, uid, queued_at, payload = item
+            deadline = deadline or time.monotonic() + lit_api.batch_timeout
+            if lit_api.request_timeout not in (-1, False) and time.monotonic() - queued_at > lit_api.request_timeout:
+                timed_out.append((response_queue_id, uid))
+            else:
+                payloads.append((response_queue_id, uid, payload))
+        return payloads, timed_out
+
+
+class ClassifierAPI(ls.LitAPI):
+    """Runs in LitServe's inference worker process: a request is already checked, decoded uint8 pixels
+    (see `ImageRequestHandler`); batches are normalized and classified together."""
+
+    def __init__(self, folder: Path, runtime: str, top_k: int, max_batch_size: int, batch_timeout: float) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH,
+                         loop=WaitingBatchLoop() if max_batch_size > 1 else "auto")
+        self.folder, self.runtime_kind, self.top_k = Path(folder), runtime, top_k
+
+    def setup(self, device: str) -> None:
+        card, preprocessing = read_card(self.folder)
+        self.classes = [str(c) for c in card["classes"]]
+        self.device = torch.device(device)
+        self.normalize = Normalizer(preprocessing, self.device)
+        self.model = Runtime(self.folder, runtime_for(self.device, self.runtime_kind), self.device)
+        if self.model.kind == "onnxruntime":
+            # PyTorch is left only the normalization and softmax of small batches; its thread pool
+            # would spin between them on the cores ONNX Runtime and the HTTP process use.
+            torch.set_num_threads(1)
+        self._warm_up(preprocessing)
+
+    def _warm_up(self, preprocessing: Preprocessing) -> None:
+        """Every batch size the batcher can form, once, before /health says ready: ONNX Runtime and
+        the CUDA allocator prepare per shape, and the first calls would otherwise be the slow ones."""
+        size = (preprocessing.channels, *preprocessing.output_size)
+        for batch in range(1, self.max_batch_size + 1):
+            self.model(self.normalize(np.zeros((batch, *size), np.uint8)))
+
+    def decode_request(self, request: dict[str, Any]) -> dict[str, Any]:
+        return request  # checked and decoded in the HTTP process already
+
+    def predict(self, x: Any) -> Any:
+        requests = x if isinstance(x, list) else [x]  # unbatched: one request, not a list
+        pixels = np.stack([r["pixels"] for r in requests])
+        probabilities = self.model(self.normalize(pixels))
+        answers = [self._top(p, min(r["k"], len(self.classes)), len(requests)) for p, r in
+                   zip(probabilities, requests)]
+        return answers if isinstance(x, list) else answers[0]
+
+    def _top(self, probabilities: torch.Tensor, k: int, batch: int) -> dict[str, Any]:
+        values, indices = probabilities.topk(k)
+        return {"top_k": [{"class": self.classes[i], "index": i, "probability": round(v, 6)}
+                          for v, i in zip(values.tolist(), indices.tolist())], "batch": batch}
+
+    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
+        return output
+
+
+# -- the HTTP side ---------------------------------------------------------------------------------------
+class ImageRequestHandler(RegularRequestHandler):
+    """LitServe's request handler, reading the raw image body instead of JSON (see the module's
+    docstring): content type, size and the image itself are checked here, one 4xx line each."""
+
+    def __init__(self, lit_api: ls.LitAPI, server: "ImageServer") -> None:
+        super().__init__(lit_api, server)
+        self.preprocessing = server.preprocessing
+        self.max_bytes = server.max_bytes
+        self.default_k = server.default_k
+
+    async def _prepare_request(self, request: Request, request_type: Any) -> dict[str, Any]:
+        content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if content_type not in CONTENT_TYPES:
+            raise HTTPException(415, f"Content-Type '{content_type or 'none'}' is not an image; allowed: "
+                                     f"{', '.join(CONTENT_TYPES)} with the image's bytes as the body")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            raise HTTPException(413, f"body of {int(declared):,} bytes is over the limit of {self.max_bytes:,}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise HTTPException(413, f"body is over the limit of {self.max_bytes:,} bytes")
+        if not body:
+            raise HTTPException(400, "empty body; allowed: the bytes of a JPEG or PNG image")
+        try:
+            pixels = self.preprocessing.pixels(bytes(body))
+        except NotAnImage as ex:
+            raise HTTPException(400, str(ex)) from None
+        return {"pixels": pixels, "k": self._k(request)}
+
+    def _k(self, request: Request) -> int:
+        text = request.query_params.get("k")
+        if text is None:
+            return self.default_k
+        if not text.isdigit() or int(text) < 1:
+            raise HTTPException(422, f"k='{text}' is not a positive integer")
+        return int(text)
+
+
+class ImageServer(ls.LitServer):
+    """LitServer whose predict endpoint is served by `ImageRequestHandler`."""
+
+    def __init__(self, api: ClassifierAPI, preprocessing: Preprocessing, max_bytes: int, default_k: int,
+                 **kwargs: Any) -> None:
+        self.preprocessing, self.max_bytes, self.default_k = preprocessing, max_bytes, default_k
+        super().__init__(api, **kwargs)
+
+    # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject):
+    # the same route, served by our handler, with the raw Request as its one parameter.
+    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
+        handler = ImageRequestHandler(lit_api, self)
+
+        async def predict(request: Request) -> Response:
+            return await handler.handle_request(request, Request)
+
+        self.app.add_api_route(lit_api.api_path, predict, methods=["POST"])
+
+
+def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+          batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS, top_k: int = 5, max_bytes: int = DEFAULT_MAX_BYTES,
+          runtime: str = "auto", device: Optional[str] = None, log_level: str = "warning") -> None:
+    _check_port(host, port)
+    folder = export_folder(source)
+    card, preprocessing = read_card(folder)
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    api = ClassifierAPI(folder, runtime_for(target, runtime), top_k, max_batch_size, batch_timeout_ms / 1000)
+    server = ImageServer(api, preprocessing, max_bytes, top_k, accelerator=target.type, devices=1,
+                         workers_per_device=1, timeout=30, model_metadata={"model": card.get("model"),
+                                                                          "classes": len(card["classes"])})
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"serving {folder} on http://{host}:{port}{API_PATH} (max batch {max_batch_size}, batch timeout "
+          f"{batch_timeout_ms:g} ms, {api.runtime_kind} on {target}); /health is 200 once warmed up", flush=True)
+    started = time.monotonic()
+    server.run(host=host, port=port, num_api_servers=1, log_level=log_level, generate_client_file=False)
+    print(f"stopped after {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _check_port(host: str, port: int) -> None:
+    if not 1024 <= port <= 65535:  # LitServe's own range
+        raise UserError("--port", f"{port} is out of range", "a free port from 1024 to 65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as ex:
+            raise UserError("--port", f"{host}:{port} cannot be listened on ({ex.strerror})",
+                            "a free port from 1024 to 65535") from None
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # LitServer.run's graceful path (see the module's docstring)
+
+
+def batch_sizes_seen(answers: Sequence[dict[str, Any]]) -> list[int]:
+    return [int(a.get("batch", 0)) for a in answers]
