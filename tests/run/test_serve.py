@@ -9,7 +9,9 @@ import asyncio
 import http.client
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -22,7 +24,7 @@ import torch
 from tests.helpers import REPO
 from trainer.data.digits import DigitsDataModule
 from trainer.deploy.export import onnx_logits
-from trainer.deploy.load import ServerProcess, client_samples, descendants, load_run
+from trainer.deploy.load import ServerProcess, client_samples, descendants, free_port, load_run
 from trainer.deploy.serve import export_folder
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
@@ -142,14 +144,16 @@ def test_sigterm_stops_the_server_and_everything_it_started(server):
 
 def test_a_tiny_load_run_measures_both_servers(digits_run):
     run_dir, _ = digits_run
-    rows, markdown, _ = load_run(run_dir, concurrencies=(1, 4), requests=24, budget_s=5, rounds=1)
+    report = load_run(run_dir, concurrencies=(1, 4), requests=24, budget_s=5, rounds=1)
+    rows, markdown = report.rows, report.markdown
     assert {(r.server.split(" ")[0], r.concurrency) for r in rows} == {
         (name, c) for name in ("batched", "unbatched") for c in (1, 4)}
     assert all(r.requests > 0 and r.errors == 0 and r.correct >= 0.7 and r.p50_ms <= r.p99_ms for r in rows)
     assert all(r.mean_batch == 1.0 for r in rows if r.server == "unbatched")
     assert all(r.cpu_ms["worker"] > 0 and r.cpu_ms["server"] > 0 and r.cpu_ms["client"] > 0 for r in rows)
+    assert all(0 <= share < 10 for share in report.at_rest.values())  # no polling at rest (LitServe's: 18%)
     text = markdown.read_text()
-    assert "| 4 | unbatched |" in text and "the QPS of unbatched" in text
+    assert "| 4 | unbatched |" in text and "the QPS of unbatched" in text and "CPU at rest" in text
     assert len(json.loads(markdown.with_suffix(".json").read_text())["rounds"]) == 4
 
 
@@ -165,3 +169,22 @@ def test_serve_and_load_mistakes_are_one_line(digits_run, tmp_path, args, says):
                             text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and says in lines[0], result.stderr
+
+
+def test_a_port_in_use_and_a_model_that_does_not_load_end_in_one_line(digits_run, tmp_path):
+    """Exit 2 and, last on stderr, one line naming the port or the export folder (the inference worker's
+    own error about the model is printed above it)."""
+    run_dir, _ = digits_run
+    broken = tmp_path / "export"
+    shutil.copytree(export_folder(run_dir), broken)
+    (broken / "model.onnx").write_bytes(b"not a protobuf")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for argv, says in (([str(run_dir), "--port", port], f"127.0.0.1:{port} cannot be listened on"),
+                           ([str(broken), "--port", str(free_port())], "could not load and warm up the model")):
+            result = subprocess.run([sys.executable, "-m", "trainer.deploy", "serve", *argv], cwd=REPO,
+                                    capture_output=True, text=True, timeout=300)
+            last = result.stderr.strip().splitlines()[-1]
+            assert result.returncode == 2 and last.startswith("error: ") and says in last, result.stderr

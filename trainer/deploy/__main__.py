@@ -72,14 +72,14 @@ def _run(args: argparse.Namespace) -> list[str]:
               runtime=args.runtime, device=args.device)
         return []
     if args.command == "load":
-        from trainer.deploy.load import load_run, ratios, table as load_table
+        from trainer.deploy.load import load_run
 
         _positive(args, "max_batch_size", "requests", "rounds")
         concurrencies = _batch_sizes(args.concurrency, "--concurrency")
-        rows, written, every = load_run(args.source, concurrencies, requests=args.requests, budget_s=args.budget_s,
+        report = load_run(args.source, concurrencies, requests=args.requests, budget_s=args.budget_s,
                                  rounds=args.rounds, max_batch_size=args.max_batch_size,
                                  batch_timeout_ms=args.batch_timeout_ms, device=args.device)
-        return [*load_table(rows, every), *ratios(rows), f"written: {written} (and .json beside it)"]
+        return [*report.lines(), f"written: {report.markdown} (and .json beside it)"]
     from trainer.deploy.bench import bench_run, table
 
     sizes = _batch_sizes(args.batch_sizes)
@@ -93,8 +93,8 @@ def _server_options(parser: argparse.ArgumentParser) -> None:
                         help="dynamic batching: at most this many requests per batch (1: no batching; default "
                              f"{DEFAULT_MAX_BATCH_SIZE})")
     parser.add_argument("--batch-timeout-ms", type=float, default=DEFAULT_BATCH_TIMEOUT_MS,
-                        help="dynamic batching: wait at most this long after a batch's first request (default "
-                             f"{DEFAULT_BATCH_TIMEOUT_MS:g})")
+                        help="dynamic batching: wait at most this long after a batch's first request for more "
+                             f"(default {DEFAULT_BATCH_TIMEOUT_MS:g}: a batch is what queued while the last one ran)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is one")
 
 

@@ -200,6 +200,12 @@ class ServerProcess:
             seconds["worker" if inference else "server"] += used
         return seconds
 
+    def cpu_at_rest(self, seconds: float = 2.0) -> float:
+        """% of a core the server's processes use while no request comes."""
+        before = sum(self.cpu_seconds().values())
+        time.sleep(seconds)
+        return (sum(self.cpu_seconds().values()) - before) / seconds * 100
+
     def stop(self, timeout_s: float = 60.0) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -265,9 +271,8 @@ def _last_line(path: Path) -> str:
 def load_run(source: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES, requests: int = 2000,
              budget_s: float = 10.0, rounds: int = 2, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
              batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS,
-             device: Optional[str] = None) -> tuple[list[LoadResult], Path, list[LoadResult]]:
-    """Both servers under the same load, taking turns; returns the median round per server and
-    concurrency, the markdown written, and every round."""
+             device: Optional[str] = None) -> "LoadReport":
+    """Both servers under the same load, taking turns (see the module's docstring)."""
     from trainer.deploy.export import locate
     from trainer.deploy.serve import export_folder
 
@@ -283,14 +288,29 @@ def load_run(source: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES,
         batched.wait_ready()
         alone.wait_ready()
         servers = {f"batched (max {max_batch_size}, {batch_timeout_ms:g} ms)": batched, "unbatched": alone}
+        at_rest = {name: server.cpu_at_rest() for name, server in servers.items()}
         for _ in range(rounds):
             for concurrency in concurrencies:
                 for name, server in servers.items():
                     results.append(measure_server(server, samples, concurrency, requests, budget_s, name))
-    merged = merge_rounds(results)
-    markdown = run_dir / "deploy_load.md"
-    write_report(merged, results, markdown, folder, len(samples))
-    return merged, markdown, results
+    report = LoadReport(merge_rounds(results), results, at_rest, run_dir / "deploy_load.md")
+    write_report(report, folder, len(samples))
+    return report
+
+
+@dataclass
+class LoadReport:
+    rows: list[LoadResult]  # per server and concurrency, the round with the median QPS
+    rounds: list[LoadResult]
+    at_rest: dict[str, float]  # per server, its processes' CPU with no request, in % of a core
+    markdown: Path
+
+    def lines(self) -> list[str]:
+        return [*table(self.rows, self.rounds), *self.notes()]
+
+    def notes(self) -> list[str]:
+        rest = ", ".join(f"{name} {share:.0f}%" for name, share in self.at_rest.items())
+        return [*ratios(self.rows), f"CPU at rest, % of a core: {rest}"]
 
 
 def merge_rounds(results: Sequence[LoadResult]) -> list[LoadResult]:
@@ -326,16 +346,17 @@ def ratios(rows: Sequence[LoadResult]) -> list[str]:
     return lines
 
 
-def write_report(rows: Sequence[LoadResult], all_rounds: Sequence[LoadResult], markdown: Path, folder: Path,
-                 images: int) -> None:
+def write_report(report: LoadReport, folder: Path, images: int) -> None:
     import torch
 
-    where = f"{os.cpu_count()} CPUs, torch {torch.__version__}"
+    from trainer.fingerprint import cpu_name
+
+    where = f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     lines = [f"# Serving under load: {folder}", "",
-             f"{images} test images sent by {len(set(r.concurrency for r in rows))} concurrencies of callers; "
-             f"{where}. Row = the round with the median QPS.", "", *table(rows, all_rounds), "",
-             *(f"- {line}" for line in ratios(rows))]
-    write_text_atomic(markdown, "\n".join(lines) + "\n")
-    write_text_atomic(markdown.with_suffix(".json"), json.dumps(
-        {"export": str(folder), "machine": where,
-         "rounds": [asdict(r) | {"qps": r.qps} for r in all_rounds]}, indent=2) + "\n")
+             f"{images} test images sent by {len(set(r.concurrency for r in report.rows))} concurrencies of callers; "
+             f"{where}. Row = the round with the median QPS.", "", *table(report.rows, report.rounds), "",
+             *(f"- {line}" for line in report.notes())]
+    write_text_atomic(report.markdown, "\n".join(lines) + "\n")
+    write_text_atomic(report.markdown.with_suffix(".json"), json.dumps(
+        {"export": str(folder), "machine": where, "cpu_at_rest_percent": report.at_rest,
+         "rounds": [asdict(r) | {"qps": r.qps} for r in report.rounds]}, indent=2) + "\n")

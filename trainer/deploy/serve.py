@@ -24,6 +24,7 @@ Where this replaces LitServe's behaviour, deliberately:
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import time
@@ -273,11 +274,19 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
     server = ImageServer(api, preprocessing, max_bytes, top_k, accelerator=target.type, devices=1,
                          workers_per_device=1, timeout=30, model_metadata={"model": card.get("model"),
                                                                           "classes": len(card["classes"])})
-    signal.signal(signal.SIGTERM, _interrupt)
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    signal.signal(signal.SIGTERM, _interrupt)  # inherited by the processes LitServe forks: see _interrupt
     print(f"serving {folder} on http://{host}:{port}{API_PATH} (max batch {max_batch_size}, batch timeout "
           f"{batch_timeout_ms:g} ms, {api.runtime_kind} on {target}); /health is 200 once warmed up", flush=True)
     started = time.monotonic()
-    server.run(host=host, port=port, num_api_servers=1, log_level=log_level, generate_client_file=False)
+    try:
+        server.run(host=host, port=port, num_api_servers=1, log_level=log_level, generate_client_file=False)
+    except RuntimeError as ex:
+        if "failed to start" not in str(ex):
+            raise
+        raise UserError(str(folder), "the inference worker could not load and warm up the model (its error is "
+                        "above)", "an export folder written by export, with model.onnx or model.pt2") from None
     print(f"stopped after {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -294,9 +303,15 @@ def _check_port(host: str, port: int) -> None:
                             "a free port from 1024 to 65535") from None
 
 
+_MAIN_PID: Optional[int] = None
+
+
 def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # LitServer.run's graceful path (see the module's docstring)
+    """SIGTERM in the main process takes LitServer.run's graceful path (see the module's docstring).
+    In a process LitServe forked (its queue manager, the HTTP process once uvicorn has drained),
+    it does nothing: when the whole process group is signalled (systemd, a terminal), the main
+    process stops them in order, and the queue manager must outlive the requests in flight."""
+    if os.getpid() == _MAIN_PID:
+        raise KeyboardInterrupt
 
 
-def batch_sizes_seen(answers: Sequence[dict[str, Any]]) -> list[int]:
-    return [int(a.get("batch", 0)) for a in answers]
