@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check: the first thing to run whenever a GPU machine is lent. At most 8
+# The one prepared GPU check: the first thing to run whenever a GPU machine is lent. At most 9
 # minutes on one H200 with 16 CPU cores, interpreter starts and torch.compile included.
 #
 #   benchmarks/gpu_check.sh                 # on a CUDA machine; results in benchmarks/results/gpu/
@@ -28,15 +28,17 @@
 #
 # A later step (the deploy bench) is a function step_NAME plus its name
 # in STEPS and its budgets in BUDGET_S and DRY_BUDGET_S (and, for key figures, a reader in
-# benchmarks/gpu_check_report.py). Keep the sum of BUDGET_S within 460 s.
+# benchmarks/gpu_check_report.py). Keep the sum of BUDGET_S within 510 s.
 set -uo pipefail
 
 STEPS=(environment gpu_tests practices ladder input_pipeline)
 # Seconds per step on one H200: environment ~5 s; the GPU tests ~90 s (three torch.compile modes
 # of a tiny network are most of it); practices 6 runs of ~15-20 s and one compile of ResNet-50
 # (~60 s); the ladder one process, six stages, two compiles (the second mostly from the cache the
-# practices step filled); the input pipeline ~20 s. 460 s in all, plus at most 5 s per step to stop one that overruns.
-declare -A BUDGET_S=([environment]=15 [gpu_tests]=125 [practices]=150 [ladder]=140 [input_pipeline]=30)
+# practices step filled); the input pipeline ~20 s; of the GPU tests, the deployment ones (a 1-epoch
+# digits run, its export, a compiled bench) ~50 s. 510 s in all, plus at most 5 s per step to stop
+# one that overruns.
+declare -A BUDGET_S=([environment]=15 [gpu_tests]=175 [practices]=150 [ladder]=140 [input_pipeline]=30)
 # The dry run takes 30-60 s on 2 CPU cores; these only stop a hung step.
 declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120 [input_pipeline]=90)
 
