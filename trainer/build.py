@@ -13,7 +13,7 @@ import inspect
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import lightning as L
 import torch
@@ -119,7 +119,7 @@ def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
 
 def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
                   logger_ids: dict[str, str] | None = None, latch: SignalLatch | None = None,
-                  labels: RunLabels | None = None) -> Built:
+                  labels: RunLabels | None = None, extra_callbacks: Sequence[Callback] = ()) -> Built:
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
                             mfu_note=plan.peak_flops_note)
     losses, stopper, curves = LossRecord(), GracefulStop(latch), Curves()
@@ -139,6 +139,7 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
             spec.resolved, {key: derived.value for key, derived in plan.derived.items()}))
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
+    callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
     trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>
         spec.trainer,
         **_trainer_arguments(spec, plan),

@@ -173,12 +173,17 @@ class RunConfig:
     progress_every_s: Annotated[float, POSITIVE, Doc("plain progress: at most one line per this many seconds")]
     diagnose: Annotated[bool, Doc("time the parts of a training step instead of training (trainer/diagnose.py)")]
     diagnose_steps: Annotated[int, Range(ge=3), Doc("timed steps per measurement of the diagnosis")]
+    profile: Annotated[bool, Doc("record a few training steps with torch.profiler instead of training: trace, "
+                                 "ops.md by category, roofline (trainer/profile.py)")]
+    profile_steps: Annotated[int, Range(ge=1, le=50), Doc("steps the profile keeps (after 3 skipped and 2 warm-up)")]
     ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
     resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
                                          "a path; null: fresh")]
     objective: Annotated[str, Doc("what train.py returns to a sweeper: split/metric, e.g. val/acc")]
 
     def check(self, group: str = "") -> None:
+        if self.diagnose and self.profile:
+            raise UserError("profile", "diagnose=true and profile=true both replace training", "one of them")
         split, _, metric = self.objective.partition("/")
         if split not in ("train", "val", "test") or not metric:
             raise UserError("objective", f"'{self.objective}' is not a metric name",

@@ -71,8 +71,9 @@ def process_count(trainer_cfg: Mapping[str, Any], devices: int) -> int:
 
 
 def check_launch(processes: int, multirun: bool, launcher_target: str, diagnose: bool, strategy: Any = "auto",
-                 accelerator: str = "cpu", env: Mapping[str, str] | None = None) -> None:
-    """Refuse, before anything starts, the combinations that would not give one run per job."""
+                 accelerator: str = "cpu", env: Mapping[str, str] | None = None, measuring: str = "diagnose") -> None:
+    """Refuse, before anything starts, the combinations that would not give one run per job.
+    `diagnose`: the run measures one process instead of training (the key `measuring` asks it)."""
     if isinstance(strategy, str) and strategy.startswith("fsdp") and accelerator != "cuda":
         # Lightning's own check would stop the run later, with a traceback.
         raise UserError("trainer.strategy", f"'{strategy}' (Lightning's FSDPStrategy) runs on CUDA GPUs only, "
@@ -89,7 +90,7 @@ def check_launch(processes: int, multirun: bool, launcher_target: str, diagnose:
     if processes <= 1:
         return
     if diagnose:
-        raise UserError("diagnose", f"times one process, but the run would start {processes}",
+        raise UserError(measuring, f"measures one process, but the run would start {processes}",
                         "trainer.devices=1 trainer.num_nodes=1 (the single-device timings also hold for each rank)")
     if not multirun:
         return

@@ -56,6 +56,13 @@ _PEAKS_TFLOPS: dict[str, tuple[float, float, float]] = {
 
 _TENSOR16, _TF32, _FP32 = 0, 1, 2
 
+# Memory bandwidth in TB/s per GPU, from the same datasheets (the 80 GB A100; the 40 GB SXM4 part
+# has 1.555). The roofline's slope (trainer/profile.py).
+_BANDWIDTH_TBS: dict[str, float] = {
+    "A100 SXM": 2.039, "A100 PCIe": 1.935, "H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9,
+    "H200 SXM": 4.8, "H200 NVL": 4.8,
+}
+
 
 def _part_name(device_name: str) -> str | None:
     """Map a ``torch.cuda.get_device_name()`` string to a key of the peak table, or None.
@@ -105,6 +112,15 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | No
     dense = "dense " if column != _FP32 else ""
     peak = float(round(tflops * 10) * (TFLOP // 10))  # integer arithmetic: 66.9 -> 6.69e13 exactly
     return peak, f"{part} {dense}{label} peak {tflops:g} TFLOP/s (NVIDIA datasheet)"
+
+
+def peak_bandwidth(device_name: str) -> tuple[float | None, str]:
+    """Datasheet memory bandwidth of `device_name` in bytes/s, and where it comes from; None for
+    parts not in the table (the roofline then measures one)."""
+    part = _part_name(device_name)
+    if part is None:
+        return None, f"no known bandwidth for '{device_name}'"
+    return _BANDWIDTH_TBS[part] * 1e12, f"{part} {_BANDWIDTH_TBS[part]:g} TB/s (NVIDIA datasheet)"
 
 
 def _meta_copy(net: torch.nn.Module) -> torch.nn.Module:

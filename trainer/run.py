@@ -48,6 +48,7 @@ from trainer.logger import finish_loggers, logger_ids, run_labels
 from trainer.models.layers import count_parameters
 from trainer.optimizer import build_optimizer
 from trainer.plan import Plan, resolve
+from trainer.profile import StepProfiler, machine_roof, write_report
 from trainer.recipes import lineage_record
 from trainer.resume import Checkpoint, check_fits, default_name, identity_of, resolve_resume, write_identity
 from trainer.summary import (RunRecord, log_result, optimizer_param_groups, peak_memory, reset_peak_memory,
@@ -157,6 +158,8 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     environment = _announce(spec, plan, job, identity, rank_zero)
     if spec.run.diagnose:
         return _diagnose(spec, plan, parts, task, job.run_dir)
+    if spec.run.profile:
+        return _profile(spec, plan, parts, task, job.run_dir, identity.name)
     # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
     # hydra.sweep.subdir puts each job one level below it); the recipe and group choices.
     labels = run_labels(identity.name, job.choices, job.run_dir.parent if job.multirun else None, spec.identity.root)
@@ -180,8 +183,8 @@ def _check_launch(spec: RunSpec, job: Job) -> bool:
     run's records (rank 0 of several processes)."""
     accelerator = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))[0]
     processes = process_count(spec.trainer, count_devices(spec.trainer.get("devices", 1), accelerator))
-    check_launch(processes, job.multirun, job.launcher, spec.run.diagnose, spec.trainer.get("strategy", "auto"),
-                 accelerator)
+    check_launch(processes, job.multirun, job.launcher, spec.run.diagnose or spec.run.profile,
+                 spec.trainer.get("strategy", "auto"), accelerator, measuring="profile" if spec.run.profile else "diagnose")
     if spec.run.ladder and not job.multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.run.ladder}")
@@ -253,6 +256,38 @@ def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask,
     diagnose(parts.datamodule, task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
              device, full_step, context, run_dir, steps=steps,
              sweep=not isinstance(parts.datamodule, SyntheticDataModule))
+    return None
+
+
+def _profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path, name: str) -> None:
+    """`profile=true`: a few steps of the real loop under torch.profiler instead of training
+    (trainer/profile.py); like the diagnosis, no validation, checkpoints, loggers or progress output."""
+    steps = spec.run.profile_steps
+    device = device_of(plan)
+    folder = run_dir / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler = StepProfiler(folder, steps, on_device=device.type == "cuda")
+    short = dataclasses.replace(
+        spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
+        run=dataclasses.replace(spec.run, progress="off"),
+        trainer={**spec.trainer, "max_steps": profiler.total + 1, "max_epochs": -1, "limit_val_batches": 0,
+                 "num_sanity_val_steps": 0, "limit_train_batches": None})
+    built = build_trainer(short, plan, run_dir, parts, extra_callbacks=[profiler])
+    with quiet_library_warnings():
+        built.trainer.fit(task, datamodule=parts.datamodule)
+    if profiler.events is None:
+        raise UserError("profile_steps", f"the run ended before {profiler.total} training steps were recorded",
+                        "a data set with more batches per epoch, or fewer profile_steps")
+    sixteen = plan.precision.startswith(("bf16", "16"))
+    roof = machine_roof(device, plan.precision, plan.tf32, torch.bfloat16 if sixteen else torch.float32)
+    record = write_report(profiler.events, folder, device.type == "cuda", 2 if sixteen else 4, roof,
+                          f"{name} on {plan.accelerator}, batch {spec.data['batch_size']}, {plan.precision}")
+    top = ", ".join(f"{c['category']} {c['share']:.0%}" for c in record["categories"][:4])
+    log.info("profile: %.2f ms per step over %d steps; %s; memory-bound operators %.0f%% of the step",
+             record["step_ms"], record["steps"], top, 100 * record["memory_bound_share"])
+    for flag in record["unusual"]:
+        log.info("profile: unusual: %s", flag)
+    log.info("profile written: %s (ops.md, profile.json, roofline.png, the trace for Perfetto or TensorBoard)", folder)
     return None
 
 

@@ -101,3 +101,35 @@ def test_diagnose_on_an_image_folder_compares_the_decode_modes(tmp_path):
     fastest = max(sweep, key=sweep.get)
     if record["verdict"] == "input-bound" and fastest != "pil":
         assert any(t.startswith(f"data.decode={fastest}") for t in record["try_next"])
+
+
+def test_profile_records_steps_of_the_real_loop_and_writes_its_tables(tmp_path):
+    """profile=true: a trace Perfetto and TensorBoard open (valid JSON with events), ops.md with the
+    category table, profile.json whose shares and time outside operators add up to about the step,
+    roofline.png; no training, so no summary.json."""
+    assert run_in_process(["profile=true", "profile_steps=3", "data.batch_size=32"], tmp_path) is None
+    folder = tmp_path / "profile"
+    traces = list(folder.glob("*.pt.trace.json"))
+    assert len(traces) == 1
+    trace = json.loads(traces[0].read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any(name.startswith("ProfilerStep") for name in names) and "trainer: forward" in names
+    record = json.loads((folder / "profile.json").read_text())
+    assert record["steps"] == 3 and record["step_ms"] > 0
+    shares = sum(c["share"] for c in record["categories"]) + record["outside_operators"]["share"]
+    assert 0.9 <= shares <= 1.1
+    categories = {c["category"]: c for c in record["categories"]}
+    assert {"convolution/matmul", "normalization", "optimizer"} <= set(categories)
+    conv = categories["convolution/matmul"]
+    assert conv["backward_ms"] > 0 and conv["forward_ms"] > 0 and conv["flops_per_s"] > 0 and conv["intensity"] > 0
+    assert 0 < record["memory_bound_share"] < 1 and record["roof"]["how"].startswith(("measured here", "H", "A"))
+    assert "| convolution/matmul |" in (folder / "ops.md").read_text()
+    assert (folder / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_profile_and_diagnose_together_are_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "profile=true", "diagnose=true",
+                             f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
+        "error: profile: diagnose=true and profile=true both replace training; allowed: one of them")

@@ -54,8 +54,10 @@ def test_launches_that_cannot_give_one_run_are_refused_with_one_line():
                      launcher_target="hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
     with pytest.raises(UserError, match="torchrun started 2 processes but the config trains on 1"):
         check_launch(1, multirun=False, launcher_target="", diagnose=False, env=TORCHRUN_RANK1)
-    with pytest.raises(UserError, match="^diagnose: times one process, but the run would start 2"):
+    with pytest.raises(UserError, match="^diagnose: measures one process, but the run would start 2"):
         check_launch(2, multirun=False, launcher_target="", diagnose=True, env={})
+    with pytest.raises(UserError, match="^profile: measures one process"):
+        check_launch(2, multirun=False, launcher_target="", diagnose=True, env={}, measuring="profile")
     with pytest.raises(UserError, match="runs on CUDA GPUs only, and this run's accelerator is cpu"):
         check_launch(2, multirun=False, launcher_target="", diagnose=False, strategy="fsdp", accelerator="cpu",
                      env={})
