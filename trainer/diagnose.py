@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,10 +30,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from torch.profiler import record_function
+
 from trainer.atomic import replace_atomic
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
+from trainer.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
+                             Breakdown, breakdown, ops_of, unusual)
 from trainer.summary import write_json_atomic
 
 log = logging.getLogger("trainer")
@@ -53,6 +58,9 @@ class Timings:
     step_ms: float  # forward + backward + optimizer step
     full_ms: float
     notes: list[str] = field(default_factory=list)
+    #: Half the interquartile range of each timing's samples (data, forward, forward_backward, step,
+    #: full), in ms: how far a median may move between two diagnoses of the same config.
+    noise_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def backward_ms(self) -> float:
@@ -73,10 +81,19 @@ class Verdict:
     kind: str  # input-bound | compute-bound | optimizer-bound | host-overhead-bound
     reason: str
     try_next: list[str]
+    #: Set when the deciding comparison is within the timings' noise of its threshold: the verdict
+    #: could flip on a rerun, and this names the other candidate.
+    borderline: str | None = None
 
 
 def median_ms(run_once: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> float:
     """Median milliseconds of `run_once`, device synchronized around each call."""
+    return median_and_noise(run_once, device, warmup, repeats)[0]
+
+
+def median_and_noise(run_once: Callable[[], Any], device: torch.device, warmup: int,
+                     repeats: int) -> tuple[float, float]:
+    """(median, half the interquartile range) in ms of `run_once`, device synchronized around each call."""
     for _ in range(warmup):
         run_once()
     synchronize(device)
@@ -86,7 +103,14 @@ def median_ms(run_once: Callable[[], Any], device: torch.device, warmup: int, re
         run_once()
         synchronize(device)
         samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples)
+    return statistics.median(samples), half_iqr(samples)
+
+
+def half_iqr(samples: list[float]) -> float:
+    if len(samples) < 4:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return (q3 - q1) / 2
 
 
 def _batches(datamodule: ImageClassificationData, device: torch.device) -> Iterator[Any]:
@@ -100,9 +124,15 @@ def _batches(datamodule: ImageClassificationData, device: torch.device) -> Itera
 def time_data_pipeline(datamodule: ImageClassificationData, device: torch.device, steps: int,
                        warmup: int) -> float:
     """Milliseconds per batch from the training loader to a finished batch on the device."""
+    return time_data(datamodule, device, steps, warmup)[0]
+
+
+def time_data(datamodule: ImageClassificationData, device: torch.device, steps: int,
+              warmup: int) -> tuple[float, float]:
+    """`time_data_pipeline`, with its noise (`median_and_noise`)."""
     batches = _batches(datamodule, device)
     try:
-        return median_ms(lambda: next(batches), device, warmup, steps)
+        return median_and_noise(lambda: next(batches), device, warmup, steps)
     finally:
         batches.close()  # shuts the loader's workers down
 
@@ -147,19 +177,20 @@ def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, st
     return results
 
 
-def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
-               scaler: Any, device: torch.device, steps: int, warmup: int) -> tuple[float, float, float]:
-    """(forward, forward + backward, forward + backward + optimizer step) in ms on one resident batch."""
+def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
+                   scaler: Any) -> tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]:
+    """(forward, forward + backward, full step) on one resident batch, the forward and the backward
+    inside the ranges the profile tells apart (trainer/profile.py)."""
     images, labels = batch
-    task.train()
 
     def forward() -> torch.Tensor:
-        with forward_context():
+        with record_function(FORWARD_RANGE), forward_context():
             return task.compute_loss(task(images), labels)
 
     def forward_backward() -> None:
         loss = forward()
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        with record_function(BACKWARD_RANGE):
+            (scaler.scale(loss) if scaler is not None else loss).backward()
 
     def full_step() -> None:
         forward_backward()
@@ -170,20 +201,61 @@ def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return forward, forward_backward, full_step
+
+
+def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
+               scaler: Any, device: torch.device, steps: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """(median, noise) in ms of forward, forward + backward and forward + backward + optimizer step
+    on one resident batch."""
+    task.train()
+    forward, forward_backward, full_step = step_functions(task, optimizer, batch, forward_context, scaler)
     try:
         # Warm the whole path once first: a compiled model compiles here, not inside a timing.
         median_ms(full_step, device, warmup, 1)
-        forward_ms = median_ms(forward, device, 1, steps)
-        fb_ms = median_ms(forward_backward, device, 1, steps)
+        timed = {"forward": median_and_noise(forward, device, 1, steps),
+                 "forward_backward": median_and_noise(forward_backward, device, 1, steps)}
         optimizer.zero_grad(set_to_none=True)
-        step_ms = median_ms(full_step, device, 1, steps)
+        timed["step"] = median_and_noise(full_step, device, 1, steps)
     finally:
         optimizer.zero_grad(set_to_none=True)
-    return forward_ms, fb_ms, step_ms
+    return timed
+
+
+def profile_step(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
+                 scaler: Any, device: torch.device, precision: str, steps: int = 3) -> Breakdown:
+    """The model's step (forward, backward, optimizer) by operator category, from a short torch.profiler
+    record of `steps` steps on the resident batch (shares of the profiled step, whose operators the
+    profiler slows alike)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    task.train()
+    full_step = step_functions(task, optimizer, batch, forward_context, scaler)[2]
+    on_device = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    try:
+        with profile(activities=activities, record_shapes=True, with_flops=True) as profiler:
+            start = time.perf_counter()
+            for _ in range(steps):
+                full_step()
+            synchronize(device)
+            step_ms = (time.perf_counter() - start) * 1000 / steps
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+    ops, _ = ops_of(profiler.events(), on_device)
+    sixteen = str(precision).startswith(("bf16", "16"))
+    return breakdown(ops, steps, step_ms, on_device, 2 if sixteen else 4)
 
 
 def verdict(t: Timings, context: dict[str, Any]) -> Verdict:
-    """Name the bottleneck and the switches worth trying, from the timings and the run's settings."""
+    """Name the bottleneck and the switches worth trying, from the timings and the run's settings;
+    say when it is borderline (`borderline`)."""
+    found = _verdict(t, context)
+    found.borderline = borderline(t, found.kind)
+    return found
+
+
+def _verdict(t: Timings, context: dict[str, Any]) -> Verdict:
     cuda = context.get("accelerator") == "cuda"
     full = t.full_ms or 1e-9
     if t.data_ms >= INPUT_BOUND_RATIO * t.step_ms and t.remainder_ms > 0.15 * full:
@@ -241,6 +313,36 @@ def verdict(t: Timings, context: dict[str, Any]) -> Verdict:
                    f"{t.full_ms:.1f} ms step ({t.step_ms / full:.0%})", tries)
 
 
+def _rules(t: Timings) -> list[tuple[str, float, float]]:
+    """(verdict, margin, noise) of each rule in `verdict`'s order: the rule fires when its margin
+    (ms) is positive; noise (ms) is how far the margin may move between two diagnoses."""
+    n = {key: t.noise_ms.get(key, 0.0) for key in ("data", "forward_backward", "step", "full")}
+    return [
+        ("input-bound", t.data_ms - INPUT_BOUND_RATIO * t.step_ms, math.hypot(n["data"], INPUT_BOUND_RATIO * n["step"])),
+        ("host-overhead-bound", t.remainder_ms - OVERHEAD_SHARE * t.full_ms,
+         math.hypot((1 - OVERHEAD_SHARE) * n["full"], n["step"])),
+        ("optimizer-bound", t.optimizer_ms - OPTIMIZER_SHARE * t.step_ms,
+         math.hypot((1 - OPTIMIZER_SHARE) * n["step"], n["forward_backward"])),
+    ]
+
+
+def borderline(t: Timings, kind: str) -> str | None:
+    """Why the verdict `kind` could flip on a rerun, or None: the rule that decided it, or one that
+    did not fire before it, is within its noise of its threshold."""
+    for name, margin, noise in _rules(t):
+        if name == kind:
+            if margin < noise:
+                return (f"{kind} by {margin:.2f} ms, within the timings' noise ({noise:.2f} ms): a rerun may say "
+                        "the next candidate")
+            return None
+        if name == "input-bound" and t.remainder_ms <= 0.15 * (t.full_ms or 1e-9):
+            continue  # the input rule also needs a visible wait; it was not the one that decided
+        if -margin < noise:
+            return (f"{name} missed by {-margin:.2f} ms, within the timings' noise ({noise:.2f} ms): a rerun may say "
+                    f"{name}")
+    return None
+
+
 def shares(t: Timings) -> dict[str, float]:
     full = t.full_ms or 1e-9
     return {"forward": t.forward_ms / full, "backward": t.backward_ms / full, "optimizer": t.optimizer_ms / full,
@@ -261,7 +363,39 @@ def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]],
     if decoders:
         lines.append("decode modes: " + ", ".join(f"{d['decode']} -> {d['samples_per_s']:,.0f}/s" for d in decoders))
     lines += [f"verdict: {v.kind}: {v.reason}", "try next: " + "; ".join(v.try_next)]
+    if v.borderline:
+        lines.append(f"borderline: {v.borderline}")
     lines += [f"note: {n}" for n in t.notes]
+    return lines
+
+
+def memory_bound_help(operators: Breakdown, context: dict[str, Any]) -> list[str]:
+    """What shrinks the memory-bound operators' time, for the categories that take it."""
+    cuda = context.get("accelerator") == "cuda"
+    share = {r.category: r.share for r in operators.rows}
+    helps = []
+    fusable = share.get(ELEMENTWISE, 0) + share.get(NORMALIZATION, 0) + share.get(POOLING, 0)
+    if fusable >= 0.05 and context.get("compile") in ("off", None):
+        helps.append(f"compile=default: fuses elementwise and normalization operators ({fusable:.0%} of the step)"
+                     + ("" if cuda else "; on this CPU compile measured no faster (compile=auto stays eager)"))
+    if share.get(OPTIMIZER, 0) >= 0.05 and context.get("optimizer_implementation") != "fused":
+        helps.append(f"optimizer.implementation=fused: one kernel for the update ({share[OPTIMIZER]:.0%} of the step)"
+                     + ("" if cuda else "; CUDA only"))
+    if context.get("convolutional") and not context.get("channels_last") and share.get(NORMALIZATION, 0) >= 0.05:
+        helps.append("precision.channels_last=true: convolutions and batch norms without layout copies"
+                     + ("" if cuda else " (CUDA; on this CPU measured 1.05x)"))
+    return helps
+
+
+def operator_lines(operators: Breakdown, context: dict[str, Any]) -> list[str]:
+    top = ", ".join(f"{r.category} {r.share:.0%}" for r in operators.rows[:5])
+    lines = [f"operators of the model's step (profiled, {operators.step_ms:.1f} ms): {top}; outside operators "
+             f"{operators.outside_share:.0%}",
+             f"memory-bound operators take {operators.memory_bound_share():.0%} of the model's step"]
+    helps = memory_bound_help(operators, context)
+    if helps:
+        lines.append("would help them: " + "; ".join(helps))
+    lines += [f"unusual: {flag}" for flag in unusual(operators)]
     return lines
 
 
@@ -304,29 +438,38 @@ def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> N
 
 def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.optim.Optimizer,
              forward_context: Callable[[], Any], scaler: Any, device: torch.device,
-             full_step_samples_per_s: Callable[[], float | None], context: dict[str, Any], run_dir: Path,
-             steps: int = 20, sweep: bool = True) -> dict[str, Any]:
-    """Run the four timings and the worker sweep; write diagnosis.json and diagnosis.png."""
+             full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], context: dict[str, Any],
+             run_dir: Path, steps: int = 20, sweep: bool = True) -> dict[str, Any]:
+    """Run the four timings, a short profile of the model's step and the worker sweep; write
+    diagnosis.json and diagnosis.png. `full_step_samples_per_s`: the real loop's samples/s and the
+    rates of its timed windows."""
     notes: list[str] = []
     datamodule.setup("fit")
     batch_size = datamodule.batch_size
-    data_ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
-                                                                            if datamodule.loader else 0))
+    data_ms, data_noise = time_data(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
+                                                                              if datamodule.loader else 0))
     batches = _batches(datamodule, device)
     try:
         resident = next(batches)
     finally:
         batches.close()
-    forward_ms, fb_ms, step_ms = time_model(task, optimizer, resident, forward_context, scaler, device, steps,
-                                            warmup=3)
-    rate = full_step_samples_per_s()
+    model = time_model(task, optimizer, resident, forward_context, scaler, device, steps, warmup=3)
+    (forward_ms, _), (fb_ms, _), (step_ms, step_noise) = model["forward"], model["forward_backward"], model["step"]
+    rate, window_rates = full_step_samples_per_s()
     if not rate:
         raise RuntimeError("the full-step run produced no timed window")
     full_ms = batch_size / rate * 1000
     if full_ms < step_ms:
         notes.append("the full step measured faster than the model alone: timing noise on a busy machine; "
                      "rerun with a larger diagnose_steps")
-    timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes)
+    windows_ms = [batch_size / r * 1000 for r in window_rates if r]
+    # Under 4 windows there is no quartile: the full step is taken to be as noisy as the model's.
+    full_noise = half_iqr(windows_ms) if len(windows_ms) >= 4 else full_ms * step_noise / max(step_ms, 1e-9)
+    noise = {"data": data_noise, "forward": model["forward"][1], "forward_backward": model["forward_backward"][1],
+             "step": step_noise, "full": full_noise}
+    timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes, noise)
+    operators = profile_step(task, optimizer, resident, forward_context, scaler, device,
+                             str(context.get("precision", "32-true")))
 
     workers: list[dict[str, Any]] = []
     if not sweep:
@@ -337,7 +480,7 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     decoders = sweep_decoders(datamodule, device, steps) if sweep else []
     context["decode_sweep"] = decoders
     result_verdict = verdict(timings, context)
-    for line in report_lines(timings, result_verdict, workers, decoders):
+    for line in report_lines(timings, result_verdict, workers, decoders) + operator_lines(operators, context):
         log.info(line)
     record = {
         "batch_size": batch_size,
@@ -349,8 +492,17 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         "derived_ms": {"backward": timings.backward_ms, "optimizer": timings.optimizer_ms,
                        "data_wait_and_host_overhead": timings.remainder_ms},
         "shares_of_full_step": shares(timings),
+        "noise_ms": noise,
         "verdict": result_verdict.kind,
+        "borderline": result_verdict.borderline,
         "reason": result_verdict.reason,
+        "operators": {"step_ms_profiled": operators.step_ms,
+                      "shares": {r.category: r.share for r in operators.rows},
+                      "outside_operators": operators.outside_share,
+                      "memory_bound_share": operators.memory_bound_share(),
+                      "backward_over_forward": {r.category: r.backward_over_forward for r in operators.rows
+                                                if r.backward_over_forward is not None},
+                      "unusual": unusual(operators), "would_help": memory_bound_help(operators, context)},
         "try_next": result_verdict.try_next,
         "worker_sweep": workers,
         "decode_sweep": decoders,

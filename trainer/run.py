@@ -239,10 +239,10 @@ def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask,
     task.to(device)
     optimizer = build_optimizer(task.net, spec.optimizer, plan.lr, plan.weight_decay, plan.optimizer_implementation)
 
-    def full_step() -> float | None:
+    def full_step() -> tuple[float | None, list[float]]:
         with quiet_library_warnings():
             built.trainer.fit(task, datamodule=parts.datamodule)
-        return built.meter.summary()["samples_per_s"]
+        return built.meter.summary()["samples_per_s"], list(built.meter.window_rates)
 
     context = {"accelerator": plan.accelerator, "precision": plan.precision, "tf32": plan.tf32,
                "channels_last": plan.channels_last, "compile": plan.compile_mode,

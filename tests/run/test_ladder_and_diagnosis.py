@@ -77,6 +77,12 @@ def test_diagnose_times_the_parts_of_a_step_and_sweeps_the_workers(tmp_path):
     assert workers[0] == 0 and workers[-1] == usable_cpus()
     assert (tmp_path / "diagnosis.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "summary.json").exists()  # a diagnosis does not pretend to be a training run
+    # the profiled operators of the model's step, and the noise that says when a verdict is borderline
+    operators = record["operators"]
+    assert 0.9 <= sum(operators["shares"].values()) + operators["outside_operators"] <= 1.1
+    assert operators["shares"]["convolution/matmul"] > 0 and 0 < operators["memory_bound_share"] < 1
+    assert set(record["noise_ms"]) == {"data", "forward", "forward_backward", "step", "full"}
+    assert "borderline" in record
 
 
 def test_diagnose_on_device_made_data_skips_the_worker_sweep_and_says_why(tmp_path):

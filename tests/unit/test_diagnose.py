@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.diagnose import Timings, median_ms, shares, sweep_workers, verdict
+from trainer.diagnose import Timings, median_ms, report_lines, shares, sweep_workers, verdict
 
 GPU = {"accelerator": "cuda", "precision": "32-true", "tf32": False, "channels_last": False, "compile": "off",
        "optimizer_implementation": "foreach", "num_workers": 2, "pin_memory": True, "device_normalize": True,
@@ -80,3 +80,35 @@ def test_the_worker_sweep_covers_zero_powers_of_two_and_the_cpu_count():
     assert [r["num_workers"] for r in results] == [0, 1, 2]
     assert all(r["samples_per_s"] > 0 for r in results)
     assert data.loader is before  # the run's own settings are put back
+
+
+def test_a_verdict_within_the_noise_of_its_threshold_says_it_is_borderline():
+    """Host overhead at 31% of the step against the 30% threshold: clear with quiet timings, borderline
+    when the timings' noise could move it across; a compute-bound verdict whose host overhead just
+    missed its threshold names that candidate."""
+    quiet = Timings(64, 1, 10, 30, 33, 48, noise_ms={"data": 0.1, "forward_backward": 0.1, "step": 0.1, "full": 0.1})
+    assert verdict(quiet, dict(GPU)).kind == "host-overhead-bound" and verdict(quiet, dict(GPU)).borderline is None
+    noisy = Timings(64, 1, 10, 30, 33, 48, noise_ms={"data": 0.1, "forward_backward": 1, "step": 2, "full": 3})
+    v = verdict(noisy, dict(GPU))
+    assert v.kind == "host-overhead-bound" and v.borderline.startswith("host-overhead-bound by 0.60 ms")
+    missed = Timings(64, 1, 10, 30, 33, 46.5, noise_ms={"data": 0.1, "forward_backward": 1, "step": 2, "full": 3})
+    v = verdict(missed, dict(GPU))
+    assert v.kind == "compute-bound" and "a rerun may say host-overhead-bound" in v.borderline
+    lines = report_lines(missed, v, [])
+    assert lines[-1].startswith("borderline: host-overhead-bound missed by")
+
+
+def test_memory_bound_operators_get_the_switches_that_shrink_them():
+    from trainer.diagnose import memory_bound_help, operator_lines
+    from trainer.profile import Op, breakdown
+
+    ops = [Op("aten::mkldnn_convolution", 4000), Op("aten::native_batch_norm", 2000), Op("aten::relu", 1000),
+           Op("aten::_foreach_add_", 2000, optimizer=True)]
+    result = breakdown(ops, 1, 10.0, False, 4)
+    assert result.memory_bound_share() == pytest.approx(0.5)
+    helps = memory_bound_help(result, dict(GPU))
+    assert [h.split(":")[0] for h in helps] == ["compile=default", "optimizer.implementation=fused",
+                                                "precision.channels_last=true"]
+    assert memory_bound_help(result, {**GPU, "compile": "default", "optimizer_implementation": "fused",
+                                      "channels_last": True}) == []
+    assert "memory-bound operators take 50% of the model's step" in operator_lines(result, dict(GPU))
