@@ -176,6 +176,8 @@ class RunConfig:
     profile: Annotated[bool, Doc("record a few training steps with torch.profiler instead of training: trace, "
                                  "ops.md by category, roofline (trainer/profile.py)")]
     profile_steps: Annotated[int, Range(ge=1, le=50), Doc("steps the profile keeps (after 3 skipped and 2 warm-up)")]
+    memory_plan: Annotated[bool, Doc("measure where a step's memory goes and what each practice would change, "
+                                     "before training (trainer/memory.py)")]
     ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
     resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
                                          "a path; null: fresh")]

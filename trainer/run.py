@@ -46,6 +46,7 @@ from trainer.fingerprint import fingerprint
 from trainer.library_logs import quiet_library_warnings, route_library_logs
 from trainer.logger import finish_loggers, logger_ids, run_labels
 from trainer.models.layers import count_parameters
+from trainer.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
 from trainer.optimizer import build_optimizer
 from trainer.plan import Plan, resolve
 from trainer.profile import StepProfiler, machine_roof, write_report
@@ -152,10 +153,13 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
     alignment = check_alignment(parts.net, int(spec.data["batch_size"]), plan.accelerator)
     parameters = count_parameters(parts.net)
+    memory = _plan_memory(spec, plan, parts, job.run_dir, rank_zero) if spec.run.memory_plan else None
     task = build_task(spec, plan, parts)
     if identity.resume_from is not None:
         check_fits(identity.resume_from, task.state_dict())
     environment = _announce(spec, plan, job, identity, rank_zero)
+    for line in memory.lines() if memory is not None else []:
+        log.info(line)
     if spec.run.diagnose:
         return _diagnose(spec, plan, parts, task, job.run_dir)
     if spec.run.profile:
@@ -166,6 +170,8 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     built = build_trainer(spec, plan, job.run_dir, parts, identity.logger_ids, latch=latch, labels=labels)
     record = RunRecord(job.run_dir / "summary.json", writes=rank_zero, fields=_what_ran(
         job, spec, plan, identity, parts, built, {"parameters": parameters, "alignment": alignment}, environment))
+    if memory is not None:
+        record.fields["memory_plan"] = memory.to_dict()
     record.begin()
     try:
         fitted = _fit_and_test(built, task, parts, identity.resume_from, device_of(plan))
@@ -257,6 +263,39 @@ def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask,
              device, full_step, context, run_dir, steps=steps,
              sweep=not isinstance(parts.datamodule, SyntheticDataModule))
     return None
+
+
+def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> MemoryPlan:
+    """`memory_plan=true`: where a step's memory goes at the run's batch, measured on a copy of the
+    network before it is compiled or checkpointed (trainer/memory.py); drawn, and kept for the
+    start-up lines and summary.json."""
+    device = device_of(plan)
+    info = parts.info
+    batch = int(spec.data["batch_size"])
+    memory_format = torch.channels_last if plan.channels_last else torch.contiguous_format
+
+    def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        images = torch.randn(size, info.in_channels, *info.image_size, device=device)
+        return images.contiguous(memory_format=memory_format), torch.randint(0, info.num_classes, (size,), device=device)
+
+    def optimizer_for(implementation: str) -> Any:
+        return lambda net: build_optimizer(net, spec.optimizer, plan.lr, plan.weight_decay, implementation)
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
+
+    half = None if str(plan.precision).startswith(("bf16", "16")) else autocast_for("bf16-mixed", device)
+    memory = plan_memory(parts.net, optimizer_for(plan.optimizer_implementation), make_batch, loss,
+                         autocast_for(plan.precision, device), device, batch, half_context=half,
+                         make_fused=None if plan.optimizer_implementation == "fused" else optimizer_for("fused"))
+    if plan.checkpointed_stages:
+        memory.notes.append(f"measured without the configured checkpointing of {', '.join(plan.checkpointed_stages)}")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if rank_zero:
+        plot_plan(memory, run_dir / "memory_plan.png", f"{spec.model['_target_'].rsplit('.', 1)[-1]}, "
+                                                       f"{plan.precision}, {plan.optimizer_implementation} optimizer")
+    return memory
 
 
 def _profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path, name: str) -> None:

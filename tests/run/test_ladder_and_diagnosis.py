@@ -139,3 +139,17 @@ def test_profile_and_diagnose_together_are_one_line(tmp_path):
                              f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
         "error: profile: diagnose=true and profile=true both replace training; allowed: one of them")
+
+
+def test_memory_plan_is_measured_before_training_printed_stored_and_drawn(tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        summary = run_in_process(["memory_plan=true", "trainer.max_epochs=1", "trainer.accelerator=cpu"], tmp_path)
+    plan = summary["memory_plan"]
+    assert set(plan["bytes"]) == {"weights", "gradients", "optimizer state", "activations", "optimizer step scratch"}
+    assert plan["batch_size"] == 64 and plan["activations_per_sample"] > 0 and plan["measured_peak"] > 0
+    assert {p["practice"] for p in plan["practices"]} >= {"bf16 activations", "half the batch, twice the accumulation"}
+    assert any(r.getMessage().startswith("memory plan at batch 64 on cpu") for r in caplog.records)
+    assert (tmp_path / "memory_plan.png").read_bytes()[:4] == b"\x89PNG"
+    assert summary["status"] == "completed"
