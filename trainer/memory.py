@@ -227,7 +227,7 @@ def plan_memory(net: nn.Module, make_optimizer: Callable[[nn.Module], torch.opti
                 forward_context: Callable[[], Any], device: torch.device, batch_size: int,
                 half_context: Optional[Callable[[], Any]] = None,
                 make_fused: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None,
-                measure_peak: bool = True) -> MemoryPlan:
+                measure_peak: bool = True, with_practices: bool = True) -> MemoryPlan:
     """The memory plan of a step at `batch_size` (see the module's docstring). `half_context`: the
     autocast of bf16 activations, to measure them; `make_fused`: the optimizer's fused variant."""
     net = copy.deepcopy(net).to(device).train()
@@ -242,7 +242,8 @@ def plan_memory(net: nn.Module, make_optimizer: Callable[[nn.Module], torch.opti
     peak, how = (measured_peak(net, optimizer, *make_batch(batch_size), loss_fn, forward_context, device,
                                weights + state) if measure_peak else (None, "not measured"))
     plan = MemoryPlan(batch_size, str(device), weights, gradients, state, activations, scratch, peak, how)
-    plan.practices = practices(plan, net, make_batch, loss_fn, half_context, make_fused, device)
+    if with_practices:
+        plan.practices = practices(plan, net, make_batch, loss_fn, half_context, make_fused, device)
     return plan
 
 
@@ -323,3 +324,70 @@ def plot_plan(plan: MemoryPlan, path: Any, title: str) -> None:
         replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
     finally:
         plt.close(figure)
+
+
+# -- the batch that fits ------------------------------------------------------------------------------------
+def largest_batch_within(plan: MemoryPlan, budget: float, multiple: int, limit: int) -> tuple[int, str]:
+    """The largest multiple of `multiple` (at most `limit`) whose modelled peak fits `budget` bytes,
+    and its derivation; ValueError with the reason when not even `multiple` fits."""
+    resident = plan.weights + plan.optimizer_state + plan.gradients
+    room = budget - resident
+    if plan.optimizer_scratch > room:
+        raise ValueError(f"weights, gradients and optimizer state ({resident / MIB:,.1f} MiB) and the optimizer "
+                         f"step's scratch ({plan.optimizer_scratch / MIB:,.1f} MiB) alone exceed it")
+    per_sample = max(plan.activations.per_sample, 1.0)
+    fits = int((room - plan.activations.fixed) // per_sample)
+    batch = min(fits, limit) // multiple * multiple
+    if batch < multiple:
+        raise ValueError(f"{multiple} samples need {plan.modelled_peak(batch=multiple) / MIB:,.1f} MiB")
+    peak = plan.modelled_peak(batch=batch)
+    capped = " (capped by the training split)" if fits > limit else ""
+    return batch, (f"auto -> {batch}{capped}: the largest multiple of {multiple} within {budget / 2**30:g} GiB: "
+                   f"weights {plan.weights / MIB:,.1f} + gradients {plan.gradients / MIB:,.1f} + optimizer state "
+                   f"{plan.optimizer_state / MIB:,.1f} + activations {plan.activations.per_sample / MIB:.3f} MiB "
+                   f"per sample x {batch} = {peak / MIB:,.1f} MiB (activations measured)")
+
+
+def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+                            make_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                            loss_fn: Callable[..., Any], forward_context: Callable[[], Any], device: torch.device,
+                            multiple: int, limit: int) -> tuple[int, str]:
+    """CUDA: real training steps on a copy of the network, the batch doubled from `multiple` until a
+    step runs out of memory (or `limit`), then bisected in multiples of `multiple`."""
+    net = copy.deepcopy(net).to(device).train()
+    optimizer = make_optimizer(net)
+    tried: list[str] = []
+
+    def runs(batch: int) -> bool:
+        try:
+            _step(net, optimizer, *make_batch(batch), loss_fn, forward_context)
+            torch.cuda.synchronize(device)
+            tried.append(f"{batch} ok")
+            return True
+        except torch.OutOfMemoryError:
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            tried.append(f"{batch} out of memory")
+            return False
+
+    limit = max(multiple, limit // multiple * multiple)
+    if not runs(multiple):
+        raise ValueError(f"a step of {multiple} samples runs out of memory")
+    good, bad = multiple, None
+    while bad is None and good < limit:
+        candidate = min(good * 2, limit)
+        if runs(candidate):
+            good = candidate
+        else:
+            bad = candidate
+    while bad is not None and bad - good > multiple:
+        middle = (good + bad) // 2 // multiple * multiple
+        if runs(middle):
+            good = middle
+        else:
+            bad = middle
+    del net, optimizer
+    torch.cuda.empty_cache()
+    capped = " (capped by the training split)" if good == limit else ""
+    return good, (f"auto -> {good}{capped}: the largest multiple of {multiple} whose training step ran on "
+                  f"{torch.cuda.get_device_name(device)} (tried {', '.join(tried)})")

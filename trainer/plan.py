@@ -66,11 +66,14 @@ class Plan:
 
 
 def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, net: nn.Module,
-            clipping: GradientClipping) -> Plan:
+            clipping: GradientClipping, batch_size: Derived | None = None) -> Plan:
     """Derive every setting from the validated config and what was built from it: the data module
     resolves its own loader settings for the device; the network decides what channels_last,
-    activation checkpointing and MFU can do; nothing is changed yet."""
+    activation checkpointing and MFU can do; nothing is changed yet. `batch_size`: the batch
+    data.batch_size=auto found, with its derivation."""
     derived: dict[str, Derived] = {}
+    if batch_size is not None:
+        derived["data.batch_size"] = batch_size
     accelerator, devices, global_batch = _devices_and_batch(spec, derived)
     precision, how = resolve_precision(spec.precision.name, accelerator)
     derived["precision"] = Derived(precision, how)

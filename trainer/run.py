@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import logging
 import sys
 import time
@@ -46,9 +47,11 @@ from trainer.fingerprint import fingerprint
 from trainer.library_logs import quiet_library_warnings, route_library_logs
 from trainer.logger import finish_loggers, logger_ids, run_labels
 from trainer.models.layers import count_parameters
-from trainer.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
+from trainer.data.base import AUTO_BATCH_START
+from trainer.memory import (MemoryPlan, autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory,
+                            plot_plan)
 from trainer.optimizer import build_optimizer
-from trainer.plan import Plan, resolve
+from trainer.plan import Derived, Plan, resolve
 from trainer.profile import StepProfiler, machine_roof, write_report
 from trainer.recipes import lineage_record
 from trainer.resume import Checkpoint, check_fits, default_name, identity_of, resolve_resume, write_identity
@@ -150,7 +153,14 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     route_library_logs()
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
     parts = build_parts(spec, job.run_dir)
+    if parts.datamodule.batch_size_auto:
+        spec.data["batch_size"] = parts.datamodule.batch_size  # the finder's starting batch, for a first plan
     plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    if parts.datamodule.batch_size_auto:
+        found = _size_batch(spec, plan, parts, job.run_dir, rank_zero)
+        parts.datamodule.set_batch_size(found.value)
+        spec.data["batch_size"] = found.value
+        plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping, batch_size=found)
     alignment = check_alignment(parts.net, int(spec.data["batch_size"]), plan.accelerator)
     parameters = count_parameters(parts.net)
     memory = _plan_memory(spec, plan, parts, job.run_dir, rank_zero) if spec.run.memory_plan else None
@@ -265,13 +275,18 @@ def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask,
     return None
 
 
-def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> MemoryPlan:
-    """`memory_plan=true`: where a step's memory goes at the run's batch, measured on a copy of the
-    network before it is compiled or checkpointed (trainer/memory.py); drawn, and kept for the
-    start-up lines and summary.json."""
+class _MemoryInputs(NamedTuple):
+    device: torch.device
+    make_batch: Any
+    optimizer_for: Any
+    loss: Any
+
+
+def _memory_inputs(spec: RunSpec, plan: Plan, parts: Parts) -> _MemoryInputs:
+    """What the memory measurements run: random batches of the data's shape on the run's device (in
+    its memory format), the run's optimizer, and the task's loss."""
     device = device_of(plan)
     info = parts.info
-    batch = int(spec.data["batch_size"])
     memory_format = torch.channels_last if plan.channels_last else torch.contiguous_format
 
     def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -284,10 +299,19 @@ def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_ze
     def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(logits.float(), labels)
 
+    return _MemoryInputs(device, make_batch, optimizer_for, loss)
+
+
+def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> MemoryPlan:
+    """`memory_plan=true`: where a step's memory goes at the run's batch, measured on a copy of the
+    network before it is compiled or checkpointed (trainer/memory.py); drawn, and kept for the
+    start-up lines and summary.json."""
+    inputs = _memory_inputs(spec, plan, parts)
+    device = inputs.device
     half = None if str(plan.precision).startswith(("bf16", "16")) else autocast_for("bf16-mixed", device)
-    memory = plan_memory(parts.net, optimizer_for(plan.optimizer_implementation), make_batch, loss,
-                         autocast_for(plan.precision, device), device, batch, half_context=half,
-                         make_fused=None if plan.optimizer_implementation == "fused" else optimizer_for("fused"))
+    memory = plan_memory(parts.net, inputs.optimizer_for(plan.optimizer_implementation), inputs.make_batch, inputs.loss,
+                         autocast_for(plan.precision, device), device, int(spec.data["batch_size"]), half_context=half,
+                         make_fused=None if plan.optimizer_implementation == "fused" else inputs.optimizer_for("fused"))
     if plan.checkpointed_stages:
         memory.notes.append(f"measured without the configured checkpointing of {', '.join(plan.checkpointed_stages)}")
     if device.type == "cuda":
@@ -296,6 +320,55 @@ def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_ze
         plot_plan(memory, run_dir / "memory_plan.png", f"{spec.model['_target_'].rsplit('.', 1)[-1]}, "
                                                        f"{plan.precision}, {plan.optimizer_implementation} optimizer")
     return memory
+
+
+#: data.batch_size=auto: rank 0 writes what it found here; the other ranks read it, so every rank
+#: trains with the same batch (each rank measuring its own device could differ on CUDA).
+AUTO_BATCH_FILE = "batch_size_auto.json"
+
+
+def _size_batch(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> Derived:
+    """data.batch_size=auto: the largest per-device batch, a multiple of 8, that fits (on CUDA, real
+    steps until out of memory; on a CPU, data.memory_budget_gb against the measured memory plan)."""
+    record = run_dir / AUTO_BATCH_FILE
+    if not rank_zero:
+        return _batch_of_rank_zero(record)
+    inputs = _memory_inputs(spec, plan, parts)
+    datamodule = parts.datamodule
+    budget = datamodule.memory_budget_gb
+    limit = max(AUTO_BATCH_START, parts.info.sizes.get("train", 0) // max(1, plan.devices))
+    context = autocast_for(plan.precision, inputs.device)
+    optimizer = inputs.optimizer_for(plan.optimizer_implementation)
+    try:
+        if inputs.device.type == "cuda":
+            batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, inputs.loss, context,
+                                                 inputs.device, AUTO_BATCH_START, limit)
+        elif budget is None:
+            raise UserError("data.memory_budget_gb", "missing: data.batch_size=auto on a CPU sizes the batch to a "
+                            "memory budget", "the GiB one training step may use, e.g. data.memory_budget_gb=4")
+        if budget is not None:
+            memory = plan_memory(parts.net, optimizer, inputs.make_batch, inputs.loss, context, inputs.device,
+                                 AUTO_BATCH_START, measure_peak=False, with_practices=False)
+            within, within_how = largest_batch_within(memory, budget * 2**30, AUTO_BATCH_START, limit)
+            if inputs.device.type != "cuda" or within < batch:
+                batch, how = within, within_how
+    except ValueError as ex:
+        raise UserError("data.batch_size", f"auto: not even {AUTO_BATCH_START} samples fit: {ex}",
+                        "a larger data.memory_budget_gb, a smaller model or image size, or a fixed batch_size") from None
+    write_json_atomic(record, {"batch_size": batch, "how": how})
+    return Derived(batch, how)
+
+
+def _batch_of_rank_zero(record: Path, timeout_s: float = 600.0) -> Derived:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            found = json.loads(record.read_text())
+            return Derived(int(found["batch_size"]), f"{found['how']} (rank 0's)")
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+    raise UserError("data.batch_size", f"auto: rank 0 wrote no {record} within {timeout_s:.0f} s",
+                    "a fixed data.batch_size, or check rank 0's log")
 
 
 def _profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path, name: str) -> None:

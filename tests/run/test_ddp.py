@@ -147,3 +147,17 @@ def test_a_multirun_of_ddp_jobs_started_here_is_refused_before_any_job_trains(tm
         "error: trainer.devices: 2 processes per job inside a Hydra multirun started here")
     assert "hydra/launcher=slurm" in lines[0]
     assert not list(sweep.rglob("summary.json")) and not list(sweep.rglob("*.ckpt"))
+
+
+def test_batch_size_auto_gives_both_processes_rank_zeros_batch(tmp_path):
+    """data.batch_size=auto on two CPU processes: rank 0 sizes the batch and writes it into the run
+    folder, the other rank reads it (a rank with another batch would run another number of steps per
+    epoch, and the run would hang at the epoch's end instead of completing)."""
+    result = _launch([sys.executable, str(REPO / "train.py"), *TWO_CPU_PROCESSES, "data.batch_size=auto",
+                      "data.memory_budget_gb=0.02", "trainer.max_epochs=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = _only_run_folder(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    batch = summary["derived"]["data.batch_size"]["value"]
+    assert json.loads((folder / "batch_size_auto.json").read_text())["batch_size"] == batch
+    assert summary["derived"]["global_batch_size"]["value"] == 2 * batch and summary["status"] == "completed"

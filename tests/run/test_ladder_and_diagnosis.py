@@ -153,3 +153,31 @@ def test_memory_plan_is_measured_before_training_printed_stored_and_drawn(tmp_pa
     assert any(r.getMessage().startswith("memory plan at batch 64 on cpu") for r in caplog.records)
     assert (tmp_path / "memory_plan.png").read_bytes()[:4] == b"\x89PNG"
     assert summary["status"] == "completed"
+
+
+def test_batch_size_auto_on_the_cpu_fits_the_budget_and_rederives_lr_and_weight_decay(tmp_path, caplog):
+    """The finder's batch is a multiple of 8 within the budget (the next multiple would not fit, by
+    the measured plan), and the plan's lr and weight decay follow it by their rules, printed with
+    their derivations at start."""
+    import logging
+    import math
+
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        summary = run_in_process(["data.batch_size=auto", "data.memory_budget_gb=0.02", "trainer.max_epochs=1",
+                                  "trainer.accelerator=cpu"], tmp_path)
+    derived = summary["derived"]
+    batch = derived["data.batch_size"]["value"]
+    assert batch % 8 == 0 and 8 <= batch and derived["data.batch_size"]["how"].startswith(f"auto -> {batch}: ")
+    assert summary["hyperparameters"]["batch_size"] == batch == summary["hyperparameters"]["global_batch_size"]
+    assert derived["optimizer.lr"]["value"] == pytest.approx(0.004 * math.sqrt(batch / 256), rel=1e-6)
+    assert derived["optimizer.weight_decay"]["value"] == pytest.approx(0.2 * batch / 256, rel=1e-6)
+    assert json.loads((tmp_path / "batch_size_auto.json").read_text())["batch_size"] == batch
+    start_up = [r.getMessage() for r in caplog.records]
+    assert any(line.strip().startswith("data.batch_size") and "auto ->" in line for line in start_up)
+
+
+def test_batch_size_auto_on_the_cpu_without_a_budget_is_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "train.py", "data.batch_size=auto", "trainer.accelerator=cpu",
+                             f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
+        "error: data.memory_budget_gb: missing: data.batch_size=auto on a CPU sizes the batch to a memory budget")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torchvision
 
-from trainer.memory import autocast_for, plan_memory, saved_activations
+from trainer.memory import MIB, autocast_for, plan_memory, saved_activations
 
 
 def _batch(size):
@@ -60,3 +60,29 @@ def test_each_practice_changes_the_part_it_should(net):
     lines = plan.lines()
     assert lines[0].startswith("memory plan at batch 256 on cpu (MiB): weights 42.7") and len(lines) >= 5
     assert plan.to_dict()["bytes"]["activations"] == pytest.approx(plan.activations.at(256))
+
+
+def test_the_cpu_batch_finder_takes_the_largest_multiple_of_8_within_the_budget():
+    from trainer.memory import Activations, MemoryPlan, largest_batch_within
+
+    plan = MemoryPlan(64, "cpu", weights=100 * MIB, gradients=100 * MIB, optimizer_state=200 * MIB,
+                      activations=Activations(fixed=4 * MIB, per_sample=2 * MIB), optimizer_scratch=100 * MIB,
+                      measured_peak=None, peak_how="")
+    # 1 GiB - 400 MiB resident - 4 MiB fixed = 620 MiB of activations: 310 samples -> 304
+    batch, how = largest_batch_within(plan, 2**30, 8, limit=10_000)
+    assert batch == 304 and how.startswith("auto -> 304: the largest multiple of 8 within 1 GiB")
+    assert plan.modelled_peak(batch=304) <= 2**30 < plan.modelled_peak(batch=312)
+    assert largest_batch_within(plan, 2**30, 8, limit=100)[0] == 96  # capped by the training split
+    with pytest.raises(ValueError, match="alone exceed it"):
+        largest_batch_within(plan, 450 * MIB, 8, limit=10_000)
+    plan.optimizer_scratch = 0
+    with pytest.raises(ValueError, match="8 samples need"):  # 15 MiB of room: 5 samples
+        largest_batch_within(plan, 415 * MIB, 8, limit=10_000)
+
+
+def test_other_ranks_take_rank_zeros_batch(tmp_path):
+    from trainer.run import AUTO_BATCH_FILE, _batch_of_rank_zero
+
+    (tmp_path / AUTO_BATCH_FILE).write_text('{"batch_size": 136, "how": "auto -> 136: measured"}')
+    found = _batch_of_rank_zero(tmp_path / AUTO_BATCH_FILE, timeout_s=1)
+    assert found.value == 136 and found.how.endswith("(rank 0's)")

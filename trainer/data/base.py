@@ -13,11 +13,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
 from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc
+from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
 
 DECODE_MODES = ("auto", "pil", "fast", "device")
 
 Auto = Literal["auto"]
+#: batch_size=auto picks a multiple of this, and never less.
+AUTO_BATCH_START = 8
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,12 @@ class ImageClassificationData(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: Annotated[int, AT_LEAST_ONE, Doc("per device; the global batch multiplies it by devices, "
-                                                     "nodes and accumulation")] = 64,
+        batch_size: Annotated[Union[Annotated[int, AT_LEAST_ONE], Auto],
+                              Doc("per device; the global batch multiplies it by devices, nodes and accumulation. "
+                                  "auto: the largest multiple of 8 that fits (on a CPU: memory_budget_gb)")] = 64,
+        memory_budget_gb: Annotated[Optional[Annotated[float, POSITIVE]],
+                                    Doc("batch_size=auto: the memory one training step may use, in GiB (needed "
+                                        "on a CPU; on CUDA a cap on what fits)")] = None,
         eval_batch_size: Annotated[Optional[Annotated[int, AT_LEAST_ONE]],
                                    Doc("validation and test batch (null: batch_size)")] = None,
         num_workers: Annotated[Union[Annotated[int, NON_NEGATIVE], Auto],
@@ -82,8 +88,13 @@ class ImageClassificationData(L.LightningDataModule):
             raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
         self.device_normalize = device_normalize
         self.decode = decode
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
+        #: batch_size=auto: sized by trainer/memory.py's finder before the plan is resolved; until
+        #: then the smallest batch it would choose stands in.
+        self.batch_size_auto = batch_size == "auto"
+        self.memory_budget_gb = memory_budget_gb
+        self._eval_batch_size = eval_batch_size
+        self.batch_size = AUTO_BATCH_START if batch_size == "auto" else batch_size
+        self.eval_batch_size = eval_batch_size or self.batch_size
         self._loader_request = (num_workers, pin_memory, persistent_workers, prefetch_factor)
         self.loader: LoaderSettings | None = None
         self.train_set: Dataset[Any] | None = None
@@ -127,6 +138,11 @@ class ImageClassificationData(L.LightningDataModule):
     def use_decode(self, mode: str) -> None:
         """Rebuild the data sets to decode with `mode` (the diagnosis's decode sweep)."""
         raise NotImplementedError(f"{type(self).__name__} decodes nothing")
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """The batch the finder chose (and the evaluation batch with it, unless one was given)."""
+        self.batch_size = batch_size
+        self.eval_batch_size = self._eval_batch_size or batch_size
 
     # -- shared ---------------------------------------------------------------------------------
     def configure_loader(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
