@@ -240,17 +240,22 @@ def _announce(spec: RunSpec, plan: Plan, job: Job, identity: Identity, rank_zero
     return environment
 
 
+def _measuring(spec: RunSpec, steps: int) -> RunSpec:
+    """The run's spec for a measurement of `steps` training steps: the real loop and callbacks, no
+    validation, checkpoints, loggers or progress output."""
+    return dataclasses.replace(
+        spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
+        run=dataclasses.replace(spec.run, progress="off"),
+        trainer={**spec.trainer, "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0,
+                 "num_sanity_val_steps": 0, "limit_train_batches": None})
+
+
 def _diagnose(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path) -> None:
     """`diagnose=true`: time the parts of a step on the composed config instead of training. The
     full step runs the real loop and callbacks, only shorter: no validation, checkpoints, loggers or
     progress output, and just enough steps for the throughput meter's windows."""
     steps = spec.run.diagnose_steps
-    short = dataclasses.replace(
-        spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
-        run=dataclasses.replace(spec.run, progress="off"),
-        trainer={**spec.trainer, "max_steps": ThroughputMeter.WARMUP_STEPS + 1 + steps, "max_epochs": -1,
-                 "limit_val_batches": 0, "num_sanity_val_steps": 0, "limit_train_batches": None})
-    built = build_trainer(short, plan, run_dir, parts)
+    built = build_trainer(_measuring(spec, ThroughputMeter.WARMUP_STEPS + 1 + steps), plan, run_dir, parts)
     device = device_of(plan)
     task.to(device)
     optimizer = build_optimizer(task.net, spec.optimizer, plan.lr, plan.weight_decay, plan.optimizer_implementation)
@@ -379,12 +384,7 @@ def _profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, 
     folder = run_dir / "profile"
     folder.mkdir(parents=True, exist_ok=True)
     profiler = StepProfiler(folder, steps, on_device=device.type == "cuda")
-    short = dataclasses.replace(
-        spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
-        run=dataclasses.replace(spec.run, progress="off"),
-        trainer={**spec.trainer, "max_steps": profiler.total + 1, "max_epochs": -1, "limit_val_batches": 0,
-                 "num_sanity_val_steps": 0, "limit_train_batches": None})
-    built = build_trainer(short, plan, run_dir, parts, extra_callbacks=[profiler])
+    built = build_trainer(_measuring(spec, profiler.total + 1), plan, run_dir, parts, extra_callbacks=[profiler])
     with quiet_library_warnings():
         built.trainer.fit(task, datamodule=parts.datamodule)
     if profiler.events is None:
