@@ -1,8 +1,8 @@
 """``profile=true``: where the time of a training step goes, operator by operator.
 
-torch.profiler records a few scheduled steps of the real training loop (``profile_wait`` steps
-skipped, ``profile_warmup`` recorded and dropped, ``profile_steps`` kept), with shapes and FLOPs,
-then the fit stops. Written into ``RUN_DIR/profile/``:
+torch.profiler records a few scheduled steps of the real training loop (`WAIT_STEPS` skipped,
+`WARMUP_STEPS` recorded and dropped, ``profile_steps`` kept), with shapes and FLOPs, then the fit
+stops. Written into ``RUN_DIR/profile/``:
 
 - the trace (``*.pt.trace.json``): opens in Perfetto (ui.perfetto.dev), chrome://tracing and
   TensorBoard's profiler plugin (``tensorboard --logdir RUN_DIR/profile``);
@@ -12,8 +12,10 @@ then the fit stops. Written into ``RUN_DIR/profile/``:
   operators' input tensor sizes);
 - ``profile.json`` (the same figures) and ``roofline.png``.
 
-The categories are assigned from operator names (`category_of`); an operator called by the
-optimizer's step is counted as optimizer whatever its name, and one run by the autograd engine as
+The categories are assigned from operator names (`category_of`). Lightning runs the training step
+and its backward inside the optimizer's step (its closure), so trainer/task.py names a forward and
+a backward range: an operator under the optimizer's step or zero_grad but in neither range is the
+optimizer's whatever its name, and one in the backward range (or run by the autograd engine) is
 backward.
 """
 
