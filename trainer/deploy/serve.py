@@ -309,9 +309,12 @@ _MAIN_PID: Optional[int] = None
 def _interrupt(signum: int, frame: Any) -> None:
     """SIGTERM in the main process takes LitServer.run's graceful path (see the module's docstring).
     In a process LitServe forked (its queue manager, the HTTP process once uvicorn has drained),
-    it does nothing: when the whole process group is signalled (systemd, a terminal), the main
-    process stops them in order, and the queue manager must outlive the requests in flight."""
+    it does nothing while the main process lives: when the whole process group is signalled
+    (systemd, a terminal), the main process stops them in order, and the queue manager must outlive
+    the requests in flight. Orphaned (the main process killed), the child ends."""
     if os.getpid() == _MAIN_PID:
         raise KeyboardInterrupt
+    if os.getppid() != _MAIN_PID:
+        os._exit(0)
 
 
