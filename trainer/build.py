@@ -24,6 +24,7 @@ from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
 from trainer.callbacks.configured import build_callbacks
+from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop, SignalLatch
 from trainer.callbacks.loss_record import LossRecord
@@ -64,6 +65,7 @@ class Built(NamedTuple):
     stopper: GracefulStop
     curves: Curves
     meter: ThroughputMeter
+    target: TargetWatch | None = None
 
 
 def build_parts(spec: RunSpec, run_dir: Path) -> Parts:
@@ -140,6 +142,10 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
+    target = (TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size)
+              if spec.target.metric is not None else None)
+    if target is not None:
+        callbacks.append(target)
     trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>
         spec.trainer,
         **_trainer_arguments(spec, plan),
@@ -149,7 +155,7 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
         enable_progress_bar=isinstance(progress, RichProgressBar),
         default_root_dir=str(run_dir),
     )
-    return Built(trainer, checkpoint, losses, stopper, curves, meter)
+    return Built(trainer, checkpoint, losses, stopper, curves, meter, target)
 
 
 def _progress_callback(spec: RunSpec) -> Callback | None:

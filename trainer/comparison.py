@@ -70,6 +70,11 @@ class Row:
     val_acc: float | None
     status: str
     test_acc: float | None = None
+    #: Time to the run's target (target.metric/value), seconds into training; None when the job has
+    #: no target or did not reach it (`target_note` says which).
+    target_s: float | None = None
+    target_speedup: float | None = None
+    target_note: str = ""
 
 
 # --------------------------------------------------------------------------- reading a sweep
@@ -210,8 +215,23 @@ def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
                 test_acc=_number(_get(summary, "metrics", "test", "acc")),
             )
         rows.append(Row(number=job.number, stage=stage_name(job), changed=_what_changed(jobs, index),
-                        status=status, **numbers))
+                        status=status, **numbers, **_time_to_target(job, jobs[0] if jobs else None)))
     return rows
+
+
+def _time_to_target(job: Job, first: Job | None) -> dict[str, Any]:
+    """The job's time to its target and its speed-up over the first job's (when both reached it)."""
+    target = _get(job.summary, "target")
+    if not isinstance(target, dict):
+        return {}
+    if not target.get("reached"):
+        best = _number(target.get("best"))
+        return {"target_note": f"not reached (best {best:.4g})" if best is not None else "not reached"}
+    seconds = _number(target.get("wall_s"))
+    baseline = _number(_get(first.summary if first else None, "target", "wall_s"))
+    reached_first = bool(_get(first.summary if first else None, "target", "reached"))
+    return {"target_s": seconds, "target_speedup": baseline / seconds if seconds and baseline and reached_first
+            else None}
 
 
 def _status(job: Job) -> str:
@@ -254,13 +274,18 @@ def _number(value: Any) -> float | None:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    """The comparison table alone (what the sweep prints at its end)."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
+    """The comparison table alone (what the sweep prints at its end); with "time to target" and
+    "speed-up to target" beside samples/s when the jobs name a target (target.metric/value)."""
+    targets = any(row.target_s is not None or row.target_note for row in rows)
+    columns = list(COLUMNS[:4]) + (["time to target", "speed-up to target"] if targets else []) + list(COLUMNS[4:])
+    lines = ["| " + " | ".join(columns) + " |", "|---|---|" + "---:|" * (len(columns) - 2)]
     for row in rows:
         stage = row.stage if row.status == "completed" else f"{row.stage} ({row.status})"
-        cells = [stage, row.changed, _fmt(row.samples_per_s, "{:,.0f}"), _fmt(row.speedup, "{:.2f}x"),
-                 _fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
-                 _fmt(row.val_acc, "{:.4f}"), _fmt(row.test_acc, "{:.4f}")]
+        cells = [stage, row.changed, _fmt(row.samples_per_s, "{:,.0f}"), _fmt(row.speedup, "{:.2f}x")]
+        if targets:
+            cells += [row.target_note or _fmt(row.target_s, "{:.1f} s"), _fmt(row.target_speedup, "{:.2f}x")]
+        cells += [_fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
+                  _fmt(row.val_acc, "{:.4f}"), _fmt(row.test_acc, "{:.4f}")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 

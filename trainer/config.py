@@ -202,6 +202,27 @@ class RunIdentity:
     root: Annotated[str, Doc("runs are kept, and resume=auto searches, under this folder")]
 
 
+@dataclass
+class TargetConfig:
+    """The `target` mapping: time to accuracy (trainer/callbacks/target.py)."""
+
+    metric: Annotated[Optional[str], Doc("split/metric to reach, e.g. val/acc (null: no target)")] = None
+    value: Annotated[Optional[float], Doc("the value the metric must reach")] = None
+    mode: Annotated[Literal["auto", "max", "min"], Doc("max: reached at or above value, min: at or below; "
+                                                       "auto: min for a loss, else max")] = "auto"
+
+    def check(self, group: str = "") -> None:
+        if self.metric is None and self.value is None:
+            return
+        if self.metric is None or self.value is None:
+            raise UserError("target.metric" if self.metric is None else "target.value", "missing: a target needs "
+                            "both", "target.metric=val/acc target.value=0.98")
+        split, _, name = self.metric.partition("/")
+        if split not in ("train", "val") or not name:
+            raise UserError("target.metric", f"'{self.metric}' is not a metric measured while training",
+                            "val/acc, val/loss or train/loss (the test split is evaluated once, at the end)")
+
+
 OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig}
 SCHEDULERS = {"warmup_cosine": WarmupCosineConfig, "constant": ConstantConfig, "step": StepConfig}
 
@@ -257,6 +278,7 @@ class RunSpec:
     nonfinite: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
+    target: TargetConfig = field(default_factory=TargetConfig)
     #: The whole config as validated: plain containers, interpolations resolved.
     resolved: dict[str, Any] = field(default_factory=dict)
 
@@ -329,13 +351,14 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         nonfinite=_target("nonfinite", plain["nonfinite"], skip=()),
         activation_checkpointing=stages,
         choices=dict(group_choices or {}),
+        target=_target_config(plain.get("target") or {}),
         resolved=plain,
     )
 
 
 def _check_layout(plain: Mapping[str, Any]) -> None:
     """Only known top-level keys, and every group present as a mapping."""
-    allowed = sorted(set(GROUPS) | set(schema_of_dataclass(RunConfig).fields) | {"run"})
+    allowed = sorted(set(GROUPS) | set(schema_of_dataclass(RunConfig).fields) | {"run", "target"})
     for key in plain:
         if key not in allowed:
             raise UserError(str(key), "unknown top-level key", choices(allowed))
@@ -354,6 +377,12 @@ def _run_keys(plain: Mapping[str, Any]) -> RunConfig:
     run = RunConfig(**check_mapping("", values, top_level, "the run's top-level keys (conf/train.yaml)"))
     run.check()
     return run
+
+
+def _target_config(values: Mapping[str, Any]) -> TargetConfig:
+    if not isinstance(values, Mapping):
+        raise UserError("target", "not a mapping", "target.metric=val/acc target.value=0.98")
+    return _dataclass("target", dict(values), TargetConfig)
 
 
 def _identity(values: Mapping[str, Any]) -> RunIdentity:

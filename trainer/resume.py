@@ -29,7 +29,7 @@ IDENTITY_FILE = "run.json"
 #: Overrides that do not change what a run computes, left out of its default name (a requeued job
 #: adds resume=auto; a person may change how progress is shown).
 _NOT_IN_NAME = ("resume", "run.", "progress", "progress_every_s", "diagnose", "diagnose_steps", "profile",
-                "profile_steps", "memory_plan", "hydra.", "recipe",
+                "profile_steps", "memory_plan", "target.", "hydra.", "recipe",
                 "hparams_search", "objective",
                 "+recipe", "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
                 "logger", "trainer.log_every_n_steps")

@@ -454,6 +454,9 @@ def _fit_and_test(built: Built, task: ClassificationTask, parts: Parts, resume_f
             raise KeyboardInterrupt
         records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
                    "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
+        if built.target is not None:
+            records["target"] = built.target.summary()
+            log.info(built.target.line())
         use_best = built.checkpoint is not None and bool(built.checkpoint.best_model_path)
         tested = trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if use_best else None,
                               verbose=False, weights_only=True)

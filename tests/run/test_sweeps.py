@@ -75,3 +75,17 @@ def test_submitit_local_launcher_runs_a_two_job_multirun(tmp_path):
         assert summary["status"] == "completed" and summary["hyperparameters"]["batch_size"] == batch
     assert list((sweep / ".submitit").iterdir())  # submitit's own job records
     assert "data.batch_size=64" in (sweep / "comparison.md").read_text()
+
+
+def test_a_sweep_with_a_target_compares_time_to_it(tmp_path):
+    """Two lrs, 2 epochs, a target of val/acc 0.2 that both reach: each summary records when, and the
+    table has "time to target" and "speed-up to target" beside samples/s."""
+    sweep = tmp_path / "sweep"
+    result = train_forked(["-m", "optimizer.lr=0.002,0.004", "trainer.max_epochs=2", "checkpointing=off",
+                           "progress=off", "target.metric=val/acc", "target.value=0.2", f"hydra.sweep.dir={sweep}"],
+                          tmp_path / "x")
+    assert result.returncode == 0, result
+    targets = [json.loads((sweep / job / "summary.json").read_text())["target"] for job in ("0", "1")]
+    assert all(t["reached"] and t["wall_s"] > 0 and t["steps"] > 0 for t in targets)
+    table = (sweep / "comparison.md").read_text()
+    assert "| time to target | speed-up to target |" in table and "| 1.00x |" in table

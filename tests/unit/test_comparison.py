@@ -283,3 +283,25 @@ def test_callback_does_nothing_for_a_single_run(sweep: Path, capsys: pytest.Capt
     ComparisonCallback().on_multirun_end(config=hydra_config(sweep, mode="RUN"))
     assert capsys.readouterr().out == ""
     assert not (sweep / "comparison.md").exists()
+
+
+def test_a_ladder_with_a_target_shows_time_and_speed_up_to_it(tmp_path: Path):
+    """Jobs that name a target: "time to target" and "speed-up to target" beside samples/s; a job that
+    never reached it says so with its best value; without targets the columns are not there."""
+    root = tmp_path / "multirun"
+    first = summary("resnet50_baseline", 100.0, 1000, 0.5, 0.97)
+    first["target"] = {"metric": "val/acc", "value": 0.95, "reached": True, "wall_s": 40.0, "best": 0.97}
+    faster = summary("resnet50_amp", 180.0, 900, 0.5, 0.96)
+    faster["target"] = {"metric": "val/acc", "value": 0.95, "reached": True, "wall_s": 16.0, "best": 0.96}
+    never = summary("resnet50_channels_last", 190.0, 900, 0.9, 0.91)
+    never["target"] = {"metric": "val/acc", "value": 0.95, "reached": False, "wall_s": None, "best": 0.912}
+    for number, data in enumerate((first, faster, never)):
+        write_job(root, number, data, config())
+    rows = comparison_rows(load_jobs(root))
+    assert [r.target_s for r in rows] == [40.0, 16.0, None] and rows[1].target_speedup == pytest.approx(2.5)
+    table = to_markdown(rows, load_jobs(root))
+    assert "| samples/s | speed-up | time to target | speed-up to target |" in table
+    assert "| 16.0 s | 2.50x |" in table and "not reached (best 0.912)" in table
+    plain = tmp_path / "plain"
+    write_job(plain, 0, summary(None, 100.0, 1000, 0.5, 0.97), config())
+    assert "time to target" not in to_markdown(comparison_rows(load_jobs(plain)), load_jobs(plain))
