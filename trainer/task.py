@@ -18,6 +18,10 @@ from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.scheduler import SchedulerConfig, build_scheduler
 
 
+#: Top-5 accuracy is reported from this many classes on (below it, top-5 says little).
+TOP5_MIN_CLASSES = 10
+
+
 class ClassificationTask(L.LightningModule):
     def __init__(
         self,
@@ -55,6 +59,10 @@ class ClassificationTask(L.LightningModule):
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Top-5 accuracy, as ImageNet recipes report it, where there are at least 10 classes.
+        top5 = num_classes >= TOP5_MIN_CLASSES
+        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
+        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
@@ -87,18 +95,22 @@ class ClassificationTask(L.LightningModule):
             super().backward(loss, *args, **kwargs)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_acc)
+        self._evaluate(batch, "val", self.val_acc, self.val_acc5)
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_acc)
+        self._evaluate(batch, "test", self.test_acc, self.test_acc5)
 
-    def _evaluate(self, batch: Any, split: str, metric: MulticlassAccuracy) -> None:
+    def _evaluate(self, batch: Any, split: str, metric: MulticlassAccuracy,
+                  top5: MulticlassAccuracy | None = None) -> None:
         images, labels = batch
         logits = self(images)
         n = labels.shape[0]
         self.log(f"{split}/loss", self.compute_loss(logits, labels), on_epoch=True, batch_size=n, sync_dist=True)
         metric(logits, labels)
         self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
+        if top5 is not None:
+            top5(logits, labels)
+            self.log(f"{split}/acc5", top5, on_epoch=True, batch_size=n)
 
     def configure_optimizers(self) -> Any:
         optimizer = build_optimizer(self.net, self.optimizer_cfg, self.lr, self.weight_decay,

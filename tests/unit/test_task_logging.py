@@ -94,3 +94,20 @@ def test_the_module_hyperparameters_stay_in_checkpoints_and_out_of_the_loggers()
                                   "scheduler": "constant"}
     # ... and Lightning does not hand them to the loggers: those get the resolved config (trainer/logger.py).
     assert task._log_hyperparams is False
+
+
+@pytest.mark.run
+def test_top5_accuracy_is_logged_from_ten_classes_on(tmp_path):
+    """val/acc5 and test/acc5 with 10 classes, at least the top-1 accuracy; none with 3 classes."""
+    task = make_task()
+    images, labels = torch.randn(32, 3, 4, 4), torch.randint(0, 10, (32,))
+    loader = DataLoader(TensorDataset(images, labels), batch_size=8)
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(task, loader, loader)
+    assert "val/acc5" in trainer.callback_metrics
+    tested = trainer.test(task, loader, verbose=False)[0]
+    assert tested["test/acc5"] >= tested["test/acc"]
+    few = ClassificationTask(nn.Linear(2, 3), 3, choice_config("optimizer", "adamw"),
+                             choice_config("scheduler", "constant"), lr=1e-3, weight_decay=0.0)
+    assert few.val_acc5 is None and few.test_acc5 is None
