@@ -21,6 +21,7 @@ from trainer.config import (
     TRAINER_KEYS_OWNED_ELSEWHERE,
     RunConfig,
     RunIdentity,
+    TargetConfig,
     locate_target,
 )
 from trainer.errors import UserError, first_line
@@ -48,6 +49,8 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
 def _group_header(group: str, values: Mapping[str, Any], choices: Mapping[str, Any]) -> str:
     if group == "run":
         return "the run's identity and where runs are kept"
+    if group == "target":
+        return "time to accuracy: when the run first reaches a metric's value (trainer/callbacks/target.py)"
     choice = choices.get(group)
     module, what = GROUP_MODULES.get(group, ("", ""))
     parts = [f"{group}={choice}" if choice else "", what, module]
@@ -68,6 +71,8 @@ def _docs_of(group: str, values: Mapping[str, Any]) -> dict[str, str]:
     """Field docs of a group's schema: its dataclass, or the signature of its `_target_`."""
     if group == "run":
         return _dataclass_docs(RunIdentity)
+    if group == "target":
+        return _dataclass_docs(TargetConfig)
     if group in DATACLASS_GROUPS:
         schemas = DATACLASS_GROUPS[group]
         schema = schemas.get("") or schemas.get(str(values.get("name")))
