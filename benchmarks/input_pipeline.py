@@ -46,6 +46,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageEnhance  # noqa: E402
 
+from trainer.processes import cpu_seconds  # noqa: E402
+
 SIZE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PIPELINES = ("standard", "pil", "fast", "device")
@@ -105,12 +107,6 @@ def framework_loader(root: Path, batch: int, decode: str) -> torch.utils.data.Da
 
 
 # -- timing --------------------------------------------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _batches(loader: torch.utils.data.DataLoader) -> Iterator[tuple[Any, list[int]]]:
     """Batches forever, with the pids of the loader's workers (a private attribute of the iterator)."""
     while True:

@@ -36,6 +36,7 @@ from trainer.atomic import replace_atomic
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
+from trainer.precision import compute_dtype
 from trainer.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
                              Breakdown, breakdown, ops_of, unusual)
 from trainer.summary import write_json_atomic
@@ -243,8 +244,7 @@ def profile_step(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forwar
     finally:
         optimizer.zero_grad(set_to_none=True)
     ops, _ = ops_of(profiler.events(), on_device)
-    sixteen = str(precision).startswith(("bf16", "16"))
-    return breakdown(ops, steps, step_ms, on_device, 2 if sixteen else 4)
+    return breakdown(ops, steps, step_ms, on_device, compute_dtype(precision).itemsize)
 
 
 def verdict(t: Timings, context: dict[str, Any]) -> Verdict:

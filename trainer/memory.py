@@ -32,6 +32,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from trainer.precision import compute_dtype
+
 MIB = 2**20
 #: The two small batches the activations per sample are measured at.
 PROBE_BATCHES = (2, 4)
@@ -289,11 +291,10 @@ def practices(plan: MemoryPlan, net: nn.Module, make_batch: Callable[[int], tupl
 
 def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
     """The forward context of Lightning's precision string (bf16-mixed, 16-mixed; none for the rest)."""
-    if str(precision).startswith("bf16"):
-        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
-    if str(precision).startswith("16"):
-        return lambda: torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext
+    dtype = compute_dtype(precision)
+    if dtype == torch.float32:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def plot_plan(plan: MemoryPlan, path: Any, title: str) -> None:
@@ -386,7 +387,7 @@ def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module]
             good = middle
         else:
             bad = middle
-    del net, optimizer
+    net = optimizer = None  # type: ignore[assignment]  # the copy goes before the cache is emptied
     torch.cuda.empty_cache()
     capped = " (capped by the training split)" if good == limit else ""
     return good, (f"auto -> {good}{capped}: the largest multiple of {multiple} whose training step ran on "

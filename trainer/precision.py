@@ -11,6 +11,16 @@ from trainer.errors import UserError
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "fp16_mixed": "16-mixed"}
 
 
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype activations are computed in under Lightning's precision string: bf16 for "bf16-*",
+    fp16 for "16-*", else fp32."""
+    if str(precision).startswith("bf16"):
+        return torch.bfloat16
+    if str(precision).startswith("16"):
+        return torch.float16
+    return torch.float32
+
+
 def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
     """Return the Lightning precision string and a one-line derivation.
 

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 CONV_MATMUL = "convolution/matmul"
@@ -287,12 +289,9 @@ class Roof:
         return ridge_point(self.peak_flops, self.bandwidth)
 
 
-def measure_roof(device: "torch.device", dtype: "torch.dtype", seconds: float = 0.3) -> Roof:
+def measure_roof(device: torch.device, dtype: torch.dtype, seconds: float = 0.3) -> Roof:
     """A short microbenchmark: the best FLOP/s of a square matmul in `dtype`, and the bytes/s of a
     large copy (read + write), on `device`."""
-    import time
-
-    import torch
 
     def best_rate(work: float, call: Any) -> float:
         call()
@@ -318,11 +317,9 @@ def measure_roof(device: "torch.device", dtype: "torch.dtype", seconds: float = 
                                   f"{bandwidth / 1e9:,.1f} GB/s (best of {seconds:g} s each)")
 
 
-def machine_roof(device: "torch.device", precision: str, tf32: bool, dtype: "torch.dtype") -> Roof:
+def machine_roof(device: torch.device, precision: str, tf32: bool, dtype: torch.dtype) -> Roof:
     """The datasheet's peak and bandwidth for a known GPU, else measured (`measure_roof`)."""
     if device.type == "cuda":
-        import torch
-
         from trainer.mfu import peak_bandwidth, peak_flops
 
         name = torch.cuda.get_device_name(device)

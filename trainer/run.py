@@ -52,12 +52,13 @@ from trainer.memory import (MemoryPlan, autocast_for, largest_batch_that_runs, l
                             plot_plan)
 from trainer.optimizer import build_optimizer
 from trainer.plan import Derived, Plan, resolve
+from trainer.precision import compute_dtype
 from trainer.profile import StepProfiler, machine_roof, write_report
 from trainer.recipes import lineage_record
 from trainer.resume import Checkpoint, check_fits, default_name, identity_of, resolve_resume, write_identity
 from trainer.summary import (RunRecord, log_result, optimizer_param_groups, peak_memory, reset_peak_memory,
                              split_metrics, write_json_atomic)
-from trainer.task import ClassificationTask
+from trainer.task import ClassificationTask, classification_loss
 
 log = logging.getLogger("trainer")
 
@@ -200,7 +201,8 @@ def _check_launch(spec: RunSpec, job: Job) -> bool:
     accelerator = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))[0]
     processes = process_count(spec.trainer, count_devices(spec.trainer.get("devices", 1), accelerator))
     check_launch(processes, job.multirun, job.launcher, spec.run.diagnose or spec.run.profile,
-                 spec.trainer.get("strategy", "auto"), accelerator, measuring="profile" if spec.run.profile else "diagnose")
+                 spec.trainer.get("strategy", "auto"), accelerator,
+                 measuring="profile" if spec.run.profile else "diagnose")
     if spec.run.ladder and not job.multirun:
         raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.run.ladder}")
@@ -284,27 +286,24 @@ class _MemoryInputs(NamedTuple):
     device: torch.device
     make_batch: Any
     optimizer_for: Any
-    loss: Any
 
 
 def _memory_inputs(spec: RunSpec, plan: Plan, parts: Parts) -> _MemoryInputs:
     """What the memory measurements run: random batches of the data's shape on the run's device (in
-    its memory format), the run's optimizer, and the task's loss."""
+    its memory format) and the run's optimizer; the loss is the task's (`classification_loss`)."""
     device = device_of(plan)
     info = parts.info
     memory_format = torch.channels_last if plan.channels_last else torch.contiguous_format
 
     def make_batch(size: int) -> tuple[torch.Tensor, torch.Tensor]:
         images = torch.randn(size, info.in_channels, *info.image_size, device=device)
-        return images.contiguous(memory_format=memory_format), torch.randint(0, info.num_classes, (size,), device=device)
+        labels = torch.randint(0, info.num_classes, (size,), device=device)
+        return images.contiguous(memory_format=memory_format), labels
 
     def optimizer_for(implementation: str) -> Any:
         return lambda net: build_optimizer(net, spec.optimizer, plan.lr, plan.weight_decay, implementation)
 
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(logits.float(), labels)
-
-    return _MemoryInputs(device, make_batch, optimizer_for, loss)
+    return _MemoryInputs(device, make_batch, optimizer_for)
 
 
 def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> MemoryPlan:
@@ -313,9 +312,10 @@ def _plan_memory(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_ze
     start-up lines and summary.json."""
     inputs = _memory_inputs(spec, plan, parts)
     device = inputs.device
-    half = None if str(plan.precision).startswith(("bf16", "16")) else autocast_for("bf16-mixed", device)
-    memory = plan_memory(parts.net, inputs.optimizer_for(plan.optimizer_implementation), inputs.make_batch, inputs.loss,
-                         autocast_for(plan.precision, device), device, int(spec.data["batch_size"]), half_context=half,
+    half = autocast_for("bf16-mixed", device) if compute_dtype(plan.precision) == torch.float32 else None
+    memory = plan_memory(parts.net, inputs.optimizer_for(plan.optimizer_implementation), inputs.make_batch,
+                         classification_loss, autocast_for(plan.precision, device), device,
+                         int(spec.data["batch_size"]), half_context=half,
                          make_fused=None if plan.optimizer_implementation == "fused" else inputs.optimizer_for("fused"))
     if plan.checkpointed_stages:
         memory.notes.append(f"measured without the configured checkpointing of {', '.join(plan.checkpointed_stages)}")
@@ -346,20 +346,21 @@ def _size_batch(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zer
     optimizer = inputs.optimizer_for(plan.optimizer_implementation)
     try:
         if inputs.device.type == "cuda":
-            batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, inputs.loss, context,
-                                                 inputs.device, AUTO_BATCH_START, limit)
+            batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, classification_loss,
+                                                 context, inputs.device, AUTO_BATCH_START, limit)
         elif budget is None:
             raise UserError("data.memory_budget_gb", "missing: data.batch_size=auto on a CPU sizes the batch to a "
                             "memory budget", "the GiB one training step may use, e.g. data.memory_budget_gb=4")
         if budget is not None:
-            memory = plan_memory(parts.net, optimizer, inputs.make_batch, inputs.loss, context, inputs.device,
+            memory = plan_memory(parts.net, optimizer, inputs.make_batch, classification_loss, context, inputs.device,
                                  AUTO_BATCH_START, measure_peak=False, with_practices=False)
             within, within_how = largest_batch_within(memory, budget * 2**30, AUTO_BATCH_START, limit)
             if inputs.device.type != "cuda" or within < batch:
                 batch, how = within, within_how
     except ValueError as ex:
         raise UserError("data.batch_size", f"auto: not even {AUTO_BATCH_START} samples fit: {ex}",
-                        "a larger data.memory_budget_gb, a smaller model or image size, or a fixed batch_size") from None
+                        "a larger data.memory_budget_gb, a smaller model or image size, or a fixed batch_size"
+                        ) from None
     write_json_atomic(record, {"batch_size": batch, "how": how})
     return Derived(batch, how)
 
@@ -390,9 +391,9 @@ def _profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, 
     if profiler.events is None:
         raise UserError("profile_steps", f"the run ended before {profiler.total} training steps were recorded",
                         "a data set with more batches per epoch, or fewer profile_steps")
-    sixteen = plan.precision.startswith(("bf16", "16"))
-    roof = machine_roof(device, plan.precision, plan.tf32, torch.bfloat16 if sixteen else torch.float32)
-    record = write_report(profiler.events, folder, device.type == "cuda", 2 if sixteen else 4, roof,
+    dtype = compute_dtype(plan.precision)
+    roof = machine_roof(device, plan.precision, plan.tf32, torch.float32 if dtype == torch.float32 else torch.bfloat16)
+    record = write_report(profiler.events, folder, device.type == "cuda", dtype.itemsize, roof,
                           f"{name} on {plan.accelerator}, batch {spec.data['batch_size']}, {plan.precision}")
     top = ", ".join(f"{c['category']} {c['share']:.0%}" for c in record["categories"][:4])
     log.info("profile: %.2f ms per step over %d steps; %s; memory-bound operators %.0f%% of the step",

@@ -18,6 +18,12 @@ from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.scheduler import SchedulerConfig, build_scheduler
 
 
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The task's loss (also what the memory plan measures with). In fp32 whatever the autocast
+    dtype: log-softmax of half logits loses precision."""
+    return F.cross_entropy(logits.float(), labels)
+
+
 #: Top-5 accuracy is reported from this many classes on (below it, top-5 says little).
 TOP5_MIN_CLASSES = 10
 
@@ -70,8 +76,7 @@ class ClassificationTask(L.LightningModule):
         return self.net(x)
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # Loss in fp32 whatever the autocast dtype: log-softmax of half logits loses precision.
-        return F.cross_entropy(logits.float(), labels)
+        return classification_loss(logits, labels)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         images, labels = batch

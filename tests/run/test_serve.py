@@ -25,8 +25,9 @@ import torch
 from tests.helpers import REPO
 from trainer.data.digits import DigitsDataModule
 from trainer.deploy.export import onnx_logits
-from trainer.deploy.load import ServerProcess, client_samples, descendants, free_port, load_run
-from trainer.deploy.serve import export_folder
+from trainer.deploy.load import ServerProcess, client_samples, load_run
+from trainer.deploy.export import export_folder
+from trainer.processes import descendants, free_port
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.processes import free_port
+
 PACKAGES = ("slurm-wlm",)
 DAEMONS = ("munged", "slurmctld", "slurmd")
 PARTITION = "debug"
@@ -52,12 +54,6 @@ def ensure_installed() -> None:
 
 def _which(tool: str) -> str | None:
     return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -110,8 +106,8 @@ def write_config(folder: Path, cpus: int | None = None) -> Cluster:
     lines = {
         "ClusterName": "trainertest",
         "SlurmctldHost": f"{node}(127.0.0.1)",
-        "SlurmctldPort": _free_port(),
-        "SlurmdPort": _free_port(),
+        "SlurmctldPort": free_port(),
+        "SlurmdPort": free_port(),
         "SlurmUser": user,
         "SlurmdUser": user,
         "AuthType": "auth/munge",

@@ -3,10 +3,10 @@
 Variants side by side, in one process, interleaved per batch size so that a busy machine slows all
 of them alike: eager (the trained network in eval mode), folded (Conv-BN folded), compiled (the
 folded network under torch.compile, CUDA only) and ONNX Runtime (the exported model; exported first
-when the run has none). Each call is timed alone after warm-up, with the device synchronized
-before the clock is read; P50/P90/P99 are over the timed calls, throughput is the batch over the
-median. Written into the run folder as ``deploy_bench.md``, ``deploy_bench.json`` and
-``deploy_bench.png``.
+when the run has no export of the checkpoint timed). Each call is timed alone after warm-up, with
+the device synchronized before the clock is read; P50/P90/P99 are over the timed calls, throughput
+is the batch over the median. Written into the run folder as ``deploy_bench.md``,
+``deploy_bench.json`` and ``deploy_bench.png``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from trainer.atomic import replace_atomic, write_text_atomic
-from trainer.deploy.export import checked_eval, evaluation_images, export_run, load_network, locate
+from trainer.deploy.export import checked_eval, evaluation_images, export_folder, load_network, locate
 from trainer.models.fuse import fuse_for_inference
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
@@ -149,10 +149,7 @@ def bench_run(source: Path, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, wa
               budget_s: float = 3.0, device: Optional[str] = None) -> tuple[list[Timing], Path]:
     """Time every variant of the run's network; returns the timings and the markdown written."""
     run_dir, checkpoint = locate(Path(source))
-    onnx_path = run_dir / "export" / "model.onnx"
-    if not onnx_path.is_file():
-        print(f"no {onnx_path}: exporting first")
-        export_run(source)
+    onnx_path = export_folder(source) / "model.onnx"
     with tempfile.TemporaryDirectory(prefix="bench-data-") as scratch:
         net, _, datamodule, _ = load_network(run_dir, checkpoint, Path(scratch))
         images = evaluation_images(datamodule)

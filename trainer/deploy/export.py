@@ -234,6 +234,28 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
     }
 
 
+def load_card(path: Path) -> dict[str, Any]:
+    """A model.json; one line when it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as ex:
+        raise UserError(str(path), f"is not a readable model card ({ex})", "the model.json written by export") from None
+
+
+def export_folder(source: Path) -> Path:
+    """The export folder for an export folder, a run folder or a checkpoint in one; the run is exported
+    first when it has no export of this checkpoint (an export of another checkpoint is replaced)."""
+    source = Path(source).expanduser()
+    if source.is_dir() and (source / "model.json").is_file():
+        return source
+    run_dir, checkpoint = locate(source)
+    card_path = run_dir / "export" / "model.json"
+    if card_path.is_file() and load_card(card_path).get("checkpoint", {}).get("sha256") == sha256(checkpoint):
+        return card_path.parent
+    print(f"no export of {checkpoint.name} in {card_path.parent}: exporting first", flush=True)
+    return export_run(source).folder
+
+
 # -- the command ---------------------------------------------------------------------------------------
 def export_run(source: Path, out: Optional[Path] = None, which: str = "best") -> Exported:
     run_dir, checkpoint = locate(Path(source), which)

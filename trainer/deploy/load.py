@@ -20,7 +20,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from trainer.atomic import write_text_atomic
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.deploy.bench import percentile
 from trainer.errors import UserError
+from trainer.processes import cpu_seconds, descendants, free_port
 
 DEFAULT_CONCURRENCIES = (1, 8, 32)
 
@@ -188,12 +188,12 @@ class ServerProcess:
             time.sleep(0.25)
         raise UserError("serve", f"not ready after {timeout_s:.0f} s", f"see {self.log}")
 
-    def cpu_seconds(self) -> dict[str, float]:
+    def cpu_by_part(self) -> dict[str, float]:
         """utime + stime so far of the inference worker and of the server's other processes."""
         seconds = {"worker": 0.0, "server": 0.0}
         for pid in [self.process.pid, *descendants(self.process.pid)]:
             try:
-                used = _cpu_seconds(pid)
+                used = cpu_seconds(pid)
                 inference = "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
             except OSError:  # gone meanwhile
                 continue
@@ -202,9 +202,9 @@ class ServerProcess:
 
     def cpu_at_rest(self, seconds: float = 2.0) -> float:
         """% of a core the server's processes use while no request comes."""
-        before = sum(self.cpu_seconds().values())
+        before = sum(self.cpu_by_part().values())
         time.sleep(seconds)
-        return (sum(self.cpu_seconds().values()) - before) / seconds * 100
+        return (sum(self.cpu_by_part().values()) - before) / seconds * 100
 
     def stop(self, timeout_s: float = 60.0) -> int:
         if self.process.poll() is None:
@@ -224,39 +224,16 @@ class ServerProcess:
         self.stop()
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def descendants(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for child in children:
-            found += [child, *descendants(child)]
-    return found
-
-
 def measure_server(server: ServerProcess, samples: Sequence[Sample], concurrency: int, requests: int,
                    budget_s: float, name: str) -> LoadResult:
     """`measure` on a server this process started, with the CPU each side spent per request."""
-    before, client = server.cpu_seconds(), time.process_time()
+    before, client = server.cpu_by_part(), time.process_time()
     result = measure(server.url + "/predict", samples, concurrency, requests, budget_s, name)
-    after, client = server.cpu_seconds(), time.process_time() - client
+    after, client = server.cpu_by_part(), time.process_time() - client
     # the untimed first requests (one per connection) are in the CPU figures too
     answered = result.requests + concurrency
     cpu = {part: (after[part] - before[part]) * 1000 / answered for part in after}
     return replace(result, cpu_ms=cpu | {"client": client * 1000 / answered})
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _last_line(path: Path) -> str:
@@ -273,8 +250,7 @@ def load_run(source: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES,
              batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS,
              device: Optional[str] = None) -> "LoadReport":
     """Both servers under the same load, taking turns (see the module's docstring)."""
-    from trainer.deploy.export import locate
-    from trainer.deploy.serve import export_folder
+    from trainer.deploy.export import export_folder, locate
 
     run_dir, _ = locate(Path(source))
     folder = export_folder(source)  # once, here, so that the two servers do not both export

@@ -23,14 +23,13 @@ Where this replaces LitServe's behaviour, deliberately:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import time
 from queue import Empty
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import litserve as ls
 import numpy as np
@@ -41,6 +40,7 @@ from litserve.loops.simple_loops import BatchedLoop
 from litserve.server import RegularRequestHandler
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
+from trainer.deploy.export import export_folder, load_card
 from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing
 from trainer.errors import UserError
 
@@ -50,31 +50,8 @@ API_PATH = "/predict"
 
 
 # -- the model files ------------------------------------------------------------------------------------
-def export_folder(source: Path) -> Path:
-    """The export folder for an export folder, a run folder or a checkpoint in one; the run is exported
-    first when it has no export of this checkpoint."""
-    source = Path(source).expanduser()
-    if source.is_dir() and (source / "model.json").is_file():
-        return source
-    from trainer.deploy.export import export_run, locate, sha256
-
-    run_dir, checkpoint = locate(source)
-    card_path = run_dir / "export" / "model.json"
-    if card_path.is_file() and _card(card_path).get("checkpoint", {}).get("sha256") == sha256(checkpoint):
-        return card_path.parent
-    print(f"no export of {checkpoint.name} in {card_path.parent}: exporting first", flush=True)
-    return export_run(source).folder
-
-
-def _card(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as ex:
-        raise UserError(str(path), f"is not a readable model card ({ex})", "the model.json written by export") from None
-
-
 def read_card(folder: Path) -> tuple[dict[str, Any], Preprocessing]:
-    card = _card(folder / "model.json")
+    card = load_card(folder / "model.json")
     if not card.get("preprocessing"):
         raise UserError(str(folder / "model.json"), "states no preprocessing: the run's data are not images a "
                         "client could send", "a run trained on digits, CIFAR-10 or an image folder")

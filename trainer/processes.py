@@ -1,0 +1,37 @@
+"""This machine's processes and ports, as the benchmarks, the load test and the tests need them (Linux).
+
+CPU time is read from /proc rather than measured by the wall clock, so what another program or a
+VM's steal takes is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of a process's children, their children and so on (from /proc/PID/task/*/children)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
