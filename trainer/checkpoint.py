@@ -36,10 +36,54 @@ COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
 
 
+class LatestAndBest(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, with ``last.ckpt`` written at every epoch end (and every
+    validation inside an epoch), as Lightning did before 2.6.
+
+    Deliberately replaced: Lightning 2.6 writes last.ckpt only at a step where a top-k checkpoint
+    was also written. A run whose monitored metric stopped improving then kept a last.ckpt from
+    its best epoch (a 20-epoch run here ended with last.ckpt at epoch 18), and ``resume=auto``
+    after a preemption would redo every epoch since; with ``save_top_k=0`` no last.ckpt was
+    written at all.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_written_step: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        """ModelCheckpoint's own key, so checkpoints written before (or by plain Lightning) resume alike."""
+        return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        if self.save_last:
+            self._last_written_step = trainer.global_step
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._keep_latest(trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._keep_latest(trainer)
+
+    def _keep_latest(self, trainer: L.Trainer) -> None:
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        if (not self.save_last or trainer.sanity_checking or trainer.fast_dev_run
+                or trainer.state.fn != TrainerFn.FITTING or self._last_written_step == trainer.global_step):
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
 def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpoint | None:
     if not cfg.enabled:
         return None
-    return ModelCheckpoint(
+    return LatestAndBest(
         dirpath=run_dir / "checkpoints",
         # The metric's name has a "/" in it; keep it out of the file name.
         filename="epoch{epoch:03d}-step{step:06d}",
