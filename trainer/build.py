@@ -116,7 +116,7 @@ def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
     apply_compile(parts.net, plan.compile_mode, spec.compile)
     return ClassificationTask(parts.net, parts.info.num_classes, spec.optimizer, spec.scheduler, plan.lr,
                               plan.weight_decay, optimizer_implementation=plan.optimizer_implementation,
-                              channels_last=plan.channels_last)
+                              channels_last=plan.channels_last, regularization=spec.regularization)
 
 
 def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,

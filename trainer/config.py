@@ -70,6 +70,9 @@ class _OptimizerCommon:
     decay_norm_and_bias: Annotated[bool, Doc("false: no weight decay on 1-D parameters (norm weights, biases)")]
     implementation: Annotated[Literal["auto", "fused", "foreach", "for_loop"],
                               Doc("optimizer kernel; auto: fused on CUDA (not under an fp16 GradScaler), else foreach")]
+    layer_decay: Annotated[Optional[Annotated[float, Range(gt=0, le=1)]],
+                           Doc("layer-wise lr decay: lr x this^k for a parameter k layers below the head "
+                               "(timm models; null: off)")]
 
 
 @dataclass
@@ -142,6 +145,22 @@ class CompileConfig:
                     Doc("torch.compile mode; auto: default on CUDA, eager elsewhere")]
     fullgraph: Annotated[bool, Doc("fail instead of falling back to eager at a graph break")]
     dynamic: Annotated[Optional[bool], Doc("dynamic shapes: true, false, or null to let torch decide")]
+
+
+# --- regularization ------------------------------------------------------------------------------
+@dataclass
+class RegularizationConfig:
+    """The accuracy practices of the loss and the batch (trainer/regularization.py): label smoothing,
+    and mixup/cutmix of whole batches on the device, as torchvision's and timm's ImageNet recipes use them."""
+
+    label_smoothing: Annotated[UnitInterval, Doc("share of the target spread evenly over all classes "
+                                                 "(training loss only; 0: off)")]
+    mixup_alpha: Annotated[float, NON_NEGATIVE, Doc("mixup: blend each image with another, weight ~ "
+                                                    "Beta(alpha, alpha) (0: off)")]
+    cutmix_alpha: Annotated[float, NON_NEGATIVE, Doc("cutmix: paste a box of another image, area share ~ "
+                                                     "Beta(alpha, alpha) (0: off)")]
+    mix_prob: Annotated[float, FRACTION, Doc("probability that a training batch is mixed at all")]
+    switch_prob: Annotated[float, FRACTION, Doc("with both on: probability of cutmix rather than mixup")]
 
 
 MonitoredMetric = Literal["val/acc", "val/loss", "train/loss", "train/acc"]
@@ -271,6 +290,7 @@ class RunSpec:
     precision: PrecisionConfig
     compile: CompileConfig
     checkpointing: CheckpointingConfig
+    regularization: RegularizationConfig
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -287,7 +307,7 @@ class RunSpec:
 
 
 GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "checkpointing", "clipping", "nonfinite",
-          "logger", "callbacks", "trainer")
+          "regularization", "logger", "callbacks", "trainer")
 
 #: Where the code that consumes each config group lives (conf/GROUP/ -> module), and what the group
 #: chooses. `--help` prints it; tests/unit/test_compose_all.py checks every group and module exists.
@@ -301,6 +321,7 @@ GROUP_MODULES: dict[str, tuple[str, str]] = {
     "checkpointing": ("trainer/checkpoint.py", "last and best checkpoints, periodic ones inside epochs"),
     "clipping": ("trainer/callbacks/clipping.py", "gradient clipping (95th percentile by default)"),
     "nonfinite": ("trainer/callbacks/nonfinite.py", "the guard that skips NaN/Inf steps"),
+    "regularization": ("trainer/regularization.py", "label smoothing, mixup and cutmix (accuracy practices)"),
     "logger": ("trainer/logger.py", "Lightning loggers writing into the run folder"),
     "callbacks": ("trainer/callbacks/configured.py", "callbacks added after the framework's: early stopping, "
                   "EMA, a team's own (+callbacks.NAME._target_=...)"),
@@ -313,7 +334,8 @@ GROUP_MODULES: dict[str, tuple[str, str]] = {
 #: The framework's own groups, checked by a dataclass (the others by their `_target_`'s signature).
 DATACLASS_GROUPS: dict[str, Mapping[str, type]] = {
     "optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "precision": {"": PrecisionConfig},
-    "compile": {"": CompileConfig}, "checkpointing": {"": CheckpointingConfig}}
+    "compile": {"": CompileConfig}, "checkpointing": {"": CheckpointingConfig},
+    "regularization": {"": RegularizationConfig}}
 
 
 def choice_config(group: str, choice: str, **overrides: Any) -> Any:
@@ -344,6 +366,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         precision=_dataclass("precision", plain["precision"], PrecisionConfig),
         compile=_dataclass("compile", plain["compile"], CompileConfig),
         checkpointing=_dataclass("checkpointing", plain["checkpointing"], CheckpointingConfig),
+        regularization=_dataclass("regularization", plain["regularization"], RegularizationConfig),
         loggers=_loggers(plain["logger"]),
         trainer=_trainer(plain["trainer"]),
         callbacks=_callbacks(plain.get("callbacks") or {}),

@@ -12,16 +12,18 @@ from torch.profiler import record_function
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainer.config import AdamWConfig, SGDConfig
-from trainer.optimizer import build_optimizer, one_dimensional
+from trainer.config import AdamWConfig, RegularizationConfig, SGDConfig
+from trainer.optimizer import build_optimizer, layer_lr_scales, one_dimensional
 from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
+from trainer.regularization import BatchMixing, dominant_labels
 from trainer.scheduler import SchedulerConfig, build_scheduler
 
 
-def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """The task's loss (also what the memory plan measures with). In fp32 whatever the autocast
-    dtype: log-softmax of half logits loses precision."""
-    return F.cross_entropy(logits.float(), labels)
+    dtype: log-softmax of half logits loses precision. `targets`: integer labels, or class
+    probabilities (N x classes) from mixup/cutmix; smoothing applies to both."""
+    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
 
 
 #: Top-5 accuracy is reported from this many classes on (below it, top-5 says little).
@@ -39,6 +41,7 @@ class ClassificationTask(L.LightningModule):
         weight_decay: float,
         optimizer_implementation: str = "foreach",
         channels_last: bool = False,
+        regularization: RegularizationConfig | None = None,
     ) -> None:
         super().__init__()
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
@@ -48,9 +51,15 @@ class ClassificationTask(L.LightningModule):
         self.weight_decay = weight_decay
         self.channels_last = channels_last
         self.optimizer_implementation = optimizer_implementation
+        # Label smoothing shapes the training loss only: validation and test losses stay the plain
+        # cross-entropy, comparable between runs with and without it (as timm reports them).
+        self.label_smoothing = regularization.label_smoothing if regularization else 0.0
+        self.mixing = BatchMixing(regularization, num_classes) if regularization else None
         # Which parameters are exempt from weight decay is decided now, on the plain module: under
         # FSDP the optimizer is built after sharding has flattened every parameter.
         self.no_decay_names = one_dimensional(self.net)
+        # Likewise the layer of each parameter, for layer-wise lr decay.
+        self.lr_scales = layer_lr_scales(self.net, optimizer.layer_decay) if optimizer.layer_decay else None
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
         # logger=False: the loggers get the whole resolved config and the plan instead
         # (trainer.logger.run_hyperparameters), not these five values.
@@ -76,17 +85,24 @@ class ClassificationTask(L.LightningModule):
         return self.net(x)
 
     def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The evaluation loss: plain cross-entropy."""
         return classification_loss(logits, labels)
+
+    def training_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return classification_loss(logits, targets, self.label_smoothing)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         images, labels = batch
+        if self.mixing is not None and self.mixing.active:
+            images, labels = self.mixing(images, labels)
         # Named ranges for profile=true (trainer/profile.py): Lightning runs this step and the
         # backward inside the optimizer's step (its closure), so without them everything would be
         # the optimizer's. A range costs about a microsecond when no profiler records.
         with record_function(FORWARD_RANGE):
             logits = self(images)
-            loss = self.compute_loss(logits, labels)
-        self.train_acc(logits.detach(), labels)
+            loss = self.training_loss(logits, labels)
+        # A mixed batch's accuracy counts the class its target weighs most.
+        self.train_acc(logits.detach(), dominant_labels(labels))
         n = labels.shape[0]
         # train/loss_step: this process's loss (rank 0's in the loggers, unsynced); train/loss_epoch
         # and train/loss at the epoch's end: the mean over all steps of all processes.
@@ -119,7 +135,7 @@ class ClassificationTask(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = build_optimizer(self.net, self.optimizer_cfg, self.lr, self.weight_decay,
-                                    self.optimizer_implementation, self.no_decay_names)
+                                    self.optimizer_implementation, self.no_decay_names, self.lr_scales)
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer

@@ -1,0 +1,69 @@
+"""The `regularization` group: label smoothing, and mixup/cutmix of training batches on the device.
+
+Mixup and cutmix are torchvision's `v2.MixUp` and `v2.CutMix`: whole-batch tensor ops, run here on
+the batch after it reached the device (one kernel per batch, nothing per image in the loader
+workers). Each pairs every image with its neighbour in the batch (the loader has shuffled it) and
+turns the labels into class probabilities that sum to 1. Label smoothing is applied by the loss
+(`F.cross_entropy(label_smoothing=...)`), to integer and mixed targets alike.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torchvision.transforms import v2
+
+from trainer.config import RegularizationConfig
+
+
+class BatchMixing:
+    """Mixes a training batch as `cfg` says: with probability `mix_prob`, by cutmix (probability
+    `switch_prob` when both are on) or mixup. Returns the images and the targets: class
+    probabilities (N x classes) for a mixed batch, the integer labels for one left alone."""
+
+    def __init__(self, cfg: RegularizationConfig, num_classes: int) -> None:
+        self.mix_prob = cfg.mix_prob
+        self.switch_prob = cfg.switch_prob
+        self.mixup = v2.MixUp(alpha=cfg.mixup_alpha, num_classes=num_classes) if cfg.mixup_alpha > 0 else None
+        self.cutmix = v2.CutMix(alpha=cfg.cutmix_alpha, num_classes=num_classes) if cfg.cutmix_alpha > 0 else None
+
+    @property
+    def active(self) -> bool:
+        return (self.mixup is not None or self.cutmix is not None) and self.mix_prob > 0
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # The draws come from torch's global generator (on the CPU, no device sync), which the
+        # run seeds and its checkpoints keep (trainer/callbacks/rng.py): a resumed run mixes alike.
+        transform = self._choose()
+        if transform is None:
+            return images, labels
+        return transform(images, labels)
+
+    def _choose(self) -> Optional[v2.Transform]:
+        if not self.active or float(torch.rand(())) >= self.mix_prob:
+            return None
+        if self.mixup is None or self.cutmix is None:
+            return self.mixup or self.cutmix
+        return self.cutmix if float(torch.rand(())) < self.switch_prob else self.mixup
+
+
+def dominant_labels(targets: torch.Tensor) -> torch.Tensor:
+    """The class each target weighs most: the label itself, or a mixed target's larger share
+    (what the training accuracy of a mixed batch is measured against)."""
+    return targets.argmax(dim=1) if targets.ndim == 2 else targets
+
+
+def describe(cfg: RegularizationConfig) -> str:
+    """One line for the start-up plan."""
+    parts = []
+    if cfg.label_smoothing > 0:
+        parts.append(f"label smoothing {cfg.label_smoothing:g}")
+    mixes = [f"{name} alpha {alpha:g}" for name, alpha in (("mixup", cfg.mixup_alpha), ("cutmix", cfg.cutmix_alpha))
+             if alpha > 0]
+    if mixes and cfg.mix_prob > 0:
+        how = " or ".join(mixes)
+        if len(mixes) == 2:
+            how += f" (cutmix {cfg.switch_prob:.0%} of the time)"
+        parts.append(f"{how} on {cfg.mix_prob:.0%} of the training batches, on the device")
+    return "; ".join(parts) if parts else "off"
