@@ -235,6 +235,18 @@ def _decode_with_pil(path: str, data: bytearray, geometry: Geometry, box: Option
     return geometry.finish(tensor, box)
 
 
+def augment_seeded(augment: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor,
+                   generator: Optional[torch.Generator]) -> torch.Tensor:
+    """`augment` (torchvision's RandAugment or TrivialAugment: they draw from torch's global
+    generator) on the uint8 crop, drawing from the sample's own generator when it has one, so a
+    resumed epoch augments each sample as the interrupted one did."""
+    if generator is None:
+        return augment(image)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        return augment(image)
+
+
 def finish_on_host(image: torch.Tensor, geometry: Geometry, generator: Optional[torch.Generator]) -> torch.Tensor:
     """``device_normalize=false``: the flip and normalization on the host, per sample."""
     assert geometry.host_finish is not None
@@ -249,14 +261,18 @@ class DecodedFiles(ImageFiles):
 
     takes_seeds = True
 
-    def __init__(self, *args: Any, geometry: Geometry, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, geometry: Geometry,
+                 augment: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, **kwargs: Any) -> None:
         super().__init__(*args, transform=None, **kwargs)
         self.geometry = geometry
+        self.augment = augment
 
     def load(self, index: int, seed: Optional[int]) -> torch.Tensor:
         path = self.samples[index][0]
         generator = _generator(seed)
         image = decode_on_host(path, read_bytes(path), self.geometry, generator)
+        if self.augment is not None:
+            image = augment_seeded(self.augment, image, generator)
         if self.geometry.host_finish is not None:
             image = finish_on_host(image, self.geometry, generator)
         return image

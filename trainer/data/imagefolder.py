@@ -96,6 +96,11 @@ class ImageFolderDataModule(ImageClassificationData):
         train_crop_scale: Annotated[Sequence[Annotated[float, Range(gt=0, le=1)]],
                                     Doc("RandomResizedCrop's range of the crop's share of the image area")] = (0.08, 1.0),
         hflip: Annotated[bool, Doc("random horizontal flip in training")] = True,
+        augment: Annotated[Literal["none", "randaugment", "trivialaugment"],
+                           Doc("a policy of random photometric and geometric ops per training image, in the "
+                               "loader workers (torchvision's RandAugment or TrivialAugmentWide)")] = "none",
+        augment_ops: Annotated[int, AT_LEAST_ONE, Doc("randaugment: ops applied to each image")] = 2,
+        augment_magnitude: Annotated[int, Range(ge=0, le=30), Doc("randaugment: strength of each op (0-30)")] = 9,
         eval_crop_fraction: Annotated[float, Range(gt=0, le=1),
                                       Doc("evaluation: resize to image_size / this, then centre crop")] = 0.875,
         mean: Annotated[Sequence[float], Doc("per-channel mean subtracted (0-1 scale)")] = (0.485, 0.456, 0.406),
@@ -114,6 +119,12 @@ class ImageFolderDataModule(ImageClassificationData):
             raise UserError("data.decode", "device decodes, crops, flips and normalizes batches on the device, "
                             "which data.device_normalize=false turns off", "data.decode=fast (or pil) with "
                             "data.device_normalize=false, or data.device_normalize=true")
+        if augment not in ("none", "randaugment", "trivialaugment"):
+            raise UserError("data.augment", f"'{augment}' is not a policy", "none, randaugment, trivialaugment")
+        if augment != "none" and self.decode == "device":
+            raise UserError("data.augment", f"{augment} runs per image in the loader workers, and data.decode=device "
+                            "decodes whole batches on the device", "data.decode=fast (or pil, or auto) with "
+                            "data.augment, or data.augment=none")
         if bad_files not in ("skip", "error"):
             raise UserError("data.bad_files", f"'{bad_files}' is not a policy", "skip, error")
         if scan not in ("header", "full", "off"):
@@ -124,6 +135,9 @@ class ImageFolderDataModule(ImageClassificationData):
         self.image_size = image_size
         self.train_crop_scale = tuple(train_crop_scale)
         self.hflip = hflip
+        self.augment = augment
+        self.augment_ops = augment_ops
+        self.augment_magnitude = augment_magnitude
         self.eval_crop_fraction = eval_crop_fraction
         self.mean, self.std = list(mean), list(std)
         self.bad_files = bad_files
@@ -297,6 +311,8 @@ class ImageFolderDataModule(ImageClassificationData):
         share = self._jpeg_share()
         if cuda and not self.device_normalize:
             self.decode_in_use, how = "fast", "auto -> fast (data.device_normalize=false finishes samples on the host)"
+        elif cuda and self.augment != "none":
+            self.decode_in_use, how = "fast", f"auto -> fast (data.augment={self.augment} runs per image on the host)"
         elif cuda and share >= 0.5:
             self.decode_in_use, how = "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
         elif cuda:
@@ -311,7 +327,15 @@ class ImageFolderDataModule(ImageClassificationData):
                 "mean": list(self.mean), "std": list(self.std), "layout": "NCHW float32"}
 
     def decode_choices(self) -> tuple[str, ...]:
-        return ("pil", "fast", "device") if self.device_normalize else ("pil", "fast")
+        return ("pil", "fast", "device") if self.device_normalize and self.augment == "none" else ("pil", "fast")
+
+    def host_augment(self) -> Optional[v2.Transform]:
+        """The training images' augmentation policy, run on each uint8 crop in the loader workers."""
+        if self.augment == "randaugment":
+            return v2.RandAugment(num_ops=self.augment_ops, magnitude=self.augment_magnitude)
+        if self.augment == "trivialaugment":
+            return v2.TrivialAugmentWide()
+        return None
 
     def use_decode(self, mode: str) -> None:
         self.decode_in_use = mode
@@ -345,6 +369,9 @@ class ImageFolderDataModule(ImageClassificationData):
             geometry = [v2.RandomResizedCrop(self.image_size, scale=self.train_crop_scale, antialias=True)]
             if self.hflip and not self.device_normalize:
                 geometry.append(v2.RandomHorizontalFlip())
+            augment = self.host_augment()
+            if augment is not None:
+                geometry.append(augment)
         else:
             geometry = [v2.Resize(self._eval_resize(), antialias=True), v2.CenterCrop(self.image_size)]
         steps = [v2.ToImage(), *geometry]
@@ -386,9 +413,11 @@ class ImageFolderDataModule(ImageClassificationData):
                        if name in self._classes for path in files]
             if self.decode_in_use == "pil":
                 return ImageFiles(split, samples, classes, self._transforms(train), self.bad_files, self._bad_list)
-            files = DecodedFiles if self.decode_in_use == "fast" else EncodedFiles
-            return files(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
-                         geometry=self._geometry(train))
+            if self.decode_in_use == "fast":
+                return DecodedFiles(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
+                                    geometry=self._geometry(train), augment=self.host_augment() if train else None)
+            return EncodedFiles(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
+                                geometry=self._geometry(train))
 
         self.train_set = make("train", True)
         self.val_set = make("val", False)
