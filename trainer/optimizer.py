@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from trainer.config import AdamWConfig, SGDConfig
+from trainer.errors import UserError
 
 OptimizerConfig = Union[SGDConfig, AdamWConfig]
 
@@ -23,27 +24,60 @@ def plain_name(name: str) -> str:
 
 
 def one_dimensional(module: nn.Module) -> frozenset[str]:
-    """Names of the 1-D parameters (norm weights, biases), read before any wrapper changes shapes."""
-    return frozenset(plain_name(name) for name, param in module.named_parameters() if param.ndim <= 1)
+    """Names of the parameters exempt from weight decay, read before any wrapper changes shapes:
+    the 1-D ones (norm weights, biases), and those the model itself names by timm's convention,
+    `no_weight_decay()` (a ViT's position embedding and class token)."""
+    own = getattr(module, "no_weight_decay", None)
+    named = {str(n) for n in own()} if callable(own) else set()
+    return frozenset(plain_name(name) for name, param in module.named_parameters()
+                     if param.ndim <= 1 or plain_name(name) in named)
+
+
+def layer_lr_scales(module: nn.Module, layer_decay: float) -> dict[str, float]:
+    """Layer-wise lr decay (BEiT, Bao et al. 2021; timm's and MAE's fine-tuning recipes): the lr of
+    a parameter `k` layers below the head is multiplied by ``layer_decay ** k``, so the early layers
+    of a pretrained network move least. The layers are the model's own `group_matcher` (timm
+    models: the stem, each block, the head), as timm's `param_groups_layer_decay` groups them."""
+    matcher = getattr(module, "group_matcher", None)
+    if not callable(matcher):
+        raise UserError("optimizer.layer_decay", f"{type(module).__name__} does not say which layer each parameter "
+                        "belongs to (it has no group_matcher)", "a timm model (model=timm), or optimizer.layer_decay=null")
+    from timm.models import group_parameters
+
+    layer_of = group_parameters(module, matcher(coarse=False), reverse=True)
+    top = max(layer_of.values(), default=0)
+    return {plain_name(name): layer_decay ** (top - layer_of.get(name, top)) for name, _ in module.named_parameters()}
 
 
 def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool,
-                     no_decay_names: frozenset[str] | None = None) -> list[dict[str, Any]]:
-    """Two groups: weights that decay, and 1-D parameters (norm weights, biases) that do not.
+                     no_decay_names: frozenset[str] | None = None,
+                     lr_scales: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Weights that decay, and 1-D parameters (norm weights, biases) that do not; with `lr_scales`
+    (layer-wise lr decay) each of the two is split further by lr scale, and each group carries its
+    ``lr_scale``.
 
     `no_decay_names` (from `one_dimensional` on the unwrapped module) decides by name instead of
     by shape: FSDP shards every parameter into a flat 1-D piece before the optimizer is built, so
     a shape test there would exempt every weight from decay.
     """
-    decay, no_decay = [], []
+    grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
     for name, param in module.named_parameters():
         if not param.requires_grad:
             continue
         flat = plain_name(name) in no_decay_names if no_decay_names is not None else param.ndim <= 1
-        (no_decay if flat and not decay_norm_and_bias else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
+        decays = not flat or decay_norm_and_bias
+        scale = lr_scales.get(plain_name(name), 1.0) if lr_scales else 1.0
+        grouped.setdefault((decays, scale), []).append(param)
+    # The decaying weights first, at full lr first: the loggers name the groups in this order.
+    keys = sorted(grouped, key=lambda key: (not key[0], -key[1]))
+    if not grouped or not keys[0][0]:
+        keys.insert(0, (True, 1.0))  # an (empty) decaying group always leads, as before
+    groups = []
+    for decays, scale in keys:
+        group: dict[str, Any] = {"params": grouped.get((decays, scale), []), "weight_decay": weight_decay if decays else 0.0}
+        if lr_scales:
+            group["lr_scale"] = scale
+        groups.append(group)
     return groups
 
 
@@ -80,10 +114,15 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,
-                    implementation: str = "foreach",
-                    no_decay_names: frozenset[str] | None = None) -> torch.optim.Optimizer:
-    """`lr` and `weight_decay` are the effective values the run resolved (after batch scaling)."""
-    groups = parameter_groups(module, weight_decay, cfg.decay_norm_and_bias, no_decay_names)
+                    implementation: str = "foreach", no_decay_names: frozenset[str] | None = None,
+                    lr_scales: dict[str, float] | None = None) -> torch.optim.Optimizer:
+    """`lr` and `weight_decay` are the effective values the run resolved (after batch scaling).
+    A group with an ``lr_scale`` starts at ``lr x lr_scale``; the schedule then multiplies each
+    group's own starting lr."""
+    groups = parameter_groups(module, weight_decay, cfg.decay_norm_and_bias, no_decay_names, lr_scales)
+    for group in groups:
+        if "lr_scale" in group:
+            group["lr"] = lr * group["lr_scale"]
     kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
     if isinstance(cfg, SGDConfig):
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernel)

@@ -7,6 +7,8 @@ build phase only reads it.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -23,8 +25,9 @@ from trainer.devices import count_devices, resolve_accelerator
 from trainer.errors import UserError
 from trainer.mfu import peak_flops, training_flops_per_sample
 from trainer.models.activation_checkpointing import select_stages
-from trainer.optimizer import choose_implementation
+from trainer.optimizer import choose_implementation, layer_lr_scales
 from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
+from trainer.regularization import describe
 from trainer.scaling import scale
 
 
@@ -83,11 +86,13 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
     derived["data.decode"] = Derived(*datamodule.resolve_decode(cuda=accelerator == "cuda"))
     lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
+    _parameter_groups(spec, net, lr, derived)
     tf32, how = resolve_tf32(spec.precision.tf32, accelerator, bool(spec.trainer.get("deterministic", False)))
     derived["precision.tf32"] = Derived(tf32, how)
     flops, peak, peak_note = _flops(net, info, accelerator, precision, tf32, derived)
     stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived)
     derived["clipping"] = Derived(clipping.mode, clipping.describe())
+    derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
     return Plan(accelerator, devices, precision, loader, global_batch, lr, weight_decay, implementation, tf32,
                 channels_last, compile_mode, stages, flops, peak, peak_note, MappingProxyType(derived))
 
@@ -121,6 +126,24 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
     implementation, how = choose_implementation(opt.implementation, accelerator, grad_scaler=precision == "16-mixed")
     derived["optimizer.implementation"] = Derived(implementation, how)
     return lr.value, wd.value, implementation
+
+
+def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[str, Derived]) -> None:
+    """What the model adds to the optimizer's groups: parameters it exempts from decay by name, and
+    the layer-wise lr decay."""
+    own = getattr(net, "no_weight_decay", None)
+    named = sorted(n for n in (own() if callable(own) else ()) if n in dict(net.named_parameters()))
+    if named and not spec.optimizer.decay_norm_and_bias:
+        derived["optimizer.decay_norm_and_bias"] = Derived(
+            False, f"no weight decay on 1-D parameters (norm weights, biases) nor on {', '.join(named)} (the model's "
+            "no_weight_decay())")
+    decay = spec.optimizer.layer_decay
+    if decay:
+        scales = layer_lr_scales(net, decay)
+        layers = round(math.log(min(scales.values()), decay)) + 1 if decay < 1 else 1
+        derived["optimizer.layer_decay"] = Derived(
+            decay, f"{layers} layers (the model's group_matcher): lr {lr:.3g} at the head down to "
+            f"{lr * min(scales.values()):.3g} at the stem ({decay:g}^{layers - 1})")
 
 
 def _flops(net: nn.Module, info: DataInfo, accelerator: str, precision: str, tf32: bool,

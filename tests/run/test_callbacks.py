@@ -84,3 +84,49 @@ def test_ema_averages_the_weights_and_leaves_the_training_alone(tmp_path):
     assert ema["state_dict"].keys() == off["state_dict"].keys()
     assert any(not torch.equal(ema["state_dict"][k], off["state_dict"][k]) for k in weights)
     assert averaged["metrics"]["test"]["loss"] != plain["metrics"]["test"]["loss"]
+
+
+def test_the_ema_weights_are_the_ones_validated_and_checkpointed(tmp_path):
+    """With EMA on, the validation measures the averaged weights: the last validation's loss is that
+    of the checkpoint's state_dict (the average), not of the raw weights it also keeps."""
+    from trainer.deploy.export import load_network
+    from trainer.task import classification_loss
+
+    run_dir = tmp_path / "ema"
+    out = run_in_process([*RUN, "trainer.max_steps=4", "trainer.max_epochs=2", "checkpointing=default",
+                          "callbacks=ema", "callbacks.ema.decay=0.5"], run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    net, _, datamodule, _ = load_network(run_dir, last, tmp_path / "scratch")
+    raw = {k.removeprefix("net."): v for k, v in torch.load(last, weights_only=True)["current_model_state"].items()}
+
+    def val_loss(weights: dict[str, torch.Tensor] | None = None) -> float:
+        if weights is not None:
+            net.load_state_dict(weights)
+        net.eval()
+        datamodule.configure_loader(cuda=False)
+        datamodule.setup("fit")
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for batch in datamodule.val_dataloader():
+                on_cpu = datamodule.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+                images, labels = datamodule.finish_batch(on_cpu, training=False)
+                total += classification_loss(net(images), labels).item() * len(labels)
+                count += len(labels)
+        return total / count
+
+    averaged = val_loss()
+    logged = out["metrics"]["val"]["loss"]
+    assert logged == pytest.approx(averaged, rel=1e-6, abs=1e-6)
+    assert abs(val_loss(raw) - logged) > 1e-5  # the raw weights measure otherwise
+
+
+@pytest.mark.parametrize("checkpointing", [["checkpointing.save_top_k=0"],
+                                           ["checkpointing.monitor=val/loss", "checkpointing.mode=max"]])
+def test_last_ckpt_is_the_latest_epoch_even_when_no_best_one_is_written(tmp_path, checkpointing):
+    """Lightning 2.6 writes last.ckpt only beside a new top-k checkpoint; the run's LatestAndBest
+    writes it at every epoch end, so resume carries on from the latest epoch, not the best one."""
+    out = run_in_process([*RUN, "trainer.max_steps=-1", "trainer.max_epochs=3", "checkpointing=default",
+                          *checkpointing], tmp_path)
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert out["steps"] == last["global_step"] == 6
+    assert any(key.startswith("ModelCheckpoint{") for key in last["callbacks"])  # Lightning's key, as before
