@@ -305,3 +305,19 @@ def test_a_ladder_with_a_target_shows_time_and_speed_up_to_it(tmp_path: Path):
     plain = tmp_path / "plain"
     write_job(plain, 0, summary(None, 100.0, 1000, 0.5, 0.97), config())
     assert "time to target" not in to_markdown(comparison_rows(load_jobs(plain)), load_jobs(plain))
+
+
+def test_when_the_first_stage_never_reached_the_target_the_speed_up_is_a_lower_bound(tmp_path: Path):
+    """The first stage trained 60 s without reaching the target: a stage that reached it in 15 s is
+    at least 4x faster to it, shown as "> 4.00x"."""
+    root = tmp_path / "multirun"
+    first = summary("small_images_baseline", 300.0, 1000, 1.4, 0.84)
+    first["fit_time_s"] = 60.0
+    first["target"] = {"metric": "val/acc", "value": 0.85, "reached": False, "wall_s": None, "best": 0.847}
+    later = summary("small_images", 290.0, 1000, 1.0, 0.95)
+    later["target"] = {"metric": "val/acc", "value": 0.85, "reached": True, "wall_s": 15.0, "best": 0.95}
+    for number, data in enumerate((first, later)):
+        write_job(root, number, data, config())
+    rows = comparison_rows(load_jobs(root))
+    assert rows[1].target_speedup == pytest.approx(4.0) and rows[1].target_speedup_at_least
+    assert "| 15.0 s | > 4.00x |" in to_markdown(rows, load_jobs(root))
