@@ -34,17 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from trainer.fingerprint import cpu_name
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "an unknown CPU"
 
 
 def write_digits_folder(root: Path, size: int = 32, val_share: float = 0.2, seed: int = 0) -> dict[str, int]:
@@ -69,11 +61,19 @@ def write_digits_folder(root: Path, size: int = 32, val_share: float = 0.2, seed
     return counts
 
 
-def run_reference(root: Path, epochs: int, workers: int) -> dict[str, Any]:
+def checked(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run `command`; on failure stop with its last lines of stderr (the benchmark's own error)."""
+    out = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        sys.exit(f"failed (exit {out.returncode}): {' '.join(command)}\n{tail}")
+    return out
+
+
+def run_reference(root: Path, epochs: int, workers: int, crop: int = 32) -> dict[str, Any]:
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reference_classification.py"), str(root),
-                          "--epochs", str(epochs), "--batch-size", "64", "--crop", "32", "--workers", str(workers)],
-                         capture_output=True, text=True, check=True, cwd=REPO)
+    out = checked([sys.executable, str(REPO / "benchmarks" / "reference_classification.py"), str(root),
+                   "--epochs", str(epochs), "--batch-size", "64", "--crop", str(crop), "--workers", str(workers)])
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     return {"epochs": [line for line in lines if "epoch" in line and "final" not in line], "final": lines[-1],
             "process_s": time.perf_counter() - started}
@@ -81,9 +81,8 @@ def run_reference(root: Path, epochs: int, workers: int) -> dict[str, Any]:
 
 def run_ours(root: Path, target: float, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(REPO / "train.py"), "+recipe=small_images", f"data.root={root}",
-                    "target.metric=val/acc", f"target.value={target}", f"hydra.run.dir={run_dir}", "progress=off",
-                    *extra], capture_output=True, text=True, check=True, cwd=REPO)
+    checked([sys.executable, str(REPO / "train.py"), "+recipe=small_images", f"data.root={root}",
+             "target.metric=val/acc", f"target.value={target}", f"hydra.run.dir={run_dir}", "progress=off", *extra])
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"target": summary["target"], "fit_s": summary["fit_time_s"], "val_acc": summary["metrics"]["val"]["acc"],
             "epochs": summary["epochs"], "process_s": time.perf_counter() - started}

@@ -26,7 +26,7 @@ def test_imagefolder_of_png_digits(tmp_path):
     root = tmp_path / "digits_png"
     write_digit_pngs(root, {"train": 40, "val": 10}, size=16)
     # On the CPU: the accuracy band below was measured there (fp32).
-    result = train([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
+    result = train_forked([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
                     "data.hflip=false", "data.eval_crop_fraction=1.0", "data.batch_size=32", "data.num_workers=1",
                     "trainer.max_epochs=12", *FAST], tmp_path / "run")
     assert result.returncode == 0, result
@@ -44,7 +44,7 @@ def test_imagefolder_of_jpeg_digits_in_each_decode_mode(tmp_path, decode):
     accuracy band; the summary says which decoder ran and why (device without CUDA: on the CPU)."""
     root = tmp_path / "digits_jpeg"
     write_digit_pngs(root, {"train": 40, "val": 10}, size=16, suffix=".jpg")
-    result = train([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
+    result = train_forked([*ON_CPU, "data=imagefolder", f"data.root={root}", "data.image_size=16", "data.train_crop_scale=[0.85,1.0]",
                     "data.hflip=false", "data.eval_crop_fraction=1.0", "data.batch_size=32", "data.num_workers=1",
                     f"data.decode={decode}", "trainer.max_epochs=12", *FAST], tmp_path / "run")
     assert result.returncode == 0, result

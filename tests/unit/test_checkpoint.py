@@ -6,14 +6,10 @@ alone, and its command reports a missing checkpoint in one line."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
 
-from tests.helpers import REPO
 from trainer.checkpoint import (SafeCheckpointIO, clean_state_dict, export_safetensors, load_checkpoint,
                                 load_weights)
 from trainer.errors import UserError
@@ -122,8 +118,11 @@ def test_export_safetensors_holds_the_network_weights_alone(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), plain.state_dict().values()))
 
 
-def test_the_export_command_reports_a_missing_checkpoint_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.checkpoint", "export", str(tmp_path / "none.ckpt"),
-                           str(tmp_path / "out.safetensors")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {tmp_path / 'none.ckpt'}: checkpoint not found; allowed: the path of a .ckpt file"
+def test_the_export_command_reports_a_missing_checkpoint_in_one_line(tmp_path, capsys):
+    from trainer.checkpoint import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["export", str(tmp_path / "none.ckpt"), str(tmp_path / "out.safetensors")])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {tmp_path / 'none.ckpt'}: checkpoint not found; allowed: the path of a .ckpt file")
