@@ -7,8 +7,6 @@ build phase only reads it.
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -132,7 +130,8 @@ def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[st
     """What the model adds to the optimizer's groups: parameters it exempts from decay by name, and
     the layer-wise lr decay."""
     own = getattr(net, "no_weight_decay", None)
-    named = sorted(n for n in (own() if callable(own) else ()) if n in dict(net.named_parameters()))
+    parameters = {name for name, _ in net.named_parameters()}
+    named = sorted(n for n in (own() if callable(own) else ()) if n in parameters)
     if named and not spec.optimizer.decay_norm_and_bias:
         derived["optimizer.decay_norm_and_bias"] = Derived(
             False, f"no weight decay on 1-D parameters (norm weights, biases) nor on {', '.join(named)} (the model's "
@@ -140,7 +139,7 @@ def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[st
     decay = spec.optimizer.layer_decay
     if decay:
         scales = layer_lr_scales(net, decay)
-        layers = round(math.log(min(scales.values()), decay)) + 1 if decay < 1 else 1
+        layers = len(set(scales.values()))
         derived["optimizer.layer_decay"] = Derived(
             decay, f"{layers} layers (the model's group_matcher): lr {lr:.3g} at the head down to "
             f"{lr * min(scales.values()):.3g} at the stem ({decay:g}^{layers - 1})")

@@ -130,3 +130,19 @@ def test_each_recipe_composes_with_its_practices(recipe, expected):
         group, _, name = key.partition(".")
         assert values[group][name] == value, key
     assert spec.optimizer.name == "adamw" and not spec.optimizer.decay_norm_and_bias
+
+
+def test_the_plan_says_what_the_model_exempts_and_how_the_layers_decay():
+    from trainer.callbacks.clipping import GradientClipping
+    from trainer.build import build_data
+    from trainer.plan import resolve
+
+    spec = validate(compose(["+recipe=vit_tiny_digits", *ON_CPU, "model.options.class_token=true",
+                             "model.options.global_pool=token", "optimizer.layer_decay=0.5"]))
+    datamodule, info = build_data(spec, None)
+    net = build_model(spec, info)
+    plan = resolve(spec, datamodule, info, net, GradientClipping(mode="off"))
+    assert "nor on cls_token, pos_embed (the model's no_weight_decay())" in plan.derived["optimizer.decay_norm_and_bias"].how
+    layer = plan.derived["optimizer.layer_decay"]
+    # 4 blocks: the embeddings, 4 blocks, the head: 6 layers, the stem at 0.5^5 of the head's lr
+    assert layer.value == 0.5 and layer.how.startswith("6 layers (the model's group_matcher)") and "(0.5^5)" in layer.how
