@@ -12,6 +12,8 @@ Pipelines, each one loader worker feeding the benchmark's process, batches of 32
 
 - standard: torchvision's ImageFolder with the classification reference's PIL preset in the worker
   (RandomResizedCrop, RandomHorizontalFlip, PILToTensor, ToDtype float32, Normalize);
+- with ``--augment``, also randaugment and trivialaugment: the fast mode with ``data.augment`` set so
+  (RandAugment n2 m9, TrivialAugmentWide on each uint8 crop in the worker): what the policy costs;
 - pil, fast, device: this framework's image-folder module with ``data.decode`` set so. The pil and
   fast modes ship uint8 crops (flip and normalization follow on the device); the device mode's
   workers ship the JPEG bytes and crop boxes, and its decoding is the device's work, so its host
@@ -51,6 +53,11 @@ from trainer.processes import cpu_seconds  # noqa: E402
 SIZE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PIPELINES = ("standard", "pil", "fast", "device")
+AUGMENTED = ("randaugment", "trivialaugment")  # --augment: the fast mode with data.augment set so
+DESCRIPTIONS = {"standard": "torchvision ImageFolder + reference preset", "pil": "data.decode=pil",
+                "fast": "data.decode=fast", "device": "data.decode=device (loader only)",
+                "randaugment": "data.decode=fast data.augment=randaugment",
+                "trivialaugment": "data.decode=fast data.augment=trivialaugment"}
 README_START, README_END = "<!-- input-pipeline:start -->", "<!-- input-pipeline:end -->"
 RESULTS = REPO / "benchmarks" / "results" / "input_pipeline_cpu.md"
 
@@ -95,11 +102,11 @@ def standard_loader(root: Path, batch: int) -> torch.utils.data.DataLoader:
                                        shuffle=True, num_workers=1, drop_last=True, persistent_workers=True)
 
 
-def framework_loader(root: Path, batch: int, decode: str) -> torch.utils.data.DataLoader:
+def framework_loader(root: Path, batch: int, decode: str, augment: str = "none") -> torch.utils.data.DataLoader:
     from trainer.data.imagefolder import ImageFolderDataModule
 
     module = ImageFolderDataModule(root=str(root), decode=decode, batch_size=batch, num_workers=1, pin_memory=False,
-                                   persistent_workers=True, scan="off")
+                                   persistent_workers=True, scan="off", augment=augment)
     module.inspect()
     module.configure_loader(cuda=False)
     module.setup("fit")
@@ -137,15 +144,18 @@ def measure(loader: torch.utils.data.DataLoader, batches: int, warmup: int = 3) 
     return {"per_core": images / max(cpu, 1e-9), "wall": images / wall, "cpu_ms_per_image": 1000 * cpu / images}
 
 
-def run(root: Path, rounds: int, batches: int, batch: int) -> dict[str, list[dict[str, float]]]:
+def run(root: Path, rounds: int, batches: int, batch: int,
+        augment: bool = False) -> dict[str, list[dict[str, float]]]:
     torch.set_num_threads(1)  # this process only takes batches; the workers have one thread each
     makers: dict[str, Callable[[], torch.utils.data.DataLoader]] = {
         "standard": lambda: standard_loader(root, batch),
         **{mode: (lambda mode=mode: framework_loader(root, batch, mode)) for mode in PIPELINES[1:]},
+        **{policy: (lambda policy=policy: framework_loader(root, batch, "fast", policy)) for policy in AUGMENTED},
     }
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in PIPELINES}
+    pipelines = PIPELINES + (AUGMENTED if augment else ())
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in pipelines}
     for r in range(rounds):
-        order = PIPELINES if r % 2 == 0 else tuple(reversed(PIPELINES))  # no pipeline always first
+        order = pipelines if r % 2 == 0 else tuple(reversed(pipelines))  # no pipeline always first
         for name in order:
             loader = makers[name]()
             results[name].append(measure(loader, batches))
@@ -193,13 +203,11 @@ def table(results: dict[str, list[dict[str, float]]]) -> list[str]:
     pil_cost = statistics.median(r["cpu_ms_per_image"] for r in results["pil"])
     lines = ["| pipeline | img/s per host core (median, range) | host ms per image | vs standard | vs pil host cost |",
              "|---|---|---|---|---|"]
-    for name in PIPELINES:
+    for name in results:
         rates = [r["per_core"] for r in results[name]]
         ratios = [a / b for a, b in zip(rates, standard)]
         cost = statistics.median(r["cpu_ms_per_image"] for r in results[name])
-        what = {"standard": "torchvision ImageFolder + reference preset", "pil": "data.decode=pil",
-                "fast": "data.decode=fast", "device": "data.decode=device (loader only)"}[name]
-        lines.append(f"| {what} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {cost:.2f} | "
+        lines.append(f"| {DESCRIPTIONS[name]} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) | {cost:.2f} | "
                      f"{statistics.median(ratios):.2f}x | {cost / pil_cost:.0%} |")
     return lines
 
@@ -253,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-side", action="store_true",
                         help="also time the device mode's decoding on CUDA (on the CPU without one)")
     parser.add_argument("--out", type=Path, help="write the report to this file as well")
+    parser.add_argument("--augment", action="store_true",
+                        help="also time the fast mode with data.augment=randaugment and =trivialaugment")
     args = parser.parse_args(argv)
     command = "python benchmarks/input_pipeline.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     with tempfile.TemporaryDirectory(prefix="input-pipeline-") as temp:
         root = args.folder or Path(temp)
         if not (root / "train").is_dir():
             make_folder(root, args.images)
-        results = run(root, args.rounds, args.batches, args.batch)
+        results = run(root, args.rounds, args.batches, args.batch, args.augment)
         extra = []
         if args.device_side:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
