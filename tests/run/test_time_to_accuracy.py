@@ -47,14 +47,22 @@ def test_the_reference_recipe_trains_and_reports_each_epoch(tmp_path, monkeypatc
     assert 0.0 <= final["val_acc"] <= 1.0
 
 
-def test_the_table_gives_the_median_ratio_and_the_epochs_trained():
-    def one(ref_s: float, ours_s: float) -> dict:
-        return {"reference": {"final": {"train_s": ref_s, "val_acc": 0.8}, "process_s": ref_s + 5},
-                "ours": {"target": {"reached": True, "wall_s": ours_s, "epoch": 2, "value_reached": 0.81,
-                                    "best": 0.9}, "fit_s": 30.0, "val_acc": 0.9, "epochs": 5,
-                         "process_s": 40.0}}
+def one_round(ref_s: float, ours_s: float | None) -> dict:
+    target = ({"reached": True, "wall_s": ours_s, "epoch": 2, "value_reached": 0.81, "best": 0.9} if ours_s
+              else {"reached": False, "wall_s": None, "epoch": None, "value_reached": None, "best": 0.79})
+    return {"reference": {"final": {"train_s": ref_s, "val_acc": 0.8}, "process_s": ref_s + 5},
+            "ours": {"target": target, "fit_s": 30.0, "val_acc": 0.9, "epochs": 5, "process_s": 40.0}}
 
-    text = tta.table([one(50, 20), one(40, 20), one(60, 30)], Namespace(rounds=3, epochs=8),
+
+def test_the_table_gives_the_median_ratio_and_the_epochs_trained():
+    text = tta.table([one_round(50, 20), one_round(40, 20), one_round(60, 30)], Namespace(rounds=3, epochs=8),
                      {"train": 1438, "val": 359})
-    assert "**Ratio (ours / reference): 0.50x** (median; rounds: 0.40, 0.50, 0.50)" in text
+    assert "**Ratio (ours / reference): 0.50x** (median of the rounds that reached it; rounds: 0.40, 0.50, 0.50)" in text
     assert "| 1 | 50.0 | 0.800 | 20.0 (3) | 30.0, 5 |" in text
+
+
+def test_a_round_that_never_reached_the_reference_is_said():
+    text = tta.table([one_round(50, 20), one_round(40, None)], Namespace(rounds=2, epochs=8),
+                     {"train": 1438, "val": 359})
+    assert "0.40x** (median of the rounds that reached it; rounds: 0.40); 1 of 2 rounds never reached" in text
+    assert "| 2 | 40.0 | 0.800 | not reached (best 0.790) | 30.0, 5 |" in text
