@@ -24,13 +24,13 @@ from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
 from trainer.callbacks.configured import build_callbacks
-from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop, SignalLatch
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.nonfinite import NonFiniteGuard
 from trainer.callbacks.progress import PlainProgress
 from trainer.callbacks.rng import RNGState
+from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
 from trainer.compile import apply_compile

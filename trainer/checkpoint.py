@@ -47,19 +47,10 @@ class LatestAndBest(ModelCheckpoint):
     written at all.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._last_written_step: int | None = None
-
     @property
     def state_key(self) -> str:
         """ModelCheckpoint's own key, so checkpoints written before (or by plain Lightning) resume alike."""
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
-
-    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
-        super()._save_last_checkpoint(trainer, monitor_candidates)
-        if self.save_last:
-            self._last_written_step = trainer.global_step
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -72,12 +63,11 @@ class LatestAndBest(ModelCheckpoint):
             self._keep_latest(trainer)
 
     def _keep_latest(self, trainer: L.Trainer) -> None:
-        from lightning.pytorch.trainer.states import TrainerFn
-
-        if (not self.save_last or trainer.sanity_checking or trainer.fast_dev_run
-                or trainer.state.fn != TrainerFn.FITTING or self._last_written_step == trainer.global_step):
-            return
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        # Lightning's own test of when nothing is to be written (a sanity check, not fitting,
+        # fast_dev_run), including "already saved at this step": a top-k save at this step wrote
+        # last.ckpt beside it.
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpoint | None:

@@ -23,14 +23,20 @@ def plain_name(name: str) -> str:
     return name
 
 
-def one_dimensional(module: nn.Module) -> frozenset[str]:
-    """Names of the parameters exempt from weight decay, read before any wrapper changes shapes:
-    the 1-D ones (norm weights, biases), and those the model itself names by timm's convention,
-    `no_weight_decay()` (a ViT's position embedding and class token)."""
+def named_by_model(module: nn.Module) -> frozenset[str]:
+    """The parameters a model exempts from weight decay itself, by timm's convention
+    `no_weight_decay()` (a ViT's position embedding and class token); names it gives that are not
+    parameters of the module are left out."""
     own = getattr(module, "no_weight_decay", None)
     named = {str(n) for n in own()} if callable(own) else set()
+    return frozenset(plain_name(name) for name, _ in module.named_parameters() if plain_name(name) in named)
+
+
+def one_dimensional(module: nn.Module) -> frozenset[str]:
+    """Names of the parameters exempt from weight decay, read before any wrapper changes shapes:
+    the 1-D ones (norm weights, biases), and those the model names itself (`named_by_model`)."""
     return frozenset(plain_name(name) for name, param in module.named_parameters()
-                     if param.ndim <= 1 or plain_name(name) in named)
+                     if param.ndim <= 1) | named_by_model(module)
 
 
 def layer_lr_scales(module: nn.Module, layer_decay: float) -> dict[str, float]:

@@ -23,7 +23,7 @@ from trainer.devices import count_devices, resolve_accelerator
 from trainer.errors import UserError
 from trainer.mfu import peak_flops, training_flops_per_sample
 from trainer.models.activation_checkpointing import select_stages
-from trainer.optimizer import choose_implementation, layer_lr_scales
+from trainer.optimizer import choose_implementation, layer_lr_scales, named_by_model
 from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.regularization import describe
 from trainer.scaling import scale
@@ -129,9 +129,7 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
 def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[str, Derived]) -> None:
     """What the model adds to the optimizer's groups: parameters it exempts from decay by name, and
     the layer-wise lr decay."""
-    own = getattr(net, "no_weight_decay", None)
-    parameters = {name for name, _ in net.named_parameters()}
-    named = sorted(n for n in (own() if callable(own) else ()) if n in parameters)
+    named = sorted(named_by_model(net))
     if named and not spec.optimizer.decay_norm_and_bias:
         derived["optimizer.decay_norm_and_bias"] = Derived(
             False, f"no weight decay on 1-D parameters (norm weights, biases) nor on {', '.join(named)} (the model's "

@@ -37,6 +37,9 @@ from trainer.schema import Schema, check_mapping, schema_of_callable
 
 log = logging.getLogger("trainer")
 
+#: The decay EMAWeightAveraging uses when the config does not set one (Lightning's own default).
+EMA_DEFAULT_DECAY = inspect.signature(EMAWeightAveraging).parameters["decay"].default
+
 #: Lightning callbacks the framework sets from its own groups: a second one would fight them.
 OWNED_LIGHTNING_CALLBACKS: tuple[tuple[type, str], ...] = (
     (ModelCheckpoint, "the checkpointing group (checkpointing=default|off, checkpointing.monitor=..., "
@@ -112,8 +115,9 @@ def build_callbacks(specs: Mapping[str, Mapping[str, Any]], has_logger: bool, ac
         callbacks.append(callback)
         if isinstance(callback, WeightAveraging):
             callbacks.append(AveragedWeightsUnderTest(callback))
-        if isinstance(callback, EMAWeightAveraging) and isinstance(spec.get("decay", 0.999), (int, float)):
-            callbacks.append(EMAHorizonCheck(key, float(spec.get("decay", 0.999))))
+        decay = spec.get("decay", EMA_DEFAULT_DECAY)
+        if isinstance(callback, EMAWeightAveraging) and isinstance(decay, (int, float)):
+            callbacks.append(EMAHorizonCheck(key, float(decay)))
     return callbacks
 
 
