@@ -115,68 +115,107 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
     `args` unless they name an accelerator themselves, and the child's torch reports no CUDA device,
     so that nothing in the run (the environment fingerprint, Lightning's device report) tries to
     initialize it. GPU behaviour is tested through `run_in_process`, `train` and tests/gpu/."""
-    import runpy
-    import signal
-    import tempfile
-    import time
+    with ForkedRun(args, run_dir, setup) as child:
+        return child.wait(timeout)
 
-    import lightning  # noqa: F401 - imported once here, inherited by every child
-    import hydra  # noqa: F401
 
-    if not _pins_accelerator(args):
-        args = [*args, *ON_CPU]
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+class ForkedRun:
+    """`train_forked` started without waiting for it: the child leads a process group of its own
+    (with its loader workers), so `kill` ends all of it at once, as a lost node would."""
+
+    def __init__(self, args: Sequence[str], run_dir: Path, setup: Callable[[], None] | None = None) -> None:
+        import tempfile
+
+        import lightning  # noqa: F401 - imported once here, inherited by every child
+        import hydra  # noqa: F401
+
+        self.args = [*args, *ON_CPU] if not _pins_accelerator(args) else list(args)
+        self.run_dir = run_dir
+        self._tmp = tempfile.TemporaryDirectory()
+        self._out, self._err = Path(self._tmp.name) / "stdout", Path(self._tmp.name) / "stderr"
+        self._status: int | None = None
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: become `python train.py ARGS`
-            code = 1
-            try:
-                for fd, path in ((1, out_path), (2, err_path)):
-                    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                    os.dup2(target, fd)
-                    os.close(target)
-                # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
-                sys.stdout = open(1, "w", buffering=1, closefd=False)
-                sys.stderr = open(2, "w", buffering=1, closefd=False)
-                os.environ.pop("HYDRA_FULL_ERROR", None)
-                # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
-                # DataLoader workers) and enough for a run that is meant to stop early.
-                torch.set_num_threads(1)
-                # No CUDA in a forked child (see the docstring): report none, so nothing touches it.
-                torch.cuda.is_available = lambda: False  # type: ignore[assignment]
-                torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
-                sys.argv = [str(REPO / "train.py"), *args, f"hydra.run.dir={run_dir}"]
-                if setup is not None:
-                    setup()
-                try:
-                    runpy.run_path(str(REPO / "train.py"), run_name="__main__")
-                    code = 0
-                except SystemExit as ex:
-                    code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
-                except BaseException:  # noqa: BLE001 - an uncaught error prints its traceback, as Python would
-                    import traceback
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._become_train_py(setup)
 
-                    traceback.print_exc()
-                    code = 1
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+    def _become_train_py(self, setup: Callable[[], None] | None) -> None:
+        """In the child: `python train.py ARGS`, then exit with its status."""
+        import runpy
+
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            for fd, path in ((1, self._out), (2, self._err)):
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(target, fd)
+                os.close(target)
+            # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
+            sys.stdout = open(1, "w", buffering=1, closefd=False)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+            # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
+            # DataLoader workers) and enough for a run that is meant to stop early.
+            torch.set_num_threads(1)
+            # No CUDA in a forked child (see train_forked): report none, so nothing touches it.
+            torch.cuda.is_available = lambda: False  # type: ignore[assignment]
+            torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
+            sys.argv = [str(REPO / "train.py"), *self.args, f"hydra.run.dir={self.run_dir}"]
+            if setup is not None:
+                setup()
+            try:
+                runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+                code = 0
+            except SystemExit as ex:
+                code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+            except BaseException:  # noqa: BLE001 - an uncaught error prints its traceback, as Python would
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+    def done(self) -> bool:
+        if self._status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self._status = status
+        return self._status is not None
+
+    def kill(self) -> None:
+        """SIGKILL the child and everything in its process group; no handler runs, nothing is flushed."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had ended, and its group with it
+
+    def wait(self, timeout: float = 120) -> Result:
+        import time
+
         deadline = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
+        while not self.done():
             if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise TimeoutError(f"train.py {' '.join(args)} did not finish in {timeout} s")
+                self.kill()
+                os.waitpid(self.pid, 0)
+                raise TimeoutError(f"train.py {' '.join(self.args)} did not finish in {timeout} s")
             time.sleep(0.02)
-        proc = subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), out_path.read_text(),
-                                           err_path.read_text())
-    return Result(proc, run_dir)
+        assert self._status is not None
+        proc = subprocess.CompletedProcess(self.args, os.waitstatus_to_exitcode(self._status),
+                                           self._out.read_text(), self._err.read_text())
+        return Result(proc, self.run_dir)
+
+    def __enter__(self) -> ForkedRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.done():
+            self.kill()
+            os.waitpid(self.pid, 0)
+        self._tmp.cleanup()
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,9 @@ resumed with ``resume=auto`` in another; either way the summary.json beside the 
 resumes from holds the attempts so far. Each attempt records the step it started from, the step
 it reached and how it ended; the work an attempt did past the checkpoint the next one resumed from
 is lost (none after a preemption that wrote its checkpoint at the step it stopped; unknown after a
-kill that left no summary). The final summary counts the requeues and the steps lost.
+kill that left no summary), and the phase it stopped in (`training`, `testing`, `recording`; for a
+killed attempt, the last phase its summary recorded). The final summary counts the requeues and the
+steps lost.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def earlier_attempts(resumed_checkpoint: Path | None, resumed_step: int | None) 
     last = attempts[-1]
     if last.get("status") == "running":  # it never wrote its end: killed (SIGKILL, node failure)
         last["status"] = "killed"
+        last["stopped_in"] = summary.get("phase", "training")
     reached = last.get("steps")
     last["steps_lost"] = max(0, int(reached) - int(resumed_step or 0)) if isinstance(reached, int) else None
     return attempts
@@ -55,9 +58,13 @@ def this_attempt(number: int, resumed_step: int | None) -> dict[str, Any]:
     return record
 
 
-def ended(attempt: dict[str, Any], status: str, steps: int, signum: int | None = None) -> dict[str, Any]:
-    """The attempt's record once it has ended."""
+def ended(attempt: dict[str, Any], status: str, steps: int, signum: int | None = None,
+          stopped_in: str | None = None) -> dict[str, Any]:
+    """The attempt's record once it has ended (`stopped_in`: the phase a run that did not complete
+    stopped in)."""
     done = {**attempt, "status": status, "steps": steps, "ended": _now()}
+    if stopped_in is not None:
+        done["stopped_in"] = stopped_in
     if signum is not None:
         done["signal"] = signal.Signals(signum).name
     return done

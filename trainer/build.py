@@ -26,6 +26,7 @@ from trainer.callbacks.clipping import GradientClipping
 from trainer.callbacks.configured import build_callbacks
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop, SignalLatch
+from trainer.callbacks.logged_metrics import LoggedMetrics
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.nonfinite import NonFiniteGuard
 from trainer.callbacks.progress import PlainProgress
@@ -65,6 +66,7 @@ class Built(NamedTuple):
     stopper: GracefulStop
     curves: Curves
     meter: ThroughputMeter
+    logged: LoggedMetrics
     target: TargetWatch | None = None
 
 
@@ -124,10 +126,11 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
                   labels: RunLabels | None = None, extra_callbacks: Sequence[Callback] = ()) -> Built:
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
                             mfu_note=plan.peak_flops_note)
-    losses, stopper, curves = LossRecord(), GracefulStop(latch), Curves()
+    losses, stopper, curves, logged = LossRecord(), GracefulStop(latch), Curves(), LoggedMetrics()
     # The guard goes first: a step it skips has no gradients left for clipping to record.
-    # RNGState: the random generators' states go into every checkpoint and come back on resume.
-    callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState()]
+    # RNGState and LoggedMetrics: the random generators' states and the logged metrics go into
+    # every checkpoint and come back on resume.
+    callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState(), logged]
     periodic = build_periodic(spec.checkpointing, run_dir)
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     callbacks += [c for c in (periodic, checkpoint) if c is not None]
@@ -155,7 +158,7 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
         enable_progress_bar=isinstance(progress, RichProgressBar),
         default_root_dir=str(run_dir),
     )
-    return Built(trainer, checkpoint, losses, stopper, curves, meter, target)
+    return Built(trainer, checkpoint, losses, stopper, curves, meter, logged, target)
 
 
 def _progress_callback(spec: RunSpec) -> Callback | None:

@@ -52,6 +52,15 @@ class LatestAndBest(ModelCheckpoint):
         """ModelCheckpoint's own key, so checkpoints written before (or by plain Lightning) resume alike."""
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Deliberately replaced: Lightning restores only `best_model_path` when the checkpoint was
+        written in another folder. A run resumed with ``resume=auto`` lands in a new Hydra folder
+        but is the same run: forgetting its best score would make the next validation "best"
+        whatever its value, and the test would then take worse weights than the uninterrupted run
+        does. The earlier folder's files stay where they are: Lightning never removes a checkpoint
+        outside this callback's own folder."""
+        super().load_state_dict({**state_dict, "dirpath": self.dirpath})
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):

@@ -7,6 +7,11 @@ identity) and takes the newest checkpoint among them that reads back whole; file
 not (a kill during a write leaves only a hidden temporary, but a disk can still hand back a torn
 file) are passed over with a warning. Asked to resume and nothing found: an error, never a silent
 fresh start.
+
+A run that already completed is not trained again: when the newest summary.json among the run's
+folders says ``completed`` and the run stopped where this one would (the same `trainer.max_epochs`
+and `trainer.max_steps`; other values carry the run on from its checkpoint), `completed_run`
+returns it, and the run says so and ends.
 """
 
 from __future__ import annotations
@@ -143,14 +148,75 @@ def find_latest(name: str, root: Path, own_folder: Path | None = None) -> Checkp
     return None
 
 
-def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) -> Checkpoint | None:
-    """What `resume` asks for, as a checkpoint; None when the run starts fresh."""
+def requested(request: str | None) -> str | None:
+    """`resume` as the run takes it: as configured, or ``if_any`` for a job that SLURM started again."""
     if request is None and int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0:
         # A job SLURM started again (requeued after a preemption) runs the same command in the same
         # folder: starting fresh would throw away its own checkpoint.
         log.info("resume: this SLURM job was requeued (SLURM_RESTART_COUNT=%s): carrying on as resume=if_any",
                  os.environ["SLURM_RESTART_COUNT"])
-        request = "if_any"
+        return "if_any"
+    return request
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A run that completed: its folder and its summary."""
+
+    folder: Path
+    summary: dict[str, Any]
+
+
+#: The keys that say where training stops: a completed run asked to resume with other values carries on.
+STOP_KEYS = ("max_epochs", "max_steps")
+RESOLVED_CONFIG = "config_resolved.yaml"
+
+
+def completed_run(request: str | None, name: str, root: Path, run_dir: Path,
+                  stop: Mapping[str, Any]) -> Completed | None:
+    """The run, if `resume` asks to carry on (auto or if_any) and its newest summary says it
+    completed with the same stopping point (`stop`: the trainer's max_epochs and max_steps)."""
+    if request not in ("auto", "if_any"):
+        return None  # fresh, or resume=PATH: a checkpoint named on purpose is resumed (and tested) again
+    folders = runs_named(name, root, exclude=run_dir)
+    if _named(run_dir) in (name, None):
+        folders.append(run_dir)
+    newest: tuple[int, Path, dict[str, Any]] | None = None
+    for folder in folders:
+        try:
+            written = (folder / "summary.json").stat().st_mtime_ns
+            summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict) and (newest is None or written > newest[0]):
+            newest = (written, folder, summary)
+    if newest is None or newest[2].get("status") != "completed":
+        return None
+    _, folder, summary = newest
+    stopped = _stop_of(folder)
+    differs = {k: (stopped[k], stop.get(k)) for k in STOP_KEYS if k in stopped and stopped[k] != stop.get(k)}
+    if differs:
+        log.info("resume: run '%s' completed in %s with %s; carrying on to %s", name, folder,
+                 ", ".join(f"trainer.{k}={old}" for k, (old, _) in differs.items()),
+                 ", ".join(f"trainer.{k}={new}" for k, (_, new) in differs.items()))
+        return None
+    return Completed(folder, summary)
+
+
+def _stop_of(folder: Path) -> dict[str, Any]:
+    """Where the run in `folder` was configured to stop, from its resolved config ({} if unreadable)."""
+    from omegaconf import OmegaConf  # the config library: imported where a resume asks
+
+    try:
+        trainer = OmegaConf.to_container(OmegaConf.load(folder / RESOLVED_CONFIG)).get("trainer") or {}
+    except Exception:  # noqa: BLE001 - a missing or torn file: nothing to compare against
+        return {}
+    return {k: trainer[k] for k in STOP_KEYS if k in trainer}
+
+
+def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) -> Checkpoint | None:
+    """What `resume` asks for (see `requested`), as a checkpoint; None when the run starts fresh."""
+    request = requested(request)
     if request is None:
         return None
     if request == "if_any":  # a job that may be a requeue: carry on if there is something to carry on from

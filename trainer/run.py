@@ -1,12 +1,13 @@
 """The one place that wires a run, as named phases, each a function of one job:
 
     compose    what Hydra composed (`Job`), checked against every group's schema (`validate`)
-    identify   the run's name, the checkpoint it resumes from, run.json
+    identify   the run's name, the checkpoint it resumes from, run.json; a run asked to resume that
+               has already completed says so and ends here
     build      data module, network and callbacks from the config (trainer/build.py)
     resolve    the `Plan`: every derived setting with its derivation (trainer/plan.py)
     prepare    the plan applied to the network, printed, and the run's environment recorded
     diagnose   with diagnose=true: time the parts of a step instead of training (trainer/diagnose.py)
-    fit, test  the Lightning Trainer built from the plan
+    fit, test  the Lightning Trainer built from the plan; summary.json says which phase the run is in
     record     summary.json, also for a run that fails or is interrupted (trainer/summary.py)
 """
 
@@ -55,7 +56,8 @@ from trainer.plan import Derived, Plan, resolve
 from trainer.precision import compute_dtype
 from trainer.profile import StepProfiler, machine_roof, write_report
 from trainer.recipes import lineage_record
-from trainer.resume import Checkpoint, check_fits, default_name, identity_of, resolve_resume, write_identity
+from trainer.resume import (STOP_KEYS, Checkpoint, Completed, check_fits, completed_run, default_name, identity_of,
+                            read_resumable, requested, resolve_resume, write_identity)
 from trainer.summary import (RunRecord, log_result, optimizer_param_groups, peak_memory, reset_peak_memory,
                              split_metrics, write_json_atomic)
 from trainer.task import ClassificationTask, classification_loss
@@ -106,6 +108,8 @@ class Fitted(NamedTuple):
     #: The callbacks' records at the end of training, taken before testing the best checkpoint
     #: restores their states as they were when it was written.
     training_records: dict[str, Any]
+    #: The checkpoint holding training's final state (None when none does: checkpointing off).
+    final_checkpoint: str | None
 
 
 def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, str] | None = None,
@@ -150,7 +154,14 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     started = time.perf_counter()
     spec = validate(job.cfg, job.choices)
     rank_zero = _check_launch(spec, job)
-    identity = _identify(spec, job, rank_zero)
+    name = spec.identity.name or default_name(job.choices, job.overrides)
+    resume = requested(spec.run.resume)
+    if not (spec.run.diagnose or spec.run.profile):
+        done = completed_run(resume, name, Path(spec.identity.root), job.run_dir,
+                             {key: spec.trainer.get(key) for key in STOP_KEYS})
+        if done is not None:
+            return _already_completed(done, name, spec, job, rank_zero)
+    identity = _identify(spec, job, rank_zero, name, resume)
     route_library_logs()
     L.seed_everything(spec.run.seed, workers=True, verbose=False)
     parts = build_parts(spec, job.run_dir)
@@ -185,12 +196,15 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
         record.fields["memory_plan"] = memory.to_dict()
     record.begin()
     try:
-        fitted = _fit_and_test(built, task, parts, identity.resume_from, device_of(plan))
+        fitted = _fit(built, task, parts, identity.resume_from, device_of(plan))
+        record.enter("testing", **_training_fields(built, fitted))
+        fitted = _test(built, task, parts, fitted)
     except BaseException as ex:
         ending = _record_failure(ex, spec, built, parts, record, started, identity)
         if ending is None:
             raise
         raise ending from None
+    record.enter("recording")
     summary = _record_completion(spec, built, parts, fitted, record, started, identity)
     return objective_value(summary["metrics"], spec.run.objective)
 
@@ -212,11 +226,23 @@ def _check_launch(spec: RunSpec, job: Job) -> bool:
     return rank_zero
 
 
-def _identify(spec: RunSpec, job: Job, rank_zero: bool) -> Identity:
-    """The run's stable name, the checkpoint it carries on from, and its loggers' run ids (a wandb
-    run continues under the id of the run resumed from); run.json records them."""
-    name = spec.identity.name or default_name(job.choices, job.overrides)
-    resume_from = resolve_resume(spec.run.resume, name, Path(spec.identity.root), job.run_dir)
+def _already_completed(done: Completed, name: str, spec: RunSpec, job: Job, rank_zero: bool) -> float:
+    """A run asked to resume that has already completed: one line, nothing trained or written in
+    its folder, and its objective for a sweeper. In a multirun the job's folder gets the run's
+    summary, unchanged, for the sweep's comparison table."""
+    tested = (done.summary.get("metrics") or {}).get("test") or {}
+    reached = "  ".join(f"test/{k} {v:.4f}" for k, v in tested.items() if isinstance(v, (int, float)))
+    log.info("run '%s' already completed in %s (%s): nothing to do", name, done.folder,
+             reached or f"{done.summary.get('steps')} steps")
+    if job.multirun and rank_zero and job.run_dir.resolve() != done.folder.resolve():
+        write_json_atomic(job.run_dir / "summary.json", done.summary)
+    return objective_value(done.summary.get("metrics") or {}, spec.run.objective)
+
+
+def _identify(spec: RunSpec, job: Job, rank_zero: bool, name: str, resume: str | None) -> Identity:
+    """The run's checkpoint to carry on from, and its loggers' run ids (a wandb run continues under
+    the id of the run resumed from); run.json records them with the run's stable name."""
+    resume_from = resolve_resume(resume, name, Path(spec.identity.root), job.run_dir)
     ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
     resumed_step = resume_from.global_step if resume_from else None
     earlier = attempts.earlier_attempts(resume_from.path if resume_from else None, resumed_step)
@@ -436,10 +462,11 @@ def _what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Pa
     }
 
 
-def _fit_and_test(built: Built, task: ClassificationTask, parts: Parts, resume_from: Checkpoint | None,
-                  memory_device: torch.device) -> Fitted:
-    """Fit (from the checkpoint resumed from, if any), then test the best checkpoint (or the final
-    weights without checkpointing); a signal stop or an interruption raises."""
+def _fit(built: Built, task: ClassificationTask, parts: Parts, resume_from: Checkpoint | None,
+         memory_device: torch.device) -> Fitted:
+    """Fit, from the checkpoint resumed from if any; a signal stop or an interruption raises. A run
+    resumed after its training had ended fits nothing: what its training reached comes from that
+    checkpoint (trainer/callbacks/logged_metrics.py)."""
     trainer = built.trainer
     # The jobs of a multirun share this process: collect the previous job's reference cycles
     # (trainer <-> module) before counting this run's peak, or its model would still be resident.
@@ -450,19 +477,48 @@ def _fit_and_test(built: Built, task: ClassificationTask, parts: Parts, resume_f
         trainer.fit(task, datamodule=parts.datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
                     weights_only=True)
         fit_seconds = time.perf_counter() - started
-        metrics = split_metrics(dict(trainer.callback_metrics))
-        if trainer.interrupted:
-            raise KeyboardInterrupt
-        records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
-                   "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
-        if built.target is not None:
-            records["target"] = built.target.summary()
-            log.info(built.target.line())
-        use_best = built.checkpoint is not None and bool(built.checkpoint.best_model_path)
-        tested = trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if use_best else None,
-                              verbose=False, weights_only=True)
-    metrics.update(split_metrics(tested[0] if tested else {}))
-    return Fitted(fit_seconds, metrics, use_best, peak_memory(memory_device, peak_reset), records)
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
+               "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
+    if built.target is not None:
+        records["target"] = built.target.summary()
+        log.info(built.target.line())
+    use_best = built.checkpoint is not None and bool(built.checkpoint.best_model_path)
+    final = _final_checkpoint(built, resume_from)
+    # From here a stop signal ends the test early, as the final state is kept (GracefulStop).
+    built.stopper.final_checkpoint = final
+    return Fitted(fit_seconds, split_metrics(built.logged.final(trainer)), use_best,
+                  peak_memory(memory_device, peak_reset), records, final)
+
+
+def _final_checkpoint(built: Built, resume_from: Checkpoint | None) -> str | None:
+    """The checkpoint that holds training's final state: the last one written, or (a run resumed
+    after its training had ended) the one it resumed from."""
+    step = int(built.trainer.global_step)
+    last = built.checkpoint.last_model_path if built.checkpoint is not None else ""
+    for path in [p for p in (last, resume_from.path if resume_from else None) if p]:
+        try:
+            if read_resumable(Path(path)).global_step == step:
+                return str(path)
+        except UserError:
+            continue
+    return None
+
+
+def _training_fields(built: Built, fitted: Fitted) -> dict[str, Any]:
+    """What the fit reached, written into summary.json as the test starts."""
+    return {"metrics": fitted.metrics, **fitted.training_records, "steps": built.trainer.global_step,
+            "epochs": built.trainer.current_epoch, "fit_time_s": fitted.fit_seconds,
+            "final_checkpoint": fitted.final_checkpoint}
+
+
+def _test(built: Built, task: ClassificationTask, parts: Parts, fitted: Fitted) -> Fitted:
+    """Test the best checkpoint (or the final weights without checkpointing)."""
+    with quiet_library_warnings():
+        tested = built.trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if fitted.use_best else None,
+                                    verbose=False, weights_only=True)
+    return fitted._replace(metrics={**fitted.metrics, **split_metrics(tested[0] if tested else {})})
 
 
 def _record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts, record: RunRecord,
@@ -477,7 +533,8 @@ def _record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts
     _wrap_up(built, parts, record, identity.name, failed=True)
     record.end(status, error=exception_line(ex), nonfinite=parts.guard.summary(),
                wall_time_s=time.perf_counter() - started, steps=steps,
-               **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, status, steps, signum)]))
+               **attempts.totals([*identity.earlier_attempts,
+                                  attempts.ended(identity.attempt, status, steps, signum, record.working)]))
     last = built.checkpoint.last_model_path if built.checkpoint is not None else None
     return ending_for(ex, spec, last)
 
@@ -491,15 +548,41 @@ def _ending_status(ex: BaseException) -> str:
 
 def _record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
                        started: float, identity: Identity) -> dict[str, Any]:
-    """summary.json of a completed run: metrics, which weights were tested, cost; printed."""
-    trainer, checkpoint, monitor = built.trainer, built.checkpoint, spec.checkpointing.monitor
-    tested = (f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}, "
-              f"{monitor}={float(checkpoint.best_model_score):.4f})" if fitted.use_best and checkpoint
-              else "weights at the end of training")
+    """summary.json of a completed run: metrics, which weights were tested, cost; printed. A failure
+    while recording is recorded as that, in one line: the checkpoints already written stay valid,
+    and the run's next start (resume=if_any) tests and records it again."""
+    try:
+        return _write_completion(spec, built, parts, fitted, record, started, identity)
+    except Exception as ex:  # noqa: BLE001 - recorded and reported as one line, see the docstring
+        if full_error_requested():
+            raise
+        problem = f"recording the completed run failed ({exception_line(ex, 300)})"
+        try:
+            record.end("failed", error=problem)
+        except Exception:  # noqa: BLE001 - the summary cannot be written either: the line says it all
+            pass
+        raise UserError(str(record.path), problem,
+                        f"its checkpoints are intact: the same command with resume=if_any records it again "
+                        f"({fitted.final_checkpoint or 'no final checkpoint'})") from None
+
+
+def _tested_weights(spec: RunSpec, built: Built, fitted: Fitted) -> str:
+    checkpoint, monitor = built.checkpoint, spec.checkpointing.monitor
+    if not (fitted.use_best and checkpoint):
+        return "weights at the end of training"
+    score = checkpoint.best_model_score
+    shown = f", {monitor}={float(score):.4f}" if score is not None else ""
+    return f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}{shown})"
+
+
+def _write_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
+                      started: float, identity: Identity) -> dict[str, Any]:
+    trainer, checkpoint = built.trainer, built.checkpoint
     _wrap_up(built, parts, record, identity.name, failed=False)
     summary = record.end(
-        "completed", metrics=fitted.metrics, tested_weights=tested,
+        "completed", metrics=fitted.metrics, tested_weights=_tested_weights(spec, built, fitted),
         best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
+        final_checkpoint=fitted.final_checkpoint,
         optimizer_param_groups=optimizer_param_groups(trainer.optimizers), **fitted.training_records,
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
         fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started,

@@ -18,29 +18,53 @@ from trainer.fingerprint import proc_kib
 log = logging.getLogger("trainer")
 
 
+#: Where a run stands, in summary.json's ``phase`` at every write: ``training`` (written as it
+#: starts), ``testing`` (the fit has ended: what it reached is written before the test starts),
+#: then how it ended: ``completed``, ``preempted``, ``interrupted`` or ``failed``, with ``stopped_in``
+#: naming the phase it stopped in (``training``, ``testing`` or ``recording``: the final write).
+#: ``status`` keeps its older meaning: ``running`` until the run ends, then as ``phase``.
+WORKING_PHASES = ("training", "testing", "recording")
+
+
 class RunRecord:
-    """The run's summary.json: started with what ran (status ``running``), ended with how it ended.
+    """The run's summary.json: started with what ran (status ``running``, phase ``training``),
+    written again when the fit has ended (phase ``testing``), ended with how it ended.
 
     Only the process that writes the run's records (rank 0) writes the file; every write replaces
-    it atomically, so a failed or interrupted run still leaves a complete summary.
+    it atomically, so a run killed at any moment leaves a complete summary of where it stood.
     """
 
     def __init__(self, path: Path, fields: dict[str, Any], writes: bool = True) -> None:
         self.path = path
-        self.fields = {"status": "running", **fields}
+        self.fields = {"status": "running", "phase": "training", **fields}
         self.writes = writes
+        #: The phase the run is in now (also "recording", which no write of its own announces).
+        self.working = "training"
 
     def begin(self) -> None:
         """Written as the run starts: a run killed outright (SIGKILL, a lost node) leaves a summary
         that says it was running, which the next attempt counts as killed (trainer/attempts.py)."""
-        if self.writes:
-            write_json_atomic(self.path, self.fields)
+        self._write()
+
+    def enter(self, phase: str, **fields: Any) -> None:
+        """The run moves on to `phase`; what it knows so far (`fields`) is written with it, except
+        for ``recording``, which ends in the final write anyway."""
+        assert phase in WORKING_PHASES, phase
+        self.working = phase
+        if phase != "recording":
+            self.fields.update(phase=phase, **fields)
+            self._write()
 
     def end(self, status: str, **fields: Any) -> dict[str, Any]:
-        self.fields.update(status=status, **fields)
+        self.fields.update(status=status, phase=status, **fields)
+        if status != "completed":
+            self.fields["stopped_in"] = self.working
+        self._write()
+        return self.fields
+
+    def _write(self) -> None:
         if self.writes:
             write_json_atomic(self.path, self.fields)
-        return self.fields
 
 
 def optimizer_param_groups(optimizers: Iterable[torch.optim.Optimizer]) -> list[dict[str, Any]]:

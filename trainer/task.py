@@ -111,6 +111,40 @@ class ClassificationTask(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
         return loss
 
+    # The training metrics' running states (this epoch's batches so far) go into every checkpoint
+    # written inside an epoch, one entry per process: a run resumed mid-epoch ends that epoch with
+    # the mean over all of its batches, as the uninterrupted run does, not only those after the
+    # resume. (Lightning saves neither the metrics' states nor its own running means.) A checkpoint
+    # written at an epoch's end holds none: the next epoch starts afresh either way.
+    TRAIN_METRICS_KEY = "train_metric_states"
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        progress = self.trainer.fit_loop.epoch_progress.current
+        if progress.processed > progress.completed:  # saved at the epoch's end
+            return
+        # Every process writes its part: all of them save together (a collective).
+        checkpoint[self.TRAIN_METRICS_KEY] = {
+            name: {"updates": int(metric._update_count),
+                   "states": {k: self._per_process(v) for k, v in metric.metric_state.items()}}
+            for name, metric in (("train_loss", self.train_loss), ("train_acc", self.train_acc))}
+
+    def _per_process(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if self.trainer.world_size == 1:
+            return [tensor.detach().cpu()]
+        return list(self.trainer.strategy.all_gather(tensor.detach()).cpu().unbind(0))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(self.TRAIN_METRICS_KEY)
+        rank, processes = self.trainer.global_rank, self.trainer.world_size
+        for name, record in (saved or {}).items():
+            metric = getattr(self, name)
+            if any(len(parts) != processes for parts in record["states"].values()):
+                continue  # written by another number of processes: the epoch's mean starts afresh
+            for key, parts in record["states"].items():
+                setattr(metric, key, parts[rank].to(metric.device))
+            metric._update_count = int(record["updates"])
+            metric._computed = None
+
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         with record_function(BACKWARD_RANGE):
             super().backward(loss, *args, **kwargs)

@@ -8,6 +8,11 @@ writes `checkpoints/last.ckpt` (atomically, see trainer/checkpoint.py) and asks 
 the run carries on exactly from there with ``resume=auto`` or ``resume=if_any``. A signal that came
 before training started stops the run after its first step. A second SIGINT interrupts at once.
 
+After training, a signal stops the test at the end of its current batch, provided the run's final
+state is in a checkpoint (`after_training`): the resumed run finds its training over and only tests
+again. Without such a checkpoint (checkpointing off) the test goes on to the end, as there would be
+nothing to carry on from; a signal during the last test batch or the summary lets the run complete.
+
 Under submitit the preemption signal is submitit's to act on: it saves the job's resubmission and
 asks SLURM to requeue it. We deliberately delay that until the checkpoint and summary are written
 (submitit's own handler exits on the spot, mid-step): the latch keeps submitit's handler and
@@ -92,6 +97,8 @@ class GracefulStop(StepBoundary):
         self.checkpoint: str | None = None
         self.step: int | None = None
         self._displaced: dict[int, Any] = {}
+        #: Set once training has ended: the checkpoint that holds its final state, if any.
+        self.final_checkpoint: str | None = None
 
     @property
     def received(self) -> int | None:
@@ -115,15 +122,7 @@ class GracefulStop(StepBoundary):
             return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         if self.ends_epoch(trainer, batch_idx):
             return  # the epoch ends (validation, last.ckpt) first; stop after the next epoch's first step
-        if trainer.world_size > 1:
-            # All processes stop at the same step, or the ones still training would wait forever
-            # in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
-            # reach every process, but not at the same instant), all agree on it here. One scalar
-            # all-reduce per optimizer step, only with several processes.
-            # Encoded as priority * 256 + signal, so the maximum is the signal every process stops for.
-            mine = priority(self.received) * 256 + self.received if self.received else 0
-            agreed = int(trainer.strategy.reduce(torch.tensor([mine], device=pl_module.device), reduce_op="max").item())
-            self.received = agreed % 256 or None
+        self._agree(trainer, pl_module)
         if self.received is None:
             return
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
@@ -133,6 +132,32 @@ class GracefulStop(StepBoundary):
         # ends the epoch, and ModelCheckpoint then replaces this mid-epoch last.ckpt with one whose
         # loops say the epoch is over, so a resumed run would skip the epoch's remaining batches.
         # Lightning passes an exception from a hook through on_exception and teardown to fit's caller.
+        stopped = self.outcome()
+        assert stopped is not None
+        raise stopped
+
+    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """All processes stop at the same step (or test batch), or the ones still going would wait
+        forever in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
+        reach every process, but not at the same instant), all agree on it here. One scalar
+        all-reduce per optimizer step, only with several processes. Encoded as
+        priority * 256 + signal, so the maximum is the signal every process stops for."""
+        if trainer.world_size > 1:
+            mine = priority(self.received) * 256 + self.received if self.received else 0
+            agreed = int(trainer.strategy.reduce(torch.tensor([mine], device=pl_module.device), reduce_op="max").item())
+            self.received = agreed % 256 or None
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.final_checkpoint is None or self.checkpoint is not None:
+            return  # no final state to carry on from: the test goes on to the end
+        batches = trainer.num_test_batches
+        if batch_idx + 1 >= (batches[dataloader_idx] if isinstance(batches, list) else batches):
+            return  # the last batch: completing costs less than a requeue
+        self._agree(trainer, pl_module)
+        if self.received is None:
+            return
+        self.checkpoint, self.step = self.final_checkpoint, int(trainer.global_step)
         stopped = self.outcome()
         assert stopped is not None
         raise stopped

@@ -111,6 +111,16 @@ class ThroughputMeter(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close_partial(pl_module)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The windows measured so far go into every checkpoint: a resumed run's rate is the median
+        over the windows of all its attempts (each attempt skips its own warm-up again), and a run
+        resumed after its training ended reports the rate its training had."""
+        return {"window_rates": list(self.window_rates), "partial": [list(p) for p in self._partial]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.window_rates = [float(r) for r in state_dict.get("window_rates", [])]
+        self._partial = [(int(s), float(t)) for s, t in state_dict.get("partial", [])]
+
     def summary(self) -> dict[str, Any]:
         result: dict[str, Any] = {
             "warmup_steps": self.warmup_steps,

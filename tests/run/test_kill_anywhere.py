@@ -1,0 +1,242 @@
+"""A run killed with SIGKILL at any moment of its life, from start-up to the last byte of its summary,
+carries on with ``resume=if_any`` and completes with the uninterrupted run's final weights (tensor
+for tensor) and metrics (train, validation and test: every value equal).
+
+The moments are a seeded draw, printed, and new at every run of the suite (``KILL_SEED=N`` repeats
+one): one moment in each eighth of the uninterrupted run's wall time, so start-up, training, the
+last validation, the test and the summary are all in reach; and three moments placed by events
+that a clock would rarely hit: halfway through writing a checkpoint file (which one is drawn),
+during a test batch (drawn), and halfway through writing the completed summary. The resume alternates
+between the killed run's own folder (a requeued job) and a new one (the command run again). Where
+the kill came after the run had completed, the resume says so in one line and exits 0.
+
+A completed run asked to resume (auto or if_any) does not train again: one line, exit 0, its
+summary untouched. The deterministic CPU settings of tests/run/test_resume.py make the runs
+comparable bit for bit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from tests.helpers import ON_CPU, ForkedRun, Result, train_forked
+
+pytestmark = pytest.mark.run
+
+# Digits, 6 batches an epoch, 3 epochs: last.ckpt every 2 steps inside epochs and at each epoch
+# end (with the best by val/loss); 3 test batches.
+RUN = [*ON_CPU, "trainer.max_epochs=3", "trainer.limit_train_batches=6", "trainer.limit_val_batches=2",
+       "trainer.limit_test_batches=3", "trainer.num_sanity_val_steps=1", "trainer.deterministic=true",
+       "checkpointing.every_n_steps=2", "progress=off", "logger=csv", "seed=3"]
+FINAL_STEP = 18
+TEST_BATCHES = 3
+TIMED_MOMENTS = 8
+SEED = int(os.environ.get("KILL_SEED") or random.SystemRandom().randrange(10**6))
+
+
+def weights(path: str | Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def compared(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """What a run reached; the throughput it logged (perf/) is a timing, not a result."""
+    return {split: values for split, values in metrics.items() if split != "perf"}
+
+
+def count_saves(counter: Path) -> Callable[[], None]:
+    """Append a line to `counter` for every checkpoint file the run writes."""
+    def setup() -> None:
+        import trainer.checkpoint
+
+        real_save = torch.save
+
+        def counting_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if isinstance(f, (str, Path)):
+                with open(counter, "a") as out:
+                    out.write(f"{f}\n")
+            return real_save(obj, f, *args, **kwargs)
+
+        trainer.checkpoint.torch.save = counting_save  # type: ignore[attr-defined]
+    return setup
+
+
+def kill_self() -> None:
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def kill_during_save(number: int) -> Callable[[], None]:
+    """SIGKILL halfway through writing the run's `number`-th checkpoint file."""
+    def setup() -> None:
+        import trainer.checkpoint
+
+        real_save = torch.save
+        calls = {"n": 0}
+
+        def torn_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if isinstance(f, (str, Path)):
+                calls["n"] += 1
+                if calls["n"] == number:
+                    buffer = io.BytesIO()
+                    real_save(obj, buffer, *args, **kwargs)
+                    with open(f, "wb") as out:
+                        out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+                        out.flush()
+                        os.fsync(out.fileno())
+                    kill_self()
+            return real_save(obj, f, *args, **kwargs)
+
+        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
+    return setup
+
+
+def kill_in_test_batch(number: int) -> Callable[[], None]:
+    """SIGKILL as test batch `number` (1-based) ends."""
+    def setup() -> None:
+        from trainer.task import ClassificationTask
+
+        real_step = ClassificationTask.test_step
+        calls = {"n": 0}
+
+        def test_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            out = real_step(self, *args, **kwargs)
+            calls["n"] += 1
+            if calls["n"] == number:
+                kill_self()
+            return out
+
+        ClassificationTask.test_step = test_step  # type: ignore[method-assign]
+    return setup
+
+
+def kill_writing_completed_summary() -> None:
+    """SIGKILL halfway through writing the summary that says the run completed."""
+    import trainer.summary
+    from trainer.atomic import replace_atomic
+
+    real_write = trainer.summary.write_text_atomic
+
+    def torn_write(path, text):  # type: ignore[no-untyped-def]
+        if Path(path).name == "summary.json" and '"status": "completed"' in text:
+            def half(tmp: Path) -> None:
+                tmp.write_text(text[: len(text) // 2])
+                kill_self()
+            replace_atomic(Path(path), half)
+        return real_write(path, text)
+
+    trainer.summary.write_text_atomic = torn_write  # type: ignore[assignment]
+
+
+class Reference:
+    def __init__(self, result: Result, wall_s: float, saves: int) -> None:
+        self.summary = result.summary
+        self.weights = weights(result.run_dir / "checkpoints" / "last.ckpt")
+        self.wall_s = wall_s
+        self.saves = saves
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """The uninterrupted run, twice: the second is timed (the first pays this process's one-time
+    costs, which no later run has) and must equal the first."""
+    root = tmp_path_factory.mktemp("reference")
+    runs = []
+    for number in range(2):
+        counter = root / f"saves{number}.txt"
+        started = time.monotonic()
+        result = train_forked([*RUN, f"run.root={root}", f"run.name=reference{number}"], root / f"run{number}",
+                              setup=count_saves(counter))
+        wall = time.monotonic() - started
+        assert result.returncode == 0, result
+        assert result.summary["steps"] == FINAL_STEP and result.summary["phase"] == "completed"
+        runs.append(Reference(result, wall, len(counter.read_text().splitlines())))
+    first, second = runs
+    assert compared(first.summary["metrics"]) == compared(second.summary["metrics"])
+    assert all(torch.equal(first.weights[k], second.weights[k]) for k in first.weights)
+    return second
+
+
+def moments(reference: Reference) -> list[tuple[str, float | None, Callable[[], None] | None]]:
+    """(label, seconds after the start to kill at or None, fault injected in the child or None)."""
+    draw = random.Random(SEED)
+    timed = [(i + draw.random()) * reference.wall_s / TIMED_MOMENTS for i in range(TIMED_MOMENTS)]
+    save = draw.randint(1, reference.saves)
+    batch = draw.randint(1, TEST_BATCHES)
+    return [*((f"at {t:.2f} s of {reference.wall_s:.2f} s", t, None) for t in timed),
+            (f"halfway through checkpoint file {save} of {reference.saves}", None, kill_during_save(save)),
+            (f"in test batch {batch} of {TEST_BATCHES}", None, kill_in_test_batch(batch)),
+            ("halfway through writing the completed summary", None, kill_writing_completed_summary)]
+
+
+def completed_summary(*folders: Path) -> dict[str, Any]:
+    """The newest summary.json among `folders` (the resumed run's, or the killed run's where the
+    kill came after it had completed), which must say completed."""
+    written = [f / "summary.json" for f in folders if (f / "summary.json").is_file()]
+    newest = max(written, key=lambda p: p.stat().st_mtime_ns)
+    summary = json.loads(newest.read_text())
+    assert summary["status"] == "completed" and summary["phase"] == "completed", (newest, summary.get("phase"))
+    return summary
+
+
+def test_killed_at_any_moment_resumes_to_the_uninterrupted_result(tmp_path, reference):
+    print(f"\nkill-anywhere draw: KILL_SEED={SEED}; the uninterrupted run took {reference.wall_s:.2f} s, "
+          f"wrote {reference.saves} checkpoint files")
+    failures = []
+    for number, (label, at, fault) in enumerate(moments(reference)):
+        root = tmp_path / f"moment{number}"
+        args = [*RUN, f"run.root={root}", "run.name=killed"]
+        first = root / "first"
+        with ForkedRun(args, first, setup=fault) as child:
+            if at is not None:
+                deadline = time.monotonic() + at
+                while time.monotonic() < deadline and not child.done():
+                    time.sleep(0.005)
+                child.kill()
+            killed = child.wait(timeout=120)
+        phase = json.loads((first / "summary.json").read_text()).get("phase") if (first / "summary.json").is_file() \
+            else "before its summary"
+        # Even moments resume in the killed run's folder (a requeued job), odd ones in a new one.
+        second = first if number % 2 == 0 else root / "second"
+        resumed = train_forked([*args, "resume=if_any"], second)
+        where = f"moment {number} ({label}; exit {killed.returncode}, summary then: {phase})"
+        print(f"  {where}: resumed with exit {resumed.returncode}")
+        if resumed.returncode != 0:
+            failures.append(f"{where}: resume failed: {resumed!r}")
+            continue
+        assert "Traceback" not in resumed.stderr, resumed
+        summary = completed_summary(first, second)
+        if killed.returncode == 0:  # the run had completed before the kill came
+            assert "already completed" in resumed.stdout + resumed.stderr, resumed
+        assert summary["steps"] == FINAL_STEP, where
+        if compared(summary["metrics"]) != compared(reference.summary["metrics"]):
+            failures.append(f"{where}: metrics {summary['metrics']} != {reference.summary['metrics']}")
+        final = weights(summary["final_checkpoint"])
+        different = [k for k in reference.weights if not torch.equal(final[k], reference.weights[k])]
+        if different or final.keys() != reference.weights.keys():
+            failures.append(f"{where}: {len(different)} tensors differ, e.g. {different[:3]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_completed_run_asked_to_resume_says_so_in_one_line_and_changes_nothing(tmp_path, reference):
+    for request in ("if_any", "auto"):
+        root = tmp_path / request
+        args = [*RUN, f"run.root={root}", "run.name=done"]
+        first = train_forked(args, root / "first")
+        assert first.returncode == 0, first
+        before = (root / "first" / "summary.json").read_bytes()
+        again = train_forked([*args, f"resume={request}"], root / "again")
+        assert again.returncode == 0, again
+        said = [line for line in (again.stdout + again.stderr).splitlines() if "already completed" in line]
+        assert len(said) == 1 and f"in {root / 'first'}" in said[0], again
+        assert "Traceback" not in again.stderr and "Restoring states" not in again.stdout + again.stderr
+        assert (root / "first" / "summary.json").read_bytes() == before
+        assert not (root / "again" / "summary.json").exists() and not (root / "again" / "checkpoints").exists()
