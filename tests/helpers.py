@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from trainer.models.small_cnn import SmallCNN
@@ -387,3 +388,53 @@ class ExplodingCNN(CrashesAt, SmallCNN):
         super().__init__(num_classes, in_channels, widths, dropout)
         self.fail_at = fail_at
         self.calls = 0
+
+
+def kill_job() -> None:
+    """SIGKILL every process of this process's group: no handler runs, nothing is flushed."""
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def kill_writing_completed_summary() -> None:
+    """From now on, writing the summary that says the run completed kills the job halfway through
+    (the atomic write's temporary file is half written)."""
+    import trainer.summary
+    from trainer.atomic import replace_atomic
+
+    real_write = trainer.summary.write_text_atomic
+
+    def torn_write(path: Path, text: str) -> None:
+        if Path(path).name == "summary.json" and '"status": "completed"' in text:
+            def half(tmp: Path) -> None:
+                tmp.write_text(text[: len(text) // 2])
+                kill_job()
+            replace_atomic(Path(path), half)
+        real_write(path, text)
+
+    trainer.summary.write_text_atomic = torn_write  # type: ignore[assignment]
+
+
+class KillJobAt(Callback):
+    """A callback (``+callbacks.kill._target_=tests.helpers.KillJobAt``) that SIGKILLs the whole
+    job at one moment, from rank 0: every process of its process group (all ranks and their loader
+    workers), as a lost node would; start the job in a session of its own. `moment`: ``step``
+    (as training step `number` ends), ``test_batch`` (as test batch `number` ends) or ``summary``
+    (halfway through writing the summary that says the run completed)."""
+
+    MOMENTS = ("step", "test_batch", "summary")
+
+    def __init__(self, moment: str, number: int = 0) -> None:
+        assert moment in self.MOMENTS, moment
+        self.moment, self.number = moment, number
+        self.rank_zero = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0))) == 0
+        if moment == "summary" and self.rank_zero:
+            kill_writing_completed_summary()
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if self.moment == "step" and self.rank_zero and trainer.global_step == self.number:
+            kill_job()
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        if self.moment == "test_batch" and self.rank_zero and batch_idx + 1 == self.number:
+            kill_job()

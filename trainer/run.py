@@ -552,18 +552,26 @@ def _record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted
     while recording is recorded as that, in one line: the checkpoints already written stay valid,
     and the run's next start (resume=if_any) tests and records it again."""
     try:
-        return _write_completion(spec, built, parts, fitted, record, started, identity)
+        summary = _write_completion(spec, built, parts, fitted, record, started, identity)
     except Exception as ex:  # noqa: BLE001 - recorded and reported as one line, see the docstring
         if full_error_requested():
             raise
         problem = f"recording the completed run failed ({exception_line(ex, 300)})"
+        steps = built.trainer.global_step
         try:
-            record.end("failed", error=problem)
+            record.end("failed", error=problem, **attempts.totals(
+                [*identity.earlier_attempts, attempts.ended(identity.attempt, "failed", steps, stopped_in="recording")]))
         except Exception:  # noqa: BLE001 - the summary cannot be written either: the line says it all
             pass
         raise UserError(str(record.path), problem,
-                        f"its checkpoints are intact: the same command with resume=if_any records it again "
-                        f"({fitted.final_checkpoint or 'no final checkpoint'})") from None
+                        "the same command with resume=if_any, which tests and records the run again from its "
+                        f"final checkpoint ({fitted.final_checkpoint or 'none was written'})") from None
+    if record.writes:
+        try:
+            log_result(summary)
+        except Exception as ex:  # noqa: BLE001 - the summary is written; only its printout failed
+            log.warning("could not print the result (%s); it is in %s", exception_line(ex), record.path)
+    return summary
 
 
 def _tested_weights(spec: RunSpec, built: Built, fitted: Fitted) -> str:
@@ -587,8 +595,6 @@ def _write_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted,
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
         fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started,
         **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
-    if record.writes:
-        log_result(summary)
     return summary
 
 

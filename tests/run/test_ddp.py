@@ -5,7 +5,9 @@ with the lr and weight decay of the global batch of 128, rank 0 alone writing. S
 and crashed in step 43, it leaves one folder, a failed summary and a mid-epoch last.ckpt, from
 which a resumed run ends with weights equal, tensor for tensor, to the uninterrupted run's.
 Preempted with USR2 reaching only one of them, both stop at the same step, and the run carries on
-from there exactly. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
+from there exactly. Killed outright (both processes at once, as a lost node) at three seeded
+moments, during training, during the test and halfway through the completed summary, it completes
+with resume=if_any to the uninterrupted run's weights and metrics. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
 
 These start real processes (each imports torch and Lightning), so they are marked slow; CI runs them.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -32,8 +35,9 @@ TWO_CPU_PROCESSES = ["trainer=ddp", "trainer.devices=2", "trainer.accelerator=cp
 def _launch(command: list[str], root: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["OMP_NUM_THREADS"] = "1"  # two processes on two cores: one thread each
+    # A session of its own: a job that kills its process group (KillJobAt) takes only itself.
     return subprocess.run([*command, f"run.root={root}"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, start_new_session=True)
 
 
 def _only_run_folder(root: Path) -> Path:
@@ -161,3 +165,33 @@ def test_batch_size_auto_gives_both_processes_rank_zeros_batch(tmp_path):
     batch = summary["derived"]["data.batch_size"]["value"]
     assert json.loads((folder / "batch_size_auto.json").read_text())["batch_size"] == batch
     assert summary["derived"]["global_batch_size"]["value"] == 2 * batch and summary["status"] == "completed"
+
+
+def test_killed_at_three_moments_resumes_to_the_uninterrupted_result(reference, tmp_path):
+    """Both processes killed at once (SIGKILL to the job's process group from rank 0) at a drawn
+    training step, as a drawn test batch ends, and halfway through writing the completed summary;
+    each time `resume=if_any` completes the run with the uninterrupted run's final weights and
+    train, validation and test metrics. Checkpoints every 4 steps, so a resume inside an epoch also
+    restores each process's running training metrics."""
+    seed = int(os.environ.get("KILL_SEED") or random.SystemRandom().randrange(10**6))
+    draw = random.Random(seed)
+    expected = json.loads((reference / "summary.json").read_text())
+    step, batch = draw.randint(1, expected["steps"] - 1), draw.randint(1, 3)  # 135 test samples a process: 3 batches
+    print(f"\nDDP kill draw: KILL_SEED={seed}: step {step}, test batch {batch}, the summary")
+    expected_weights = _weights(Path(expected["final_checkpoint"]))
+    for moment, number in (("step", step), ("test_batch", batch), ("summary", 0)):
+        root = tmp_path / moment
+        args = [sys.executable, str(REPO / "train.py"), *REFERENCE, "run.name=killed", "checkpointing.every_n_steps=4"]
+        killed = _launch([*args, "+callbacks.kill._target_=tests.helpers.KillJobAt", f"+callbacks.kill.moment={moment}",
+                          f"+callbacks.kill.number={number}"], root)
+        assert killed.returncode == -9, (moment, killed.stderr[-3000:])
+        resumed = _launch([*args, "resume=if_any"], root)
+        assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, (moment, resumed.stderr[-3000:])
+        summaries = sorted(root.glob("runs/*/*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
+        summary = json.loads(summaries[-1].read_text())
+        assert summary["status"] == "completed" and summary["steps"] == expected["steps"], moment
+        assert summary["attempts"][0]["status"] == "killed", summary["attempts"]
+        assert {k: v for k, v in summary["metrics"].items() if k != "perf"} == \
+            {k: v for k, v in expected["metrics"].items() if k != "perf"}, moment
+        got = _weights(Path(summary["final_checkpoint"]))
+        assert all(torch.equal(expected_weights[k], got[k]) for k in expected_weights), moment

@@ -11,7 +11,8 @@ between the killed run's own folder (a requeued job) and a new one (the command 
 the kill came after the run had completed, the resume says so in one line and exits 0.
 
 A completed run asked to resume (auto or if_any) does not train again: one line, exit 0, its
-summary untouched. The deterministic CPU settings of tests/run/test_resume.py make the runs
+summary untouched. A failure while the completed run is recorded is one line and a failed summary
+that says so; the same command with resume=if_any then records the run with the same metrics. The deterministic CPU settings of tests/run/test_resume.py make the runs
 comparable bit for bit.
 """
 
@@ -29,7 +30,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, ForkedRun, Result, train_forked
+from tests.helpers import ON_CPU, ForkedRun, Result, kill_job, kill_writing_completed_summary, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -70,10 +71,6 @@ def count_saves(counter: Path) -> Callable[[], None]:
     return setup
 
 
-def kill_self() -> None:
-    os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
 def kill_during_save(number: int) -> Callable[[], None]:
     """SIGKILL halfway through writing the run's `number`-th checkpoint file."""
     def setup() -> None:
@@ -92,48 +89,11 @@ def kill_during_save(number: int) -> Callable[[], None]:
                         out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
                         out.flush()
                         os.fsync(out.fileno())
-                    kill_self()
+                    kill_job()
             return real_save(obj, f, *args, **kwargs)
 
         trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
-
-
-def kill_in_test_batch(number: int) -> Callable[[], None]:
-    """SIGKILL as test batch `number` (1-based) ends."""
-    def setup() -> None:
-        from trainer.task import ClassificationTask
-
-        real_step = ClassificationTask.test_step
-        calls = {"n": 0}
-
-        def test_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            out = real_step(self, *args, **kwargs)
-            calls["n"] += 1
-            if calls["n"] == number:
-                kill_self()
-            return out
-
-        ClassificationTask.test_step = test_step  # type: ignore[method-assign]
-    return setup
-
-
-def kill_writing_completed_summary() -> None:
-    """SIGKILL halfway through writing the summary that says the run completed."""
-    import trainer.summary
-    from trainer.atomic import replace_atomic
-
-    real_write = trainer.summary.write_text_atomic
-
-    def torn_write(path, text):  # type: ignore[no-untyped-def]
-        if Path(path).name == "summary.json" and '"status": "completed"' in text:
-            def half(tmp: Path) -> None:
-                tmp.write_text(text[: len(text) // 2])
-                kill_self()
-            replace_atomic(Path(path), half)
-        return real_write(path, text)
-
-    trainer.summary.write_text_atomic = torn_write  # type: ignore[assignment]
 
 
 class Reference:
@@ -165,16 +125,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return second
 
 
-def moments(reference: Reference) -> list[tuple[str, float | None, Callable[[], None] | None]]:
-    """(label, seconds after the start to kill at or None, fault injected in the child or None)."""
+def moments(reference: Reference) -> list[tuple[str, float | None, Callable[[], None] | None, list[str]]]:
+    """(label, seconds after the start to kill at or None, fault injected in the child or None,
+    overrides that add a fault)."""
     draw = random.Random(SEED)
     timed = [(i + draw.random()) * reference.wall_s / TIMED_MOMENTS for i in range(TIMED_MOMENTS)]
     save = draw.randint(1, reference.saves)
     batch = draw.randint(1, TEST_BATCHES)
-    return [*((f"at {t:.2f} s of {reference.wall_s:.2f} s", t, None) for t in timed),
-            (f"halfway through checkpoint file {save} of {reference.saves}", None, kill_during_save(save)),
-            (f"in test batch {batch} of {TEST_BATCHES}", None, kill_in_test_batch(batch)),
-            ("halfway through writing the completed summary", None, kill_writing_completed_summary)]
+    kill_in_test = ["+callbacks.kill._target_=tests.helpers.KillJobAt", "+callbacks.kill.moment=test_batch",
+                    f"+callbacks.kill.number={batch}"]
+    return [*((f"at {t:.2f} s of {reference.wall_s:.2f} s", t, None, []) for t in timed),
+            (f"halfway through checkpoint file {save} of {reference.saves}", None, kill_during_save(save), []),
+            (f"as test batch {batch} of {TEST_BATCHES} ends", None, None, kill_in_test),
+            ("halfway through writing the completed summary", None, kill_writing_completed_summary, [])]
 
 
 def completed_summary(*folders: Path) -> dict[str, Any]:
@@ -191,11 +154,11 @@ def test_killed_at_any_moment_resumes_to_the_uninterrupted_result(tmp_path, refe
     print(f"\nkill-anywhere draw: KILL_SEED={SEED}; the uninterrupted run took {reference.wall_s:.2f} s, "
           f"wrote {reference.saves} checkpoint files")
     failures = []
-    for number, (label, at, fault) in enumerate(moments(reference)):
+    for number, (label, at, fault, faulty) in enumerate(moments(reference)):
         root = tmp_path / f"moment{number}"
         args = [*RUN, f"run.root={root}", "run.name=killed"]
         first = root / "first"
-        with ForkedRun(args, first, setup=fault) as child:
+        with ForkedRun([*args, *faulty], first, setup=fault) as child:
             if at is not None:
                 deadline = time.monotonic() + at
                 while time.monotonic() < deadline and not child.done():
@@ -240,3 +203,31 @@ def test_a_completed_run_asked_to_resume_says_so_in_one_line_and_changes_nothing
         assert "Traceback" not in again.stderr and "Restoring states" not in again.stdout + again.stderr
         assert (root / "first" / "summary.json").read_bytes() == before
         assert not (root / "again" / "summary.json").exists() and not (root / "again" / "checkpoints").exists()
+
+
+def fail_finishing_the_loggers() -> None:
+    """A logger that cannot finish its run (say, wandb without its service) as the run is recorded."""
+    import trainer.run
+
+    def finish(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the logger's service could not be reached")
+
+    trainer.run.finish_loggers = finish  # type: ignore[assignment]
+
+
+def test_a_failure_while_recording_is_one_line_and_the_run_records_again(tmp_path, reference):
+    args = [*RUN, f"run.root={tmp_path}", "run.name=unrecorded"]
+    failed = train_forked(args, tmp_path / "first", setup=fail_finishing_the_loggers)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {tmp_path / 'first' / 'summary.json'}: recording the completed run failed "
+                           "(RuntimeError: the logger's service could not be reached)"), last
+    summary = failed.summary
+    assert (summary["status"], summary["stopped_in"]) == ("failed", "recording")
+    assert summary["attempts"][-1]["stopped_in"] == "recording"
+    assert weights(tmp_path / "first" / "checkpoints" / "last.ckpt").keys() == reference.weights.keys()
+
+    again = train_forked([*args, "resume=if_any"], tmp_path / "second")
+    assert again.returncode == 0, again
+    assert compared(again.summary["metrics"]) == compared(reference.summary["metrics"])
+    assert again.summary["requeues"] == 1 and again.summary["attempts"][0]["status"] == "failed"

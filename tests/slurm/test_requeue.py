@@ -3,6 +3,9 @@ is signalled by SLURM (submitit's USR2, `signal_delay_s` before the limit), writ
 the next step, says `preempted`, is requeued by submitit into the same folder, carries on from that
 checkpoint with resume=if_any, and completes, with final weights equal, tensor for tensor, to those
 of a run that was never interrupted; its summary counts the requeues and the steps lost (none).
+A run preempted during its test (the scheduler's USR2, sent through SLURM once summary.json says
+the run is testing) stops at the end of that test batch, is requeued, finds its training over,
+tests again and completes with the uninterrupted run's test metrics.
 A two-job SLURM multirun ends with its comparison table.
 
 SLURM's signal timing is coarse: slurmctld looks at time limits every 30 s, so the signal comes
@@ -92,6 +95,58 @@ def test_a_run_that_outlasts_its_time_limit_is_requeued_and_equals_an_uninterrup
                "stopped_at_steps": [a["steps"] for a in attempts[:-1]], "wall_time_s": round(wall, 1)}
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
     print(f"\nSLURM requeue figures: {json.dumps(figures)}")
+
+
+def test_a_run_preempted_during_its_test_is_requeued_tests_again_and_completes(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    # 4 epochs of 5 steps at full speed; the first attempt's 5 test batches take 3 s each.
+    run = [*RUN, "trainer.max_epochs=4", f"run.root={tmp_path}", "run.name=tested"]
+    env = {**slurm.env, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    login = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "-m", *SLURM_LAUNCHER, "hydra.launcher.timeout_min=10",
+         "hydra.launcher.cpus_per_task=2", "resume=if_any", *run, "+callbacks.pace._target_=tests.slurm.pace.StepPace",
+         "+callbacks.pace.seconds_per_test_batch=3", f"hydra.sweep.dir={sweep}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job_id = _wait_for_phase(sweep / "0" / "summary.json", "testing", login, timeout=600)
+        slurm.command("scancel", "--signal=USR2", job_id)  # what SLURM sends a job it preempts (submitit's signal)
+        out, err = login.communicate(timeout=600)
+    finally:
+        if login.poll() is None:
+            login.kill()
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((sweep / ".submitit").rglob("*.err")))
+    assert login.returncode == 0, f"{err[-3000:]}\n{logs}\n{slurm.log_tail()}"
+
+    summary = json.loads((sweep / "0" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 20, summary["attempts"]
+    first, second = summary["attempts"]
+    assert (first["status"], first["stopped_in"], first["signal"], first["steps"]) == (
+        "preempted", "testing", "SIGUSR2", 20), first
+    assert second["resumed_from_step"] == 20 and second["slurm_job_id"] == first["slurm_job_id"] == job_id
+    assert summary["requeues"] == 1 and summary["steps_lost"] == 0
+
+    reference_root = tmp_path / "reference"
+    reference = train_forked([*RUN, "trainer.max_epochs=4", f"run.root={reference_root}", "run.name=reference",
+                              "progress=off"], reference_root / "run")
+    assert reference.returncode == 0, reference
+    assert summary["metrics"]["test"] == reference.summary["metrics"]["test"]
+    assert summary["metrics"]["val"] == reference.summary["metrics"]["val"]
+
+
+def _wait_for_phase(path, phase: str, login: subprocess.Popen, timeout: float) -> str:
+    """Poll a job's summary.json until it says `phase`; the SLURM job id of that attempt."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert login.poll() is None, f"the submission ended first: {login.stderr.read()[-3000:]}"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            summary = {}
+        if summary.get("phase") == phase:
+            return str(summary["attempts"][-1]["slurm_job_id"])
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} never said phase {phase} within {timeout} s")
 
 
 def test_a_two_job_slurm_multirun_ends_with_its_comparison_table(slurm, tmp_path):
