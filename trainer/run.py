@@ -197,7 +197,7 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     record.begin()
     try:
         fitted = _fit(built, task, parts, identity.resume_from, device_of(plan))
-        record.enter("testing", **_training_fields(built, fitted))
+        record.enter("testing", **_training_fields(built, fitted, identity))
         fitted = _test(built, task, parts, fitted)
     except BaseException as ex:
         ending = _record_failure(ex, spec, built, parts, record, started, identity)
@@ -506,11 +506,14 @@ def _final_checkpoint(built: Built, resume_from: Checkpoint | None) -> str | Non
     return None
 
 
-def _training_fields(built: Built, fitted: Fitted) -> dict[str, Any]:
-    """What the fit reached, written into summary.json as the test starts."""
-    return {"metrics": fitted.metrics, **fitted.training_records, "steps": built.trainer.global_step,
+def _training_fields(built: Built, fitted: Fitted, identity: Identity) -> dict[str, Any]:
+    """What the fit reached, written into summary.json as the test starts (with the steps this
+    attempt reached: an attempt killed from here on has lost none)."""
+    steps = built.trainer.global_step
+    return {"metrics": fitted.metrics, **fitted.training_records, "steps": steps,
             "epochs": built.trainer.current_epoch, "fit_time_s": fitted.fit_seconds,
-            "final_checkpoint": fitted.final_checkpoint}
+            "final_checkpoint": fitted.final_checkpoint,
+            **attempts.totals([*identity.earlier_attempts, {**identity.attempt, "steps": steps}])}
 
 
 def _test(built: Built, task: ClassificationTask, parts: Parts, fitted: Fitted) -> Fitted:

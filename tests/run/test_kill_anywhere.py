@@ -180,6 +180,8 @@ def test_killed_at_any_moment_resumes_to_the_uninterrupted_result(tmp_path, refe
         if killed.returncode == 0:  # the run had completed before the kill came
             assert "already completed" in resumed.stdout + resumed.stderr, resumed
         assert summary["steps"] == FINAL_STEP, where
+        if phase == "testing":  # killed after its training: the attempt says so, and lost no step
+            assert summary["attempts"][0]["stopped_in"] == "testing" and summary["steps_lost"] == 0, where
         if compared(summary["metrics"]) != compared(reference.summary["metrics"]):
             failures.append(f"{where}: metrics {summary['metrics']} != {reference.summary['metrics']}")
         final = weights(summary["final_checkpoint"])
