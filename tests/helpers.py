@@ -395,6 +395,34 @@ def kill_job() -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def kill_during_save(number: int) -> Callable[[], None]:
+    """A `setup` for `train_forked`: SIGKILL the job halfway through writing its `number`-th
+    checkpoint file (written straight to the file, as a writer without the atomic rename would)."""
+    def setup() -> None:
+        import io
+
+        import trainer.checkpoint
+
+        real_save = torch.save
+        calls = {"n": 0}
+
+        def torn_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(f, (str, Path)):
+                calls["n"] += 1
+                if calls["n"] == number:
+                    buffer = io.BytesIO()
+                    real_save(obj, buffer, *args, **kwargs)
+                    with open(f, "wb") as out:
+                        out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+                        out.flush()
+                        os.fsync(out.fileno())
+                    kill_job()
+            return real_save(obj, f, *args, **kwargs)
+
+        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
+    return setup
+
+
 def kill_writing_completed_summary() -> None:
     """From now on, writing the summary that says the run completed kills the job halfway through
     (the atomic write's temporary file is half written)."""

@@ -18,11 +18,9 @@ comparable bit for bit.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +28,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, ForkedRun, Result, kill_job, kill_writing_completed_summary, train_forked
+from tests.helpers import ON_CPU, ForkedRun, Result, kill_during_save, kill_writing_completed_summary, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -68,31 +66,6 @@ def count_saves(counter: Path) -> Callable[[], None]:
             return real_save(obj, f, *args, **kwargs)
 
         trainer.checkpoint.torch.save = counting_save  # type: ignore[attr-defined]
-    return setup
-
-
-def kill_during_save(number: int) -> Callable[[], None]:
-    """SIGKILL halfway through writing the run's `number`-th checkpoint file."""
-    def setup() -> None:
-        import trainer.checkpoint
-
-        real_save = torch.save
-        calls = {"n": 0}
-
-        def torn_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
-            if isinstance(f, (str, Path)):
-                calls["n"] += 1
-                if calls["n"] == number:
-                    buffer = io.BytesIO()
-                    real_save(obj, buffer, *args, **kwargs)
-                    with open(f, "wb") as out:
-                        out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-                        out.flush()
-                        os.fsync(out.fileno())
-                    kill_job()
-            return real_save(obj, f, *args, **kwargs)
-
-        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
 
 

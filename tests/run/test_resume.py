@@ -6,7 +6,6 @@ and a checkpoint of another model, are one line each."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from typing import Callable
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, train_forked
+from tests.helpers import ON_CPU, kill_during_save, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -60,31 +59,6 @@ def preempt_at_step(step: int) -> Callable[[], None]:
             original(self, trainer, *args, **kwargs)
 
         GracefulStop.on_train_batch_end = on_train_batch_end  # type: ignore[method-assign]
-    return setup
-
-
-def kill_during_save(number: int) -> Callable[[], None]:
-    """SIGKILL the process halfway through writing its `number`-th checkpoint file."""
-    def setup() -> None:
-        import trainer.checkpoint
-
-        real_save = torch.save
-        calls = {"n": 0}
-
-        def torn_save(obj, f, *args, **kwargs):  # type: ignore[no-untyped-def]
-            calls["n"] += 1
-            if calls["n"] < number or not isinstance(f, (str, Path)):
-                return real_save(obj, f, *args, **kwargs)
-            buffer = io.BytesIO()
-            real_save(obj, buffer, *args, **kwargs)
-            data = buffer.getvalue()
-            with open(f, "wb") as out:
-                out.write(data[: len(data) // 2])
-                out.flush()
-                os.fsync(out.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
 
 
