@@ -5,6 +5,9 @@ Hydra multirun whose jobs differ by config overrides only. Each job leaves a `su
 its `config_resolved.yaml`; this module reads them back and writes `SWEEP/comparison.md` (a table
 of samples/s, speed-up over the first stage, peak memory, loss and accuracy, then per stage the
 exact config and derived-value changes) and `SWEEP/comparison.png` (the same numbers as bars).
+Jobs that differ only in `seed` are one setting: the report then opens with a table of each
+setting's mean, spread and n, and its difference from the first with an interval
+(trainer/seed_groups.py), and the chart shows the settings with their spread.
 
 It reads files only, so it runs the same at the end of a sweep (`ComparisonCallback`, registered
 under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.comparison SWEEP_DIR`).
@@ -26,8 +29,10 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from trainer.atomic import replace_atomic, write_text_atomic
-from trainer.config_diff import MISSING, changes_marked, same
+from trainer.config_diff import MISSING, changes_marked, result_overrides, same
 from trainer.errors import UserError, exception_line, exit_with, full_error_requested, one_line
+from trainer.seed_groups import Setting, group_by_setting, has_repeats, setting_of
+from trainer.seed_groups import markdown as settings_markdown
 
 log = logging.getLogger("trainer")
 
@@ -118,6 +123,29 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], problems: list[str], 
         problems.append(f"{path.name} holds a {type(value).__name__}, not a mapping")
         return None
     return value
+
+
+def job_overrides(job: Job) -> list[str]:
+    overrides = (job.summary or {}).get("overrides")
+    return [str(o) for o in (overrides if isinstance(overrides, list) else job.hydra_overrides)]
+
+
+def settings_of(rows: Sequence[Row], jobs: Sequence[Job]) -> list[Setting]:
+    """The sweep's settings: its jobs grouped by their overrides without the seed, each named by its
+    recipe and the overrides that vary between settings (all that change the result where none
+    vary)."""
+    overrides = [job_overrides(j) for j in jobs]
+    per_job = [dict(o.partition("=")[::2] for o in setting_of(result_overrides(x))) for x in overrides]
+    varying = {key for d in per_job for key in d if len({other.get(key) for other in per_job}) > 1}
+    names = []
+    for job, own in zip(jobs, overrides):
+        recipe = _get(job.summary, "choices", "recipe")
+        own = setting_of(result_overrides(own))
+        shown = [o for o in own if o.partition("=")[0] in varying and "recipe" not in o.partition("=")[0]]
+        if not recipe and not shown:
+            shown = list(own)
+        names.append(" ".join([str(recipe)] * bool(recipe) + shown) or "(defaults)")
+    return group_by_setting(rows, overrides, names)
 
 
 def stage_name(job: Job) -> str:
@@ -309,6 +337,10 @@ def to_markdown(rows: Sequence[Row], jobs: Sequence[Job]) -> str:
         title += f" on {_device_text(device)}"
     lines = [title, ""]
     lines += _notes(rows, jobs, summaries)
+    settings = settings_of(rows, jobs)
+    if has_repeats(settings):
+        lines += ["", "## Over seeds", "", "Jobs that differ only in `seed` are one setting: mean ± standard "
+                  "deviation (n) of each number.", "", settings_markdown(settings, _cell), "", "## Every job"]
     lines += ["", markdown_table(rows), "", "## Details", ""]
     for index, row in enumerate(rows):
         lines += _details(jobs, index, row)
@@ -428,9 +460,13 @@ def _cell(text: str) -> str:
 # --------------------------------------------------------------------------- chart
 
 
-def plot(rows: Sequence[Row], path: Path) -> Path:
+def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> Path:
     """Bars of samples/s per stage (annotated with the speed-up) beside bars of peak memory,
-    written atomically as a PNG. Stages without a number get no bar but keep their place."""
+    written atomically as a PNG. Stages without a number get no bar but keep their place. With
+    `settings` that repeat over seeds, one bar per setting instead: the mean samples/s and val
+    accuracy, each with its standard deviation as an error bar."""
+    if has_repeats(settings):
+        return _plot_settings(settings, Path(path))
     # No pyplot: a bare Figure on the Agg canvas leaves the process's plotting state untouched,
     # which matters inside a Hydra process or a notebook that imported this module. Imported only
     # here: this module is a Hydra callback, loaded by every `python train.py` (about 0.5 s).
@@ -473,6 +509,35 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
+def _plot_settings(settings: Sequence[Setting], path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = [_short(s.name) for s in settings]
+    positions = list(range(len(settings)))
+    figure = Figure(figsize=(12, max(2.5, 0.5 * len(settings) + 1.5)), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, measure, title, pattern in ((axes[0], "samples_per_s", "training throughput (samples/s)", "{:,.0f}"),
+                                        (axes[1], "val_acc", "validation accuracy", "{:.4f}")):
+        spreads = [s.spreads[measure] for s in settings]
+        present = [(p, sp) for p, sp in zip(positions, spreads) if sp.mean is not None]
+        if present:
+            ax.barh([p for p, _ in present], [sp.mean for _, sp in present],
+                    xerr=[sp.sd or 0.0 for _, sp in present], color="tab:blue", capsize=4, alpha=0.85)
+        for position, spread in present:
+            ax.text((spread.mean or 0.0) + (spread.sd or 0.0), position, "  " + spread.text(pattern), va="center",
+                    fontsize=8)
+        top = max(((sp.mean or 0.0) + (sp.sd or 0.0) for _, sp in present), default=1.0) or 1.0
+        ax.set_xlim(0, top * 1.45)
+        ax.set_title(f"{title}, mean ± sd over seeds")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(positions, labels)
+    axes[0].set_ylim(len(settings) - 0.5, -0.5)
+    replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    return path
+
+
 def _short(text: str, limit: int = 45) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -482,11 +547,11 @@ def _short(text: str, limit: int = 45) -> str:
 
 def write_comparison(sweep_dir: Path) -> tuple[Path, Path, str]:
     """Write ``comparison.md`` and ``comparison.png`` into `sweep_dir`; return their paths and the Markdown."""
-    markdown_path, chart_path, markdown, _ = _write(Path(sweep_dir))
+    markdown_path, chart_path, markdown, _, _ = _write(Path(sweep_dir))
     return markdown_path, chart_path, markdown
 
 
-def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row]]:
+def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row], list[Setting]]:
     if not sweep_dir.is_dir():
         raise UserError(str(sweep_dir), "is not a folder", _SWEEP_LAYOUT)
     jobs = load_jobs(sweep_dir)
@@ -495,11 +560,12 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row]]:
             if (sweep_dir / "summary.json").is_file() else ""
         raise UserError(str(sweep_dir), f"holds no job folders{hint}", _SWEEP_LAYOUT)
     rows = comparison_rows(jobs)
+    settings = settings_of(rows, jobs)
     markdown = to_markdown(rows, jobs)
     markdown_path, chart_path = sweep_dir / MARKDOWN_NAME, sweep_dir / CHART_NAME
     write_text_atomic(markdown_path, markdown)
-    plot(rows, chart_path)
-    return markdown_path, chart_path, markdown, rows
+    plot(rows, chart_path, settings)
+    return markdown_path, chart_path, markdown, rows, settings
 
 
 # --------------------------------------------------------------------------- Hydra callback and CLI
@@ -516,8 +582,10 @@ class ComparisonCallback(Callback):
             mode = _get_config(config, "hydra", "mode")
             if mode is not None and str(mode).split(".")[-1] != "MULTIRUN":
                 return
-            markdown_path, chart_path, _, rows = _write(Path(str(config.hydra.sweep.dir)))
+            markdown_path, chart_path, _, rows, settings = _write(Path(str(config.hydra.sweep.dir)))
             print(markdown_table(rows))
+            if has_repeats(settings):
+                print(f"\nover seeds:\n{settings_markdown(settings, _cell)}")
             print(f"comparison: {markdown_path}")
             print(f"chart:      {chart_path}")
         except Exception as ex:  # noqa: BLE001 - the jobs' own results must stay visible

@@ -1,9 +1,10 @@
-"""Which keys differ between two configs: the recipe lineage and the multirun comparison both ask."""
+"""Which keys differ between two configs: the recipe lineage and the multirun comparison both ask;
+and which overrides change what a run computes (a run's default name, a sweep setting's name)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 
 class _Missing:
@@ -14,6 +15,23 @@ class _Missing:
 
 
 MISSING: Any = _Missing()
+
+#: Overrides that do not change what a run computes, left out of its default name (a requeued job
+#: adds resume=auto; a person may change how progress is shown) and of a sweep setting's name.
+NOT_IN_RESULT = ("resume", "run.", "progress", "progress_every_s", "diagnose", "diagnose_steps", "profile",
+                 "profile_steps", "memory_plan", "target.", "hydra.", "hparams_search", "objective",
+                 "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
+                 "logger", "trainer.log_every_n_steps")
+
+
+def result_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run computes, in order (`NOT_IN_RESULT` left out)."""
+    kept = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if not any(key == p or (p.endswith(".") and key.startswith(p)) for p in NOT_IN_RESULT):
+            kept.append(override)
+    return kept
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:

@@ -26,31 +26,18 @@ from typing import Any, Mapping, Sequence
 
 from trainer.atomic import write_text_atomic
 from trainer.checkpoint import clean_state_dict, load_checkpoint
+from trainer.config_diff import result_overrides
 from trainer.errors import UserError
 
 log = logging.getLogger("trainer")
 
 IDENTITY_FILE = "run.json"
-#: Overrides that do not change what a run computes, left out of its default name (a requeued job
-#: adds resume=auto; a person may change how progress is shown).
-_NOT_IN_NAME = ("resume", "run.", "progress", "progress_every_s", "diagnose", "diagnose_steps", "profile",
-                "profile_steps", "memory_plan", "target.", "hydra.", "recipe",
-                "hparams_search", "objective",
-                "+recipe", "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.prefetch_factor",
-                "logger", "trainer.log_every_n_steps")
-
-
 def default_name(choices: Mapping[str, str], overrides: Sequence[str]) -> str:
     """The recipe (or ``data-model``), then the overrides that change the result, sorted:
     ``digits-small_cnn`` or ``cifar10_resnet18,optimizer.lr=0.1``. The same command gives the same
     name, which is what a requeue needs; different sweep jobs get different names."""
     base = choices.get("recipe") or f"{choices.get('data', 'data')}-{choices.get('model', 'model')}"
-    kept = []
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key == "recipe" or any(key == p or (p.endswith(".") and key.startswith(p)) for p in _NOT_IN_NAME):
-            continue
-        kept.append(override.lstrip("+"))
+    kept = [o.lstrip("+") for o in result_overrides(overrides) if o.split("=", 1)[0].lstrip("+~") != "recipe"]
     return ",".join([base, *sorted(kept)])
 
 

@@ -1,7 +1,9 @@
 """Sweeps: a failed job does not end a multirun (the others run, the table is written, each job
 has a wandb run of its own), an Optuna study records failed trials, lives in SQLite and continues
-its trial count when the command is run again, and submitit's local launcher (the SLURM
-launcher's path) runs a two-job multirun."""
+its trial count when the command is run again, submitit's local launcher (the SLURM launcher's
+path) runs a two-job multirun, and a sweep over seeds ends with each setting's mean, spread and n,
+and its difference from the first with an interval. A sweep submitted again with resume=if_any
+trains nothing: each job says its run completed, and the table is the same."""
 
 from __future__ import annotations
 
@@ -89,3 +91,21 @@ def test_a_sweep_with_a_target_compares_time_to_it(tmp_path):
     assert all(t["reached"] and t["wall_s"] > 0 and t["steps"] > 0 for t in targets)
     table = (sweep / "comparison.md").read_text()
     assert "| time to target | speed-up to target |" in table and "| 1.00x |" in table
+
+
+def test_a_sweep_over_seeds_ends_with_mean_spread_and_n_and_runs_again_as_a_no_op(tmp_path):
+    sweep = tmp_path / "sweep"
+    command = ["-m", "seed=1,2,3", "optimizer.lr=0.002,0.004", *TINY_DIGITS, f"run.root={tmp_path}"]
+    result = train_forked([*command, f"hydra.sweep.dir={sweep}"], tmp_path / "x")
+    assert result.returncode == 0, result
+    markdown = (sweep / "comparison.md").read_text()
+    over_seeds = markdown.split("## Over seeds", 1)[1].split("## Every job", 1)[0]
+    assert "| optimizer.lr=0.002 | 1, 2, 3 | 3 of 3 |" in over_seeds and over_seeds.count("(n=3)") >= 8
+    assert "| optimizer.lr=0.004 | " in over_seeds.split("Difference from the first setting", 1)[1]
+    assert "over seeds:" in result.stdout  # printed at the end of the sweep too
+
+    again = train_forked([*command, "resume=if_any", f"hydra.sweep.dir={tmp_path / 'again'}"], tmp_path / "y")
+    assert again.returncode == 0, again
+    assert (again.stdout + again.stderr).count("already completed") == 6
+    assert (tmp_path / "again" / "comparison.md").read_text().split("## Over seeds", 1)[1].split("## Every", 1)[0] \
+        == over_seeds
