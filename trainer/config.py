@@ -93,6 +93,32 @@ class AdamWConfig(_OptimizerCommon):
     eps: Annotated[float, POSITIVE, Doc("added to the denominator for numerical stability")]
 
 
+@dataclass
+class LambConfig(_OptimizerCommon):
+    """LAMB (You et al. 2019), timm's: Adam's update rescaled per tensor by ||w|| / ||update||, for
+    large batches; tensors without weight decay (norm weights, biases) are not rescaled."""
+
+    name: Annotated[Literal["lamb"], Doc("the optimizer")]
+    betas: Annotated[tuple[UnitInterval, UnitInterval], Doc("decay rates of the first and second moment estimates")]
+    eps: Annotated[float, POSITIVE, Doc("added to the denominator for numerical stability")]
+
+
+@dataclass
+class LarsConfig(_OptimizerCommon):
+    """LARS (You et al. 2017), timm's: SGD with momentum whose step per tensor is scaled to
+    trust_coeff x ||w|| / ||g + wd w||; tensors without weight decay are not rescaled."""
+
+    name: Annotated[Literal["lars"], Doc("the optimizer")]
+    momentum: Annotated[UnitInterval, Doc("momentum factor")]
+    nesterov: Annotated[bool, Doc("Nesterov momentum (needs momentum > 0)")]
+    trust_coeff: Annotated[float, POSITIVE, Doc("the trust coefficient: a tensor's step is about lr x trust_coeff "
+                                                "x its norm")]
+
+    def check(self, prefix: str) -> None:
+        if self.nesterov and self.momentum == 0:
+            raise UserError(f"{prefix}.nesterov", "needs momentum > 0", "nesterov=false, or momentum in (0, 1)")
+
+
 # --- scheduler ---------------------------------------------------------------------------------
 @dataclass
 class WarmupCosineConfig:
@@ -242,7 +268,8 @@ class TargetConfig:
                             "val/acc, val/loss or train/loss (the test split is evaluated once, at the end)")
 
 
-OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig}
+OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig, "lamb": LambConfig, "lars": LarsConfig}
+OptimizerConfig = Union[SGDConfig, AdamWConfig, LambConfig, LarsConfig]
 SCHEDULERS = {"warmup_cosine": WarmupCosineConfig, "constant": ConstantConfig, "step": StepConfig}
 
 # Trainer arguments the framework sets from its own groups; setting them under `trainer.` would
@@ -285,7 +312,7 @@ class RunSpec:
     identity: RunIdentity
     data: dict[str, Any]
     model: dict[str, Any]
-    optimizer: Union[SGDConfig, AdamWConfig]
+    optimizer: OptimizerConfig
     scheduler: Union[WarmupCosineConfig, ConstantConfig, StepConfig]
     precision: PrecisionConfig
     compile: CompileConfig

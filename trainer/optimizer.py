@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import nn
 
-from trainer.config import AdamWConfig, SGDConfig
+from trainer.config import AdamWConfig, LambConfig, LarsConfig, OptimizerConfig, SGDConfig
 from trainer.errors import UserError
 
-OptimizerConfig = Union[SGDConfig, AdamWConfig]
+#: Optimizers that torch has fused kernels for; LAMB and LARS (timm's) have foreach and for-loop ones.
+FUSED_OPTIMIZERS = ("sgd", "adamw")
 
 
 # Prefixes that wrappers put into parameter names (FSDP, activation checkpointing, torch.compile).
@@ -96,14 +97,18 @@ def fused_supported(device_type: str) -> bool:
         return device_type == "cuda"
 
 
-def choose_implementation(requested: str, device_type: str, grad_scaler: bool) -> tuple[str, str]:
+def choose_implementation(requested: str, device_type: str, grad_scaler: bool,
+                          optimizer: str = "adamw") -> tuple[str, str]:
     """The optimizer kernel to use and why.
 
     Fused kernels (one kernel for the whole update) on CUDA where this torch has them; foreach
     (batched per-tensor ops) otherwise, CPU included, where fused measured no faster. With an fp16 GradScaler the default stays foreach:
     a fused step takes over unscaling, so gradient clipping would see scaled gradients, and fused
-    SGD has been reported to advance momentum on steps the scaler skips.
+    SGD has been reported to advance momentum on steps the scaler skips. LAMB and LARS (timm's)
+    have no fused kernel: foreach there.
     """
+    if requested in ("auto", "fused") and optimizer not in FUSED_OPTIMIZERS:
+        return "foreach", f"{requested} -> foreach ({optimizer} has no fused kernel)"
     if requested != "auto":
         if requested == "fused" and not fused_supported(device_type):
             return "foreach", f"fused -> foreach (no fused kernels for {device_type} in torch {torch.__version__})"
@@ -132,4 +137,15 @@ def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_d
     kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
     if isinstance(cfg, SGDConfig):
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, **kernel)
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernel)
+    if isinstance(cfg, AdamWConfig):
+        return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, **kernel)
+    from timm.optim import Lamb, Lars  # timm's, kept: the large-batch optimizers torch lacks
+
+    foreach = implementation != "for_loop"
+    if isinstance(cfg, LambConfig):
+        # max_grad_norm=None: timm's LAMB would clip the global gradient norm at 1.0 itself, a
+        # second clipping beside the clipping group's, which the run would neither choose nor report.
+        return Lamb(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, max_grad_norm=None, foreach=foreach)
+    assert isinstance(cfg, LarsConfig), type(cfg)
+    return Lars(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.nesterov, trust_coeff=cfg.trust_coeff,
+                foreach=foreach)

@@ -121,7 +121,8 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
     derived["optimizer.decay_norm_and_bias"] = Derived(
         opt.decay_norm_and_bias, "weight decay on every parameter" if opt.decay_norm_and_bias
         else "no weight decay on 1-D parameters (norm weights, biases)")
-    implementation, how = choose_implementation(opt.implementation, accelerator, grad_scaler=precision == "16-mixed")
+    implementation, how = choose_implementation(opt.implementation, accelerator, grad_scaler=precision == "16-mixed",
+                                                optimizer=opt.name)
     derived["optimizer.implementation"] = Derived(implementation, how)
     return lr.value, wd.value, implementation
 

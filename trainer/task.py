@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import lightning as L
 import torch
@@ -12,7 +12,7 @@ from torch.profiler import record_function
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainer.config import AdamWConfig, RegularizationConfig, SGDConfig
+from trainer.config import OptimizerConfig, RegularizationConfig
 from trainer.optimizer import build_optimizer, layer_lr_scales, one_dimensional
 from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.regularization import BatchMixing, dominant_labels
@@ -35,7 +35,7 @@ class ClassificationTask(L.LightningModule):
         self,
         net: nn.Module,
         num_classes: int,
-        optimizer: Union[SGDConfig, AdamWConfig],
+        optimizer: OptimizerConfig,
         scheduler: SchedulerConfig,
         lr: float,
         weight_decay: float,

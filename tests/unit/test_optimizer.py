@@ -2,7 +2,8 @@
 biases), decided by name when sharding has flattened every parameter; the kernel choice (fused on
 CUDA, foreach on CPU and under an fp16 GradScaler); the optimizer gets the effective lr, weight
 decay and kernel; a step the GradScaler skips moves neither weights nor optimizer state (SGD and
-AdamW)."""
+AdamW); LAMB and LARS are timm's, without its LAMB's own gradient clipping, with no decay and no
+per-tensor rescaling on norm weights and biases, on foreach kernels."""
 
 import pytest
 import torch
@@ -93,3 +94,38 @@ def test_a_step_the_grad_scaler_skips_leaves_weights_and_state_unchanged(cfg):
     for p, s in opt.state.items():
         for k, v in s.items():
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(state[id(p)][k])), k
+
+
+def test_lamb_and_lars_have_no_fused_kernel():
+    for name in ("lamb", "lars"):
+        for requested in ("auto", "fused"):
+            impl, why = choose_implementation(requested, "cuda", grad_scaler=False, optimizer=name)
+            assert impl == "foreach" and f"{name} has no fused kernel" in why
+        assert choose_implementation("for_loop", "cuda", False, optimizer=name)[0] == "for_loop"
+
+
+@pytest.mark.parametrize("name", ["lamb", "lars"])
+def test_lamb_and_lars_are_timms_with_the_frameworks_groups_and_no_clipping_of_their_own(name):
+    from timm.optim import Lamb, Lars
+
+    opt = build_optimizer(_net(), choice_config("optimizer", name), lr=0.03, weight_decay=0.2)
+    assert isinstance(opt, {"lamb": Lamb, "lars": Lars}[name])
+    assert [g["lr"] for g in opt.param_groups] == [0.03, 0.03]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
+    assert opt.defaults["foreach"] is True and not opt.defaults.get("always_adapt")
+    if name == "lamb":
+        assert opt.defaults["max_grad_norm"] is None  # the clipping group clips, not the optimizer
+
+
+def test_lamb_steps_each_weight_by_its_trust_ratio_and_leaves_biases_unscaled():
+    """A LAMB step moves a decayed tensor by about lr x its norm (the trust ratio), whatever the
+    gradient's size; a bias (no decay, no rescaling) moves by Adam's lr-sized step."""
+    torch.manual_seed(0)
+    net = nn.Linear(16, 4)
+    before_w, before_b = net.weight.detach().clone(), net.bias.detach().clone()
+    opt = build_optimizer(net, choice_config("optimizer", "lamb"), lr=0.01, weight_decay=0.0001)
+    (net(torch.randn(8, 16)).sum() * 1000).backward()  # a huge gradient
+    opt.step()
+    moved = (net.weight.detach() - before_w).norm() / before_w.norm()
+    assert moved == pytest.approx(0.01, rel=0.05)
+    assert (net.bias.detach() - before_b).abs().max() == pytest.approx(0.01, rel=0.05)
