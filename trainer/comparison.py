@@ -327,8 +327,9 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(rows: Sequence[Row], jobs: Sequence[Job]) -> str:
-    """The whole report: title, how the numbers were measured, the table, then per-stage details."""
+def to_markdown(rows: Sequence[Row], jobs: Sequence[Job], settings: Sequence[Setting] | None = None) -> str:
+    """The whole report: title, how the numbers were measured, the settings over seeds (`settings`,
+    worked out here when not given), the table, then per-stage details."""
     sweep = jobs[0].folder.parent if jobs else Path(".")
     summaries = [j.summary for j in jobs if j.summary]
     device = next((s["device"] for s in summaries if isinstance(s.get("device"), dict)), None)
@@ -337,7 +338,7 @@ def to_markdown(rows: Sequence[Row], jobs: Sequence[Job]) -> str:
         title += f" on {_device_text(device)}"
     lines = [title, ""]
     lines += _notes(rows, jobs, summaries)
-    settings = settings_of(rows, jobs)
+    settings = settings_of(rows, jobs) if settings is None else settings
     if has_repeats(settings):
         lines += ["", "## Over seeds", "", "Jobs that differ only in `seed` are one setting: mean ± standard "
                   "deviation (n) of each number.", "", settings_markdown(settings, _cell), "", "## Every job"]
@@ -561,7 +562,7 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row], list[Setting]]:
         raise UserError(str(sweep_dir), f"holds no job folders{hint}", _SWEEP_LAYOUT)
     rows = comparison_rows(jobs)
     settings = settings_of(rows, jobs)
-    markdown = to_markdown(rows, jobs)
+    markdown = to_markdown(rows, jobs, settings)
     markdown_path, chart_path = sweep_dir / MARKDOWN_NAME, sweep_dir / CHART_NAME
     write_text_atomic(markdown_path, markdown)
     plot(rows, chart_path, settings)

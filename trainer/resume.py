@@ -119,13 +119,20 @@ def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]
     return found
 
 
+def run_folders(name: str, root: Path, own_folder: Path | None = None) -> list[Path]:
+    """The folders of the runs named `name` under `root`, and this run's own folder (wherever it
+    lies, unless it names another run)."""
+    folders = runs_named(name, root, exclude=own_folder)
+    if own_folder is not None and _named(own_folder) in (name, None):
+        folders.append(own_folder)
+    return folders
+
+
 def find_latest(name: str, root: Path, own_folder: Path | None = None) -> Checkpoint | None:
     """The newest checkpoint (by modification time; last.ckpt first on a tie) of the runs named
     `name` that reads back whole. `own_folder`, this run's folder, is searched too, wherever it
     lies: a requeued SLURM job starts again in the folder of its first attempt."""
-    folders = runs_named(name, root, exclude=own_folder)
-    if own_folder is not None and _named(own_folder) in (name, None):
-        folders.append(own_folder)
+    folders = run_folders(name, root, own_folder)
     candidates = [path for folder in folders for path in checkpoint_files(folder / "checkpoints")]
     for path in newest_first(candidates):
         try:
@@ -165,11 +172,8 @@ def completed_run(request: str | None, name: str, root: Path, run_dir: Path,
     completed with the same stopping point (`stop`: the trainer's max_epochs and max_steps)."""
     if request not in ("auto", "if_any"):
         return None  # fresh, or resume=PATH: a checkpoint named on purpose is resumed (and tested) again
-    folders = runs_named(name, root, exclude=run_dir)
-    if _named(run_dir) in (name, None):
-        folders.append(run_dir)
     newest: tuple[int, Path, dict[str, Any]] | None = None
-    for folder in folders:
+    for folder in run_folders(name, root, run_dir):
         try:
             written = (folder / "summary.json").stat().st_mtime_ns
             summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))

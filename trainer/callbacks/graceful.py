@@ -9,7 +9,7 @@ the run carries on exactly from there with ``resume=auto`` or ``resume=if_any``.
 before training started stops the run after its first step. A second SIGINT interrupts at once.
 
 After training, a signal stops the test at the end of its current batch, provided the run's final
-state is in a checkpoint (`after_training`): the resumed run finds its training over and only tests
+state is in a checkpoint (`final_checkpoint`, set by the run): the resumed run finds its training over and only tests
 again. Without such a checkpoint (checkpointing off) the test goes on to the end, as there would be
 nothing to carry on from; a signal during the last test batch or the summary lets the run complete.
 
@@ -132,9 +132,7 @@ class GracefulStop(StepBoundary):
         # ends the epoch, and ModelCheckpoint then replaces this mid-epoch last.ckpt with one whose
         # loops say the epoch is over, so a resumed run would skip the epoch's remaining batches.
         # Lightning passes an exception from a hook through on_exception and teardown to fit's caller.
-        stopped = self.outcome()
-        assert stopped is not None
-        raise stopped
+        self._stop()
 
     def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """All processes stop at the same step (or test batch), or the ones still going would wait
@@ -158,6 +156,9 @@ class GracefulStop(StepBoundary):
         if self.received is None:
             return
         self.checkpoint, self.step = self.final_checkpoint, int(trainer.global_step)
+        self._stop()
+
+    def _stop(self) -> None:
         stopped = self.outcome()
         assert stopped is not None
         raise stopped

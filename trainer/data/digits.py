@@ -59,11 +59,14 @@ class DigitsDataModule(ImageClassificationData):
             self._arrays = (bunch.images.astype(np.float32), bunch.target.astype(np.int64))
         return self._arrays
 
-    def inspect(self) -> DataInfo:
-        images, labels = self._load()
+    def _check_fractions(self) -> None:
         if self.val_fraction + self.test_fraction >= 0.9:
             raise UserError("data.val_fraction", "val_fraction + test_fraction leaves under 10% for training",
                             "fractions summing to less than 0.9")
+
+    def inspect(self) -> DataInfo:
+        images, labels = self._load()
+        self._check_fractions()
         sizes = {k: len(v) for k, v in stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed).items()}
         return DataInfo(num_classes=10, in_channels=1, image_size=(8, 8), sizes=sizes,
                         class_names=[str(d) for d in range(10)], sample_bytes=8 * 8 * 4)

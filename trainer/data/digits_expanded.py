@@ -174,9 +174,7 @@ class ExpandedDigitsDataModule(DigitsDataModule):
                             "a writable folder") from None
 
     def inspect(self) -> DataInfo:
-        if self.val_fraction + self.test_fraction >= 0.9:
-            raise UserError("data.val_fraction", "val_fraction + test_fraction leaves under 10% for training",
-                            "fractions summing to less than 0.9")
+        self._check_fractions()
         sizes = {name: len(labels) for name, (_, labels) in self.expanded().items()}
         return DataInfo(num_classes=10, in_channels=1, image_size=(self.image_size, self.image_size), sizes=sizes,
                         class_names=[str(d) for d in range(10)], sample_bytes=self.image_size**2 * 4,
