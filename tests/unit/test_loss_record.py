@@ -1,4 +1,6 @@
-"""The loss record: first and last steps, spread, and non-finite values counted, not averaged."""
+"""The loss record: first and last steps, spread, non-finite values counted, not averaged, and loss
+spikes (a step above 3x the median of the steps before it) counted over the whole run, also across
+a resume."""
 
 from __future__ import annotations
 
@@ -35,6 +37,40 @@ def test_non_finite_losses_are_counted_and_left_out_of_the_statistics():
 
 def test_no_steps_means_no_numbers():
     assert LossRecord().summary()["final"] is None
+
+
+def test_a_spike_is_a_loss_above_three_times_the_median_of_the_steps_before_it():
+    record = LossRecord(spike_window=20)
+    # a falling loss is never a spike; 2.9x the median is not one, 3.1x is; a NaN is not one either
+    feed(record, [4.0 - 0.15 * i for i in range(20)] + [1.0] * 20 + [2.9, 1.0, 3.1, float("nan"), 1.0])
+    s = record.summary()
+    assert (s["spikes"], s["first_spike"], s["non_finite"]) == (1, 43, 1)
+
+
+def test_the_first_steps_have_too_little_history_to_spike():
+    record = LossRecord()
+    feed(record, [1.0] * 9 + [100.0])  # step 10 has 9 steps before it: not judged
+    assert record.summary()["spikes"] == 0
+    feed(record, [100.0])  # step 11 has 10, median 1.0 (100 is one of ten)
+    assert record.summary()["spikes"] == 1
+
+
+def test_spikes_are_counted_across_a_resume_and_judged_against_the_history_saved():
+    before = LossRecord(spike_window=10)
+    feed(before, [1.0] * 15)
+    after = LossRecord(spike_window=10)
+    after.load_state_dict(before.state_dict())
+    feed(after, [3.5])  # a spike only against the history of the first attempt
+    s = after.summary()
+    assert (s["spikes"], s["first_spike"]) == (1, 16)
+
+
+def test_losses_are_read_back_once_a_window_not_every_step():
+    record = LossRecord(spike_window=4)
+    feed(record, [1.0, 1.0, 1.0])
+    assert len(record._pending) == 3 and record.steps == 0  # still on the device: no synchronization
+    feed(record, [1.0])
+    assert not record._pending and record.steps == 4
 
 
 @pytest.mark.parametrize("mode, accelerator, chosen", [
