@@ -18,6 +18,15 @@ def test_small_cnn_is_conv_bn_relu_blocks_and_fits_any_small_input():
         assert net(torch.zeros(2, 1, size, size)).shape == (2, 10)
 
 
+def test_small_cnn_without_normalization_has_biased_convs_and_no_batchnorm():
+    """model.norm=none, the clipping study's fragile network: plain Conv(bias)-ReLU blocks, biases zero."""
+    net = SmallCNN(num_classes=10, in_channels=1, widths=(8, 16), norm="none")
+    convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in net.modules())
+    assert len(convs) == 4 and all(c.bias is not None and not c.bias.any() for c in convs)
+    assert net(torch.zeros(2, 1, 13, 13)).shape == (2, 10)
+
+
 def test_resnet_for_small_images_keeps_resolution_in_the_stem():
     net = build_resnet(num_classes=7, arch="resnet18", in_channels=1, image_size=(8, 8))
     assert net.conv1.in_channels == 1 and net.conv1.stride == (1, 1)

@@ -51,10 +51,12 @@ class ClassifierHead(nn.Sequential):
 
 
 def init_weights(module: nn.Module) -> None:
-    """He init for convs (ReLU nets), unit/zero BatchNorm, small normal for the classifier."""
+    """He init for convs (ReLU nets; zero biases), unit/zero BatchNorm, small normal for the classifier."""
     for m in module.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
         elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
