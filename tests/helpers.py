@@ -6,9 +6,11 @@ import json
 import os
 import pickle
 import signal
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -466,3 +468,12 @@ class KillJobAt(Callback):
                           dataloader_idx: int = 0) -> None:
         if self.moment == "test_batch" and self.rank_zero and batch_idx + 1 == self.number:
             kill_job()
+
+
+def benchmark(name: str) -> ModuleType:
+    """The script benchmarks/NAME.py as a module (it imports its neighbours, such as sweep_jobs)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
