@@ -1,0 +1,205 @@
+"""The evidence for the gradient clipping: what each clipping mode does to loss spikes, divergence,
+final accuracy and the time to an accuracy, where training is fragile and where it is not, over seeds.
+
+Two settings, each one Hydra multirun of `train.py` crossing the clipping arm with the seed:
+
+- `fragile`: the default network without its BatchNorm layers (`model.norm=none`), SGD with Nesterov
+  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by SGD's linear rule)
+  and no warmup. This is what users meet: a plain network (many research and older production
+  models have no normalization), an lr raised to finish sooner, and the warmup off because the
+  recipe they copied had none. Such runs spike early and some diverge.
+- `stable`: the defaults (AdamW with warmup, BatchNorm): what the clipping costs when nothing is fragile.
+
+Arms: `clipping=off`, `fixed_norm` (max_norm 1.0), `percentile` (the default: the 95th percentile
+of the first calibration steps' norms) and `autoclip` (the same percentile over a rolling window).
+A spike is a step whose loss is above 3x the median of the previous 50 steps (counted by the run
+itself: summary.json `loss.spikes`, trainer/callbacks/loss_record.py). A run diverged when it was
+stopped for non-finite steps, ended with a non-finite loss, or ended below val acc 0.5 (chance 0.1).
+Validation runs every `--val-every` steps, so the time and steps to the target have that resolution.
+
+Every job's numbers go into `<out>_jobs.json` (a later call adds to it); the report (verdicts, one
+table per setting, a plot) is written from that file alone.
+
+    python benchmarks/clipping_study.py                                # both settings, 5 seeds, about 15 min here
+    python benchmarks/clipping_study.py --report-only                  # the report from the jobs file
+    python benchmarks/clipping_study.py --quick --out /tmp/clipping.md # CI: outputs only, well under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from trainer.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
+
+from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
+                        summaries, write_report)
+
+ARMS = ("off", "fixed_norm", "percentile", "autoclip")
+DEFAULT_ARM = "percentile"
+SETTINGS = ("fragile", "stable")
+DIVERGED_BELOW = 0.5
+#: Overrides that differ between the jobs of a setting or only say where a job ran.
+PER_JOB = ("clipping", "seed", "run.root", "hydra.sweep.dir", "checkpointing", "progress", "trainer.accelerator")
+
+
+def setting_overrides(setting: str, fragile_lr: float) -> list[str]:
+    if setting == "fragile":
+        return ["model.norm=none", "optimizer=sgd", f"optimizer.lr={fragile_lr:g}", "scheduler.warmup=0"]
+    return []
+
+
+def job_of(summary: dict[str, Any], setting: str) -> dict[str, Any]:
+    overrides = overrides_of(summary)
+    metrics = summary.get("metrics") or {}
+    loss = summary.get("loss") or {}
+    clipping = summary.get("clipping") or {}
+    target = summary.get("target") or {}
+    val_acc = metrics.get("val", {}).get("acc")
+    final = loss.get("final")
+    steps = summary.get("steps") or 0
+    stopped = summary.get("status") != "completed"
+    diverged = stopped or final is None or not math.isfinite(final) or val_acc is None or val_acc < DIVERGED_BELOW
+    return {"setting": setting, "arm": overrides.get("clipping", DEFAULT_ARM), "seed": int(overrides.get("seed", 42)),
+            "status": summary.get("status"), "val_acc": val_acc, "test_acc": metrics.get("test", {}).get("acc"),
+            "spikes": loss.get("spikes"), "first_spike": loss.get("first_spike"),
+            "skipped_steps": (summary.get("nonfinite") or {}).get("skipped_steps", 0),
+            "clipped_share": (clipping.get("steps_clipped", 0) / steps) if steps else None,
+            "threshold": clipping.get("threshold"), "diverged": diverged, "steps": steps,
+            "reached": bool(target.get("reached")), "target_s": target.get("wall_s") if target.get("reached") else None,
+            "target_steps": target.get("steps") if target.get("reached") else None,
+            "lr": (summary.get("hyperparameters") or {}).get("lr"), "machine": machine_of(summary),
+            "overrides": [o for o in summary.get("overrides", []) if o.split("=", 1)[0] not in PER_JOB]}
+
+
+def key(job: dict[str, Any]) -> tuple:
+    return job["setting"], job["arm"], job["seed"]
+
+
+def arm_jobs(jobs: list[dict[str, Any]], setting: str, arm: str) -> list[dict[str, Any]]:
+    return [j for j in jobs if j["setting"] == setting and j["arm"] == arm]
+
+
+def values(runs: list[dict[str, Any]], measure: str) -> list[float | None]:
+    return [None if r[measure] is None else float(r[measure]) for r in runs]
+
+
+def table(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
+    lines = [f"### {setting}", "",
+             "| clipping | spikes a run | runs with a spike | diverged | steps clipped | val acc (mean ± sd, n) | "
+             "reached | time to target (s) | steps to target |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for arm in ARMS:
+        runs = arm_jobs(jobs, setting, arm)
+        if not runs:
+            continue
+        clipped = Spread.of(values(runs, "clipped_share"))
+        lines.append(
+            f"| {arm}{' (default)' if arm == DEFAULT_ARM else ''} | {Spread.of(values(runs, 'spikes')).text('{:.1f}')} | "
+            f"{sum(bool(r['spikes']) for r in runs)} of {len(runs)} | {sum(r['diverged'] for r in runs)} of {len(runs)} | "
+            f"{'-' if clipped.mean is None else f'{clipped.mean:.1%}'} | {Spread.of(values(runs, 'val_acc')).text('{:.4f}')} | "
+            f"{sum(r['reached'] for r in runs)} of {len(runs)} | {Spread.of(values(runs, 'target_s')).text('{:.1f}')} | "
+            f"{Spread.of(values(runs, 'target_steps')).text('{:.0f}')} |")
+    return lines
+
+
+def verdicts(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
+    """Each arm against no clipping, and the default against each other arm: the difference in val
+    accuracy and in spikes a run, with Welch's 95% interval."""
+    lines = []
+    pairs = [("off", arm) for arm in ARMS if arm != "off"] + [(arm, DEFAULT_ARM) for arm in ARMS
+                                                               if arm not in ("off", DEFAULT_ARM)]
+    for base, arm in pairs:
+        first, other = arm_jobs(jobs, setting, base), arm_jobs(jobs, setting, arm)
+        acc = difference(values(first, "val_acc"), values(other, "val_acc"))
+        spikes = difference(values(first, "spikes"), values(other, "spikes"))
+        if acc is None and spikes is None:
+            continue
+        lines.append(f"- {setting}, {arm} against {base}: val acc "
+                     f"{acc.text('{:.4f}') if acc else '-'}; spikes a run {spikes.text('{:.1f}') if spikes else '-'}; "
+                     f"diverged {sum(r['diverged'] for r in other)} of {len(other)} against "
+                     f"{sum(r['diverged'] for r in first)} of {len(first)}")
+    return lines
+
+
+def plot(jobs: list[dict[str, Any]], path: Path) -> None:
+    """Per setting: val accuracy and spikes a run for each arm, every seed a dot, the mean a bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]
+    figure = Figure(figsize=(5.5 * max(len(settings), 1), 7), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, max(len(settings), 1), squeeze=False)
+    for column, setting in enumerate(settings):
+        for row_index, (measure, label) in enumerate((("val_acc", "final val accuracy"), ("spikes", "loss spikes a run"))):
+            ax = axes[row_index][column]
+            arms = [a for a in ARMS if arm_jobs(jobs, setting, a)]
+            for x, arm in enumerate(arms):
+                present = [v for v in values(arm_jobs(jobs, setting, arm), measure) if v is not None and math.isfinite(v)]
+                if present:
+                    ax.bar(x, sum(present) / len(present), color="C0" if arm != DEFAULT_ARM else "C1", alpha=0.5)
+                    ax.plot([x] * len(present), present, "k.", alpha=0.7)
+            ax.set_xticks(range(len(arms)), arms)
+            ax.set(ylabel=label, title=f"{setting}: {label} (bar: mean; dots: seeds)")
+            ax.grid(alpha=0.3, axis="y")
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--seeds", default="1,2,3,4,5")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=4, help="distortions of each training digit (42 is the full set)")
+    parser.add_argument("--fragile-lr", type=float, default=0.8, help="SGD's lr at batch 256 in the fragile setting")
+    parser.add_argument("--val-every", type=int, default=40, help="validation every this many steps")
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "clipping_cpu.md")
+    parser.add_argument("--runs", type=Path, default=None, help="default: outputs/clipping_study/DATE_TIME")
+    parser.add_argument("--quick", action="store_true", help="two arms, one seed, one epoch of a 2-copy set")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the jobs file, training nothing")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.arms, args.seeds, args.epochs, args.copies, args.val_every = "off,percentile", "1", 1, 2, 10
+    jobs_file = args.out.with_name(f"{args.out.stem}_jobs.json")
+    runs = args.runs or REPO / "outputs" / "clipping_study" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    walls = []
+    for setting in ([] if args.report_only else args.settings.split(",")):
+        folder = runs / setting
+        wall = run_multirun([f"clipping={args.arms}", f"seed={args.seeds}", *setting_overrides(setting, args.fragile_lr),
+                             "data=digits_expanded", f"data.copies={args.copies}", "data.eval_copies=4",
+                             f"trainer.max_epochs={args.epochs}", f"+trainer.val_check_interval={args.val_every}",
+                             "target.metric=val/acc", f"target.value={args.target}"], folder, setting)
+        walls.append(f"{setting} {wall / 60:.1f} min")
+        add_jobs(jobs_file, [job_of(s, setting) for s in summaries(folder)], key)
+        keep_comparison(folder, args.out.with_name(f"{args.out.stem}_sweeps"), setting)
+    jobs = load_jobs(jobs_file)
+    command = " ".join(["python benchmarks/clipping_study.py", *(argv if argv is not None else sys.argv[1:])])
+    settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]
+    ran = "; ".join(f"{s}: `{' '.join(next(j for j in jobs if j['setting'] == s)['overrides'])}`" for s in settings)
+    lines = ["# Gradient clipping: spikes, divergence and accuracy, fragile and stable", "",
+             f"Written {time.strftime('%Y-%m-%d')} from {jobs_file.name} ({len(jobs)} jobs on "
+             f"{', '.join(sorted({j['machine'] for j in jobs}))}). The settings, as run: {ran}. A spike: a step's "
+             "loss above 3x the median of the previous 50 steps. Diverged: stopped for non-finite steps, a non-finite "
+             f"final loss, or val acc below {DIVERGED_BELOW}. Steps clipped: the share of all steps. Differences are "
+             "Welch's 95% intervals over the seeds; within the noise where the interval holds 0. "
+             + (f"This call's sweeps: {', '.join(walls)}." if walls else ""), "", f"`{command}`", "", "## Verdicts", ""]
+    for setting in settings:
+        lines += verdicts(setting, jobs)
+    lines += ["", "## Tables", ""]
+    for setting in settings:
+        lines += table(setting, jobs) + [""]
+    write_report(args.out, lines, lambda path: plot(jobs, path))
+
+
+if __name__ == "__main__":
+    main()
