@@ -7,6 +7,7 @@ build phase only reads it.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -26,7 +27,9 @@ from trainer.models.activation_checkpointing import select_stages
 from trainer.optimizer import choose_implementation, layer_lr_scales, named_by_model
 from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.regularization import describe
-from trainer.scaling import scale
+from trainer.scaling import measured_warnings, scale
+
+log = logging.getLogger("trainer")
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
     lr = scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
     wd = scale("weight_decay", opt.weight_decay, opt.wd_scaling, global_batch, opt.ref_batch_size)
     derived["optimizer.lr"] = Derived(round(lr.value, 10), lr.how)
+    for warning in measured_warnings(opt.name, opt.lr_scaling, global_batch):
+        log.warning("%s", warning)
     derived["optimizer.weight_decay"] = Derived(round(wd.value, 10), wd.how)
     derived["optimizer.decay_norm_and_bias"] = Derived(
         opt.decay_norm_and_bias, "weight decay on every parameter" if opt.decay_norm_and_bias

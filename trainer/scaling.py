@@ -46,3 +46,65 @@ def scale(name: str, value: float, rule: str, global_batch: int, ref_batch: int)
         return Scaled(scaled, f"{name} {value:g} as configured (no batch scaling; rule none)")
     return Scaled(scaled, f"{name} {value:g} at batch {ref_batch} -> {scaled:.6g} at batch {global_batch} "
                           f"({rule} rule, x{factor:.4g})")
+
+
+@dataclass(frozen=True)
+class MeasuredLimit:
+    """Where a rule was measured to stop holding: the largest global batch whose accuracy stayed
+    within the noise of batch 64, and the next batch measured, with what it lost there."""
+
+    holds_to: int
+    next_batch: int
+    lost: float
+    #: Another rule that did better beyond the limit, where, and by how much (None where none did).
+    better_rule: str | None = None
+    better_at: int = 0
+    better_by: float = 0.0
+
+
+@dataclass(frozen=True)
+class MeasuredAlternative:
+    """A large-batch optimizer measured beyond the noise better than the default one at `batch`:
+    both mean val accuracies there."""
+
+    optimizer: str
+    batch: int
+    accuracy: float
+    default_accuracy: float
+
+
+# What benchmarks/batch_scaling.py found on its problem (the default network on data=digits_expanded,
+# the same 2 epochs at every batch from 32 to 2,048, 3 seeds, Welch's 95% intervals). The tables
+# and the command: benchmarks/results/batch_scaling_cpu.md; tests/unit/test_scaling.py checks these
+# numbers against it.
+STUDY = "benchmarks/results/batch_scaling_cpu.md"
+#: The optimizers whose default lr rule stopped holding (against batch 64) inside the measured range.
+MEASURED_LIMITS: dict[tuple[str, str], MeasuredLimit] = {
+    ("sgd", "linear"): MeasuredLimit(holds_to=512, next_batch=1024, lost=0.023, better_rule="sqrt", better_at=2048,
+                                     better_by=0.025),
+}
+#: The large-batch optimizers that beat the default one beyond the noise, and where.
+MEASURED_ALTERNATIVES: dict[str, MeasuredAlternative] = {
+    "sgd": MeasuredAlternative("lars", batch=2048, accuracy=0.892, default_accuracy=0.878),
+}
+
+
+def measured_warnings(optimizer: str, rule: str, global_batch: int) -> list[str]:
+    """Start-up warnings for a global batch beyond where `rule` was measured to hold for
+    `optimizer`, or at which a large-batch optimizer was measured to do better; none otherwise."""
+    warnings = []
+    limit = MEASURED_LIMITS.get((optimizer, rule))
+    if limit is not None and global_batch > limit.holds_to:
+        warnings.append(
+            f"global batch {global_batch:,} is beyond where optimizer.lr_scaling={rule} was measured to hold for "
+            f"{optimizer} (up to batch {limit.holds_to:,}; at {limit.next_batch:,} val accuracy fell {limit.lost:.3f} "
+            f"below batch 64 after the same epochs; {STUDY}): plan for more epochs"
+            + (f", or optimizer.lr_scaling={limit.better_rule} ({limit.better_by:+.3f} at {limit.better_at:,})"
+               if limit.better_rule else ""))
+    alternative = MEASURED_ALTERNATIVES.get(optimizer)
+    if alternative is not None and global_batch >= alternative.batch:
+        warnings.append(
+            f"at global batch {alternative.batch:,}, optimizer={alternative.optimizer} was measured to reach val accuracy "
+            f"{alternative.accuracy:.3f} where {optimizer} reached {alternative.default_accuracy:.3f} (the same epochs, "
+            f"3 seeds; {STUDY}): consider optimizer={alternative.optimizer}")
+    return warnings

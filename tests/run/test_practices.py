@@ -4,7 +4,7 @@ and linear rules, AdamW and SGD; no decay on 1-D parameters); BatchNorm running 
 fp32 after training in each precision (on the CPU; tests/gpu/ covers CUDA); the percentile
 clipping threshold equals numpy's 95th percentile of the logged calibration norms, and exactly
 the steps above it were clipped; LAMB and LARS train the default run (10 epochs) to test accuracy
-0.97 with their own scaling rules."""
+0.97 with their own scaling rules; a global batch beyond a rule's measured limit is warned at start."""
 
 import csv
 import math
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import ON_CPU, train_forked
+from trainer.scaling import MEASURED_LIMITS
 
 pytestmark = pytest.mark.run
 
@@ -42,6 +43,19 @@ def test_linear_rule_and_sgd(tmp_path):
     decay = result.summary["optimizer_param_groups"][0]
     assert decay["lr"] == pytest.approx(0.1 * 64 / 256)
     assert decay["weight_decay"] == pytest.approx(5e-5 * math.sqrt(64 / 256))
+    assert "measured to hold" not in (tmp_path / "run" / "train.log").read_text()  # batch 64: within the limit
+
+
+def test_a_global_batch_beyond_the_rule_s_measured_limit_is_warned_at_start(tmp_path):
+    """SGD's linear rule was measured to hold up to a limit (trainer/scaling.py MEASURED_LIMITS); a
+    run whose global batch (here by accumulation) is beyond it says so at start, quoting it, and runs."""
+    limit = MEASURED_LIMITS["sgd", "linear"]
+    result = train_forked(["optimizer=sgd", "data.batch_size=128", f"trainer.accumulate_grad_batches={limit.holds_to // 64}",
+                           "trainer.max_steps=1", "checkpointing=off", "progress=off"], tmp_path / "run")
+    assert result.returncode == 0, result
+    warning = next(line for line in (tmp_path / "run" / "train.log").read_text().splitlines() if "measured to hold" in line)
+    assert "[WARNING]" in warning and f"global batch {limit.holds_to * 2:,} is beyond" in warning
+    assert f"up to batch {limit.holds_to:,}" in warning
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16_mixed", "fp16_mixed"])

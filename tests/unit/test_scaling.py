@@ -3,10 +3,12 @@ reference batch, the derivation line printed at start ("lr 0.1 at batch 256 -> 0
 1024 (sqrt rule, x2)"), and unknown rules or non-positive batches refused."""
 
 import math
+import re
 
 import pytest
 
-from trainer.scaling import scale, scale_factor
+from tests.helpers import REPO
+from trainer.scaling import MEASURED_ALTERNATIVES, MEASURED_LIMITS, STUDY, measured_warnings, scale, scale_factor
 
 
 @pytest.mark.parametrize("rule, expected", [("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)])
@@ -33,3 +35,49 @@ def test_bad_rule_or_batch():
     with pytest.raises(ValueError):
         scale_factor("sqrt", 0, 256)
     assert math.isclose(scale_factor("sqrt", 256, 256), 1.0)
+
+
+def test_a_batch_beyond_the_measured_limit_of_a_rule_is_warned_with_the_limit():
+    limit = MEASURED_LIMITS["sgd", "linear"]
+    assert measured_warnings("sgd", "linear", limit.holds_to) == []
+    [warning] = measured_warnings("sgd", "linear", limit.holds_to * 2)
+    assert f"up to batch {limit.holds_to:,}" in warning and f"at {limit.next_batch:,}" in warning
+    assert "benchmarks/results/batch_scaling_cpu.md" in warning
+    assert f"or optimizer.lr_scaling={limit.better_rule} ({limit.better_by:+.3f} at {limit.better_at:,})" in warning
+    assert measured_warnings("sgd", "none", limit.holds_to * 2) == []  # no limit measured for that rule
+
+
+def test_a_batch_where_a_large_batch_optimizer_did_better_suggests_it():
+    alternative = MEASURED_ALTERNATIVES["sgd"]
+    assert not any("consider" in w for w in measured_warnings("sgd", "linear", alternative.batch // 2))
+    [warning] = [w for w in measured_warnings("sgd", "none", alternative.batch) if "consider" in w]
+    assert f"optimizer={alternative.optimizer}" in warning and f"{alternative.accuracy:.3f}" in warning
+    assert measured_warnings("adamw", "sqrt", 10**6) == []  # LAMB's lead over AdamW was within the noise
+
+
+def _verdict(study: str, start: str) -> str:
+    return re.search(re.escape(start) + "(.*)", study).group(1)
+
+
+def _difference_at(verdict: str, batch: int) -> float:
+    """The difference a verdict line gives at `batch`, where it is beyond the noise."""
+    return float(re.search(rf"(?:^|; ){batch:,}: ([-+]\d\.\d+) \[[^]]+\] beyond the noise", verdict).group(1))
+
+
+def test_the_measured_figures_are_the_study_s_own_verdicts():
+    """Each limit and alternative quotes the committed study: the largest batch it says the rule
+    holds to and the next batch's difference from batch 64; the alternative's difference from the
+    default optimizer at its batch, beyond the noise. A rule without a limit held over the whole range."""
+    study = (REPO / STUDY).read_text()
+    for (optimizer, rule), limit in MEASURED_LIMITS.items():
+        assert f"- {optimizer}, {rule} rule: within the noise of batch 64 (or above it) up to batch {limit.holds_to:,}\n" in study
+        against_64 = _verdict(study, f"- {optimizer}, {rule} rule, val accuracy against batch 64: ")
+        assert _difference_at(against_64, limit.next_batch) == pytest.approx(-limit.lost, abs=5e-4), (optimizer, rule)
+        if limit.better_rule:
+            against_better = _verdict(study, f"- {optimizer}, {rule} against {limit.better_rule}: ")
+            worse = re.search(rf"worse at [^;]*\b{limit.better_at:,} \(([-+]\d\.\d+)\)", against_better).group(1)
+            assert float(worse) == pytest.approx(-limit.better_by, abs=5e-4), (optimizer, rule)
+    for optimizer, alternative in MEASURED_ALTERNATIVES.items():
+        against = _verdict(study, f"- {alternative.optimizer} against {optimizer}, val accuracy: ")
+        assert _difference_at(against, alternative.batch) == pytest.approx(
+            alternative.accuracy - alternative.default_accuracy, abs=1e-3), optimizer
