@@ -369,8 +369,8 @@ class PreemptedCNN(SmallCNN):
     a scheduler's signal that reaches one process of a multi-process run before the others."""
 
     def __init__(self, num_classes: int, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
-                 dropout: float = 0.1, signal_at: int = 25, rank: int = 1) -> None:
-        super().__init__(num_classes, in_channels, widths, dropout)
+                 dropout: float = 0.1, norm: str = "batch", signal_at: int = 25, rank: int = 1) -> None:
+        super().__init__(num_classes, in_channels, widths, dropout, norm)
         self.signal_at, self.rank, self.calls = signal_at, rank, 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -386,8 +386,8 @@ class ExplodingCNN(CrashesAt, SmallCNN):
     call number `fail_at`: a crash mid-run of the default configuration."""
 
     def __init__(self, num_classes: int, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
-                 dropout: float = 0.1, fail_at: int = 25) -> None:
-        super().__init__(num_classes, in_channels, widths, dropout)
+                 dropout: float = 0.1, norm: str = "batch", fail_at: int = 25) -> None:
+        super().__init__(num_classes, in_channels, widths, dropout, norm)
         self.fail_at = fail_at
         self.calls = 0
 
