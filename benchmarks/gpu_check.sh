@@ -25,22 +25,28 @@
 #                stage, no validation; ladder_mfu.md: img/s, speed-up and MFU per stage
 #   input_pipeline  benchmarks/input_pipeline.py --device-side: images per host core per decode mode,
 #                and the device mode's batched nvjpeg decode + crop on the GPU (input_pipeline.md)
+#   batch_study  benchmarks/batch_scaling.py on the GPU: ResNet-18 on the expanded digits at 28 px,
+#                batch 512 and 4,096, AdamW's sqrt rule against none, one seed, 2 epochs: final val
+#                accuracy at a GPU-sized batch (batch_scaling.md; one seed, so no interval)
 #
 # A later step (the deploy bench) is a function step_NAME plus its name
 # in STEPS and its budgets in BUDGET_S and DRY_BUDGET_S (and, for key figures, a reader in
 # benchmarks/gpu_check_report.py). Keep the sum of BUDGET_S within 510 s.
 set -uo pipefail
 
-STEPS=(environment gpu_tests practices ladder input_pipeline)
+STEPS=(environment gpu_tests practices ladder input_pipeline batch_study)
 # Seconds per step on one H200: environment ~5 s; the GPU tests ~90 s (three torch.compile modes
 # of a tiny network are most of it); practices 6 runs of ~15-20 s and one compile of ResNet-50
 # (~60 s); the ladder one process, six stages, two compiles (the second mostly from the cache the
 # practices step filled); the input pipeline ~20 s; of the GPU tests, the deployment ones (a 1-epoch
-# digits run, its export, a compiled bench) ~50 s. 510 s in all, plus at most 5 s per step to stop
-# one that overruns.
-declare -A BUDGET_S=([environment]=15 [gpu_tests]=175 [practices]=150 [ladder]=140 [input_pipeline]=30)
+# digits run, its export, a compiled bench) ~50 s; the batch study four runs of ~10 s in one process
+# (an estimate: it has not run on a GPU yet). 510 s in all, plus at most 5 s per step to stop one
+# that overruns.
+declare -A BUDGET_S=([environment]=10 [gpu_tests]=165 [practices]=140 [ladder]=130 [input_pipeline]=25
+                     [batch_study]=40)
 # The dry run takes 30-60 s on 2 CPU cores; these only stop a hung step.
-declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120 [input_pipeline]=90)
+declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120 [input_pipeline]=90
+                         [batch_study]=120)
 
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -149,7 +155,16 @@ step_ladder() {
   return $status
 }
 
-export -f step_environment step_gpu_tests step_practices step_ladder step_input_pipeline
+step_batch_study() {
+  local dir="$OUT/batch_study"
+  local size=(--batches 512,4096 --epochs 2 --accelerator gpu --set model=resnet18 --set data.image_size=28)
+  # The dry run: the default network on a tenth of the set, on the CPU.
+  [ "$DRY" = 1 ] && size=(--batches 32,64 --epochs 1 --accelerator cpu --set data.copies=2 --set data.eval_copies=1)
+  "$PYTHON" benchmarks/batch_scaling.py --studies lr --optimizers adamw --rules sqrt,none --seeds 1 \
+    --out "$dir/batch_scaling.md" --runs "$dir/runs" "${size[@]}"
+}
+
+export -f step_environment step_gpu_tests step_practices step_ladder step_input_pipeline step_batch_study
 
 # -- running them ----------------------------------------------------------------------------------
 

@@ -145,9 +145,19 @@ def figures_input_pipeline(folder: Path) -> list[str]:
     return [line[2:] for line in text.splitlines() if line.startswith("- ")]
 
 
+def figures_batch_study(folder: Path) -> list[str]:
+    """The study's verdict lines, then each job's final val accuracy (benchmarks/batch_scaling.py)."""
+    text = (folder / "batch_scaling.md").read_text()
+    verdicts = text.split("## Verdicts", 1)[1].split("## Tables", 1)[0]
+    jobs = json.loads((folder / "batch_scaling_jobs.json").read_text())
+    accuracies = ", ".join(f"batch {j['batch']} {j['lr_rule']} {_fmt(j['val_acc'], '{:.4f}')}" for j in jobs)
+    return [f"{len(jobs)} runs on {jobs[0]['machine'] if jobs else '?'}: val acc {accuracies}",
+            *(line[2:] for line in verdicts.splitlines() if line.startswith("- "))]
+
+
 FIGURES: dict[str, Callable[[Path], list[str]]] = {
     "environment": figures_environment, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
-    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline,
+    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline, "batch_study": figures_batch_study,
 }
 
 

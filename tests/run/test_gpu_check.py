@@ -17,7 +17,7 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-STEPS = ["environment", "gpu_tests", "practices", "ladder", "input_pipeline"]
+STEPS = ["environment", "gpu_tests", "practices", "ladder", "input_pipeline", "batch_study"]
 LADDER = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channels_last", "resnet50_compile",
           "resnet50_optimized"]
 
@@ -106,3 +106,15 @@ def test_input_pipeline_step_times_every_decode_mode_and_the_device_side(dry_run
         assert row in report
     assert "device mode, decode + crop + resize of prefetched batches on" in report
     assert (out / "input_pipeline" / "figures.md").read_text().startswith("fast vs standard:")
+
+
+def test_batch_study_step_measures_both_rules_at_both_batches(dry_run):
+    """The batch study step: AdamW's sqrt rule and none at two batches, one seed; its key figures
+    are every run's val accuracy, then the verdict lines."""
+    out, _ = dry_run
+    jobs = json.loads((out / "batch_study" / "batch_scaling_jobs.json").read_text())
+    assert sorted((j["batch"], j["lr_rule"]) for j in jobs) == [(32, "none"), (32, "sqrt"), (64, "none"), (64, "sqrt")]
+    assert all(j["status"] == "completed" for j in jobs)
+    figures = (out / "batch_study" / "figures.md").read_text().splitlines()
+    assert figures[0].startswith("4 runs on ") and "batch 64 sqrt 0." in figures[0]
+    assert figures[1].startswith("adamw, sqrt rule, val accuracy against batch 32: 64: ")
