@@ -227,8 +227,8 @@ def lr_verdicts(optimizer: str, jobs: list[dict[str, Any]]) -> list[str]:
                 shown.append(f"{batch:,}: {found.text('{:.4f}')}")
         holding = largest_holding(reference, jobs, optimizer, default, [b for b in batches if b > base])
         lines.append(f"- {optimizer}, {default} rule, val accuracy against batch {base}: " + "; ".join(shown))
-        if not shown:
-            lines.append(f"- {optimizer}, {default} rule: no other batch was measured")
+        if not any(b > base for b in batches):
+            lines.append(f"- {optimizer}, {default} rule: no batch above {base} was measured")
         elif holding:
             lines.append(f"- {optimizer}, {default} rule: within the noise of batch {base} (or above it) "
                          f"up to batch {holding:,}")

@@ -117,4 +117,4 @@ def test_batch_study_step_measures_both_rules_at_both_batches(dry_run):
     assert all(j["status"] == "completed" for j in jobs)
     figures = (out / "batch_study" / "figures.md").read_text().splitlines()
     assert figures[0].startswith("4 runs on ") and "batch 64 sqrt 0." in figures[0]
-    assert figures[1].startswith("adamw, sqrt rule, val accuracy against batch 32: 64: ")
+    assert figures[1].startswith("adamw, sqrt rule, val accuracy against batch 64: 32: ")
