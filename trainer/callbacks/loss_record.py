@@ -40,6 +40,7 @@ class LossRecord(Callback):
         self.last_steps = last_steps
         self.spike_factor = spike_factor
         self.spike_window = spike_window
+        self.min_history = min(MIN_HISTORY, spike_window)  # steps a loss is judged against, at least
         self._first: list[torch.Tensor | float] = []
         self._last: deque[torch.Tensor | float] = deque(maxlen=last_steps)
         self._pending: list[torch.Tensor | float] = []
@@ -69,7 +70,7 @@ class LossRecord(Callback):
             self.steps += 1
             if not math.isfinite(value):
                 continue
-            if len(self._recent) >= min(MIN_HISTORY, self.spike_window) and value > self.spike_factor * statistics.median(self._recent):
+            if len(self._recent) >= self.min_history and value > self.spike_factor * statistics.median(self._recent):
                 self.spikes += 1
                 if self.first_spike is None:
                     self.first_spike = self.steps
@@ -95,7 +96,7 @@ class LossRecord(Callback):
         self._judge_pending()
         spikes = {"spikes": self.spikes, "first_spike": self.first_spike,
                   "spike_rule": f"loss above {self.spike_factor:g}x the median of the previous "
-                                f"{self.spike_window} steps (from step {MIN_HISTORY + 1})"}
+                                f"{self.spike_window} steps (from step {self.min_history + 1})"}
         if not self._last:
             return {"first": [], "last_steps": 0, "final": None, "mean": None, "spread": None, **spikes}
         last = _numbers(list(self._last))
