@@ -11,7 +11,10 @@ Two settings, each one Hydra multirun of `train.py` crossing the clipping arm wi
 - `stable`: the defaults (AdamW with warmup, BatchNorm): what the clipping costs when nothing is fragile.
 
 Arms: `clipping=off`, `fixed_norm` (max_norm 1.0), `percentile` (the default: the 95th percentile
-of the first calibration steps' norms) and `autoclip` (the same percentile over a rolling window).
+of the first calibration steps' norms, each of those steps clipped to the percentile so far) and
+`autoclip` (the same, then a rolling window); `percentile_unclipped_calibration` and
+`autoclip_unclipped_calibration` are the two with `clipping.clip_during_calibration=false`, as they
+were before this study (their own multirun).
 A spike is a step whose loss is above 3x the median of the previous 50 steps (counted by the run
 itself: summary.json `loss.spikes`, trainer/callbacks/loss_record.py). A run diverged when it was
 stopped for non-finite steps, ended with a non-finite loss, or ended below val acc 0.5 (chance 0.1).
@@ -42,12 +45,15 @@ from trainer.seed_groups import Spread, difference  # noqa: E402 - after the rep
 from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
                         summaries, write_report)
 
-ARMS = ("off", "fixed_norm", "percentile", "autoclip")
+#: Config names, except the `UNCLIPPED` arms: a config name with its calibration left unclipped.
+ARMS = ("off", "fixed_norm", "percentile", "autoclip", "percentile_unclipped_calibration",
+        "autoclip_unclipped_calibration")
+UNCLIPPED = "_unclipped_calibration"
 DEFAULT_ARM = "percentile"
 SETTINGS = ("fragile", "stable")
 DIVERGED_BELOW = 0.5
 #: Overrides that differ between the jobs of a setting or only say where a job ran.
-PER_JOB = ("clipping", "seed", "run.root", "hydra.sweep.dir", "checkpointing", "progress", "trainer.accelerator")
+PER_JOB = ("clipping", "clipping.clip_during_calibration", "seed", "run.root", "hydra.sweep.dir", "checkpointing", "progress", "trainer.accelerator")
 
 
 def setting_overrides(setting: str, fragile_lr: float) -> list[str]:
@@ -67,7 +73,10 @@ def job_of(summary: dict[str, Any], setting: str) -> dict[str, Any]:
     steps = summary.get("steps") or 0
     stopped = summary.get("status") != "completed"
     diverged = stopped or final is None or not math.isfinite(final) or val_acc is None or val_acc < DIVERGED_BELOW
-    return {"setting": setting, "arm": overrides.get("clipping", DEFAULT_ARM), "seed": int(overrides.get("seed", 42)),
+    arm = overrides.get("clipping", DEFAULT_ARM)
+    if arm in ("percentile", "autoclip") and not clipping.get("clip_during_calibration", False):
+        arm += UNCLIPPED  # summaries older than the setting recorded their calibration unclipped
+    return {"setting": setting, "arm": arm, "seed": int(overrides.get("seed", 42)),
             "status": summary.get("status"), "val_acc": val_acc, "test_acc": metrics.get("test", {}).get("acc"),
             "spikes": loss.get("spikes"), "first_spike": loss.get("first_spike"),
             "skipped_steps": (summary.get("nonfinite") or {}).get("skipped_steps", 0),
@@ -135,7 +144,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     from matplotlib.figure import Figure
 
     settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]
-    figure = Figure(figsize=(5.5 * max(len(settings), 1), 7), layout="constrained")
+    figure = Figure(figsize=(7 * max(len(settings), 1), 7.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, max(len(settings), 1), squeeze=False)
     for column, setting in enumerate(settings):
@@ -147,10 +156,23 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
                 if present:
                     ax.bar(x, sum(present) / len(present), color="C0" if arm != DEFAULT_ARM else "C1", alpha=0.5)
                     ax.plot([x] * len(present), present, "k.", alpha=0.7)
-            ax.set_xticks(range(len(arms)), arms)
+            ax.set_xticks(range(len(arms)), [a.replace(UNCLIPPED, "\n(calibration\nunclipped)") for a in arms],
+                          fontsize=8)
             ax.set(ylabel=label, title=f"{setting}: {label} (bar: mean; dots: seeds)")
             ax.grid(alpha=0.3, axis="y")
     figure.savefig(path, dpi=110)
+
+
+def sweeps(arms: list[str]) -> list[tuple[str, list[str], list[str]]]:
+    """The multiruns the arms need: (folder suffix, config names, extra overrides); the unclipped-calibration
+    arms are their config names with `clipping.clip_during_calibration=false`, in a sweep of their own."""
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; allowed: {', '.join(ARMS)}")
+    plain = [a for a in arms if not a.endswith(UNCLIPPED)]
+    unclipped = [a.removesuffix(UNCLIPPED) for a in arms if a.endswith(UNCLIPPED)]
+    return ([("", plain, [])] if plain else []) + (
+        [(UNCLIPPED, unclipped, ["clipping.clip_during_calibration=false"])] if unclipped else [])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,14 +196,16 @@ def main(argv: list[str] | None = None) -> None:
     runs = args.runs or REPO / "outputs" / "clipping_study" / time.strftime("%Y-%m-%d_%H-%M-%S")
     walls = []
     for setting in ([] if args.report_only else args.settings.split(",")):
-        folder = runs / setting
-        wall = run_multirun([f"clipping={args.arms}", f"seed={args.seeds}", *setting_overrides(setting, args.fragile_lr),
-                             "data=digits_expanded", f"data.copies={args.copies}", "data.eval_copies=4",
-                             f"trainer.max_epochs={args.epochs}", f"+trainer.val_check_interval={args.val_every}",
-                             "target.metric=val/acc", f"target.value={args.target}"], folder, setting)
-        walls.append(f"{setting} {wall / 60:.1f} min")
-        add_jobs(jobs_file, [job_of(s, setting) for s in summaries(folder)], key)
-        keep_comparison(folder, args.out.with_name(f"{args.out.stem}_sweeps"), setting)
+        for suffix, arms, extra in sweeps(args.arms.split(",")):
+            folder, label = runs / f"{setting}{suffix}", f"{setting}{suffix}"
+            wall = run_multirun([f"clipping={','.join(arms)}", *extra, f"seed={args.seeds}",
+                                 *setting_overrides(setting, args.fragile_lr), "data=digits_expanded",
+                                 f"data.copies={args.copies}", "data.eval_copies=4", f"trainer.max_epochs={args.epochs}",
+                                 f"+trainer.val_check_interval={args.val_every}", "target.metric=val/acc",
+                                 f"target.value={args.target}"], folder, label)
+            walls.append(f"{label} {wall / 60:.1f} min")
+            add_jobs(jobs_file, [job_of(s, setting) for s in summaries(folder)], key)
+            keep_comparison(folder, args.out.with_name(f"{args.out.stem}_sweeps"), label)
     jobs = load_jobs(jobs_file)
     command = " ".join(["python benchmarks/clipping_study.py", *(argv if argv is not None else sys.argv[1:])])
     settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]

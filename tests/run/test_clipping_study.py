@@ -10,9 +10,9 @@ import pytest
 
 from tests.helpers import benchmark
 
-pytestmark = pytest.mark.run
 
 
+@pytest.mark.run
 def test_the_quick_study_writes_its_verdicts_tables_jobs_and_plot(tmp_path):
     clipping_study = benchmark("clipping_study")
     out = tmp_path / "clipping.md"
@@ -26,5 +26,24 @@ def test_the_quick_study_writes_its_verdicts_tables_jobs_and_plot(tmp_path):
     assert jobs["fragile", "off"]["lr"] == pytest.approx(0.2) and jobs["stable", "off"]["lr"] == pytest.approx(0.002)
     for job in jobs.values():
         assert isinstance(job["spikes"], int) and isinstance(job["diverged"], bool)
-        assert job["clipped_share"] == 0.0  # off never clips; percentile is still calibrating (100 steps)
+        # off never clips; percentile clips a calibration step only above the percentile so far
+        assert job["clipped_share"] == 0.0 if job["arm"] == "off" else 0.0 <= job["clipped_share"] < 1.0
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_unclipped_calibration_arms_run_as_their_own_sweep_and_are_named_from_the_summary():
+    clipping_study = benchmark("clipping_study")
+    assert clipping_study.sweeps(["off", "percentile_unclipped_calibration", "percentile"]) == [
+        ("", ["off", "percentile"], []),
+        ("_unclipped_calibration", ["percentile"], ["clipping.clip_during_calibration=false"])]
+    with pytest.raises(SystemExit, match="unknown"):
+        clipping_study.sweeps(["percentile_clipped"])
+
+    def summary(clipping: dict) -> dict:
+        return {"overrides": ["clipping=percentile", "seed=3"], "clipping": clipping, "status": "completed",
+                "metrics": {"val": {"acc": 0.9}}, "loss": {"final": 0.3}, "steps": 10}
+    job_of = clipping_study.job_of
+    assert job_of(summary({"clip_during_calibration": True}), "stable")["arm"] == "percentile"
+    assert job_of(summary({"clip_during_calibration": False}), "stable")["arm"] == "percentile_unclipped_calibration"
+    # summaries written before the setting existed recorded their calibration unclipped
+    assert job_of(summary({}), "stable")["arm"] == "percentile_unclipped_calibration"

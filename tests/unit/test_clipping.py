@@ -1,4 +1,5 @@
 """Percentile gradient clipping: the threshold is numpy's percentile of the calibration norms,
+each calibration step is clipped to the percentile of the norms so far (or left alone when told),
 no update after calibration exceeds it and small ones are untouched, a rolling window follows the
 last norms, non-finite norms are counted but never recorded, gradients under an fp16 GradScaler
 are seen unscaled, and a real Lightning run clips in the right place. Also: the fixed-norm and
@@ -58,11 +59,40 @@ def test_global_grad_norm_matches_clip_grad_norm_and_skips_missing_grads():
     assert global_grad_norm([torch.zeros(2, requires_grad=True)]).item() == 0.0
 
 
-def test_calibration_records_without_clipping_then_threshold_is_the_95th_percentile():
-    rng = np.random.default_rng(0)
-    norms = list(rng.lognormal(0.0, 1.0, size=20))
-    norms[7] = 100.0  # an outlier during calibration must still pass untouched
+def calibration_norms_with_an_outlier() -> list[float]:
+    norms = list(np.random.default_rng(0).lognormal(0.0, 1.0, size=20))
+    norms[7] = 100.0
+    return norms
+
+
+def test_calibration_clips_each_step_to_the_percentile_so_far_and_records_the_pre_clip_norms():
+    norms = calibration_norms_with_an_outlier()
     cb = GradientClipping(calibration_steps=20)
+    clipped_steps = []
+    for i, p in enumerate(params_with_norms(norms)):
+        before = p.grad.clone()
+        norm, threshold, clipped = cb.observe_and_clip([p])
+        assert norm == pytest.approx(norms[i], rel=1e-12)
+        # AutoClip's order: the norm joins the history, then the percentile of all of it is the bound.
+        assert threshold == pytest.approx(np.percentile(norms[:i + 1], 95), rel=1e-12)
+        assert clipped == (norms[i] > threshold)
+        if clipped:
+            clipped_steps.append(i)
+            assert global_grad_norm([p]).item() == pytest.approx(threshold, rel=1e-5)
+            coef = p.grad[0] / before[0]
+            assert torch.allclose(p.grad, before * coef)  # the same direction, shorter
+        else:
+            assert torch.equal(p.grad, before)
+    assert 0 not in clipped_steps  # one norm is its own percentile
+    assert 7 in clipped_steps  # the outlier is held to the percentile of the eight norms so far
+    assert cb.calibration_norms == pytest.approx(norms, rel=1e-12)  # pre-clip: clipping cannot drag it down
+    assert cb.calibrated_threshold == cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
+    assert cb.steps_clipped == len(clipped_steps) and cb.summary()["clip_during_calibration"] is True
+
+
+def test_calibration_left_unclipped_records_then_threshold_is_the_95th_percentile():
+    norms = calibration_norms_with_an_outlier()  # the outlier must pass untouched here
+    cb = GradientClipping(calibration_steps=20, clip_during_calibration=False)
     for i, p in enumerate(params_with_norms(norms)):
         before = p.grad.clone()
         norm, threshold, clipped = cb.observe_and_clip([p])
@@ -81,7 +111,7 @@ def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_un
     cb = GradientClipping(calibration_steps=30)
     for _ in range(30):
         cb.observe_and_clip(random_grads(gen, float(torch.rand(1, generator=gen)) * 3))
-    threshold = cb.threshold
+    threshold, clipped_in_calibration = cb.threshold, cb.steps_clipped
     clipped_steps = 0
     for _ in range(200):
         params = random_grads(gen, float(torch.rand(1, generator=gen)) * 6)
@@ -97,7 +127,7 @@ def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_un
             assert clipped and after == pytest.approx(threshold, rel=1e-5)
             coef = params[0].grad.flatten()[0] / before[0].flatten()[0]  # same direction, one factor
             assert all(torch.allclose(p.grad, b * coef) for p, b in zip(params, before))
-    assert 0 < clipped_steps < 200 and cb.steps_clipped == clipped_steps
+    assert 0 < clipped_steps < 200 and cb.steps_clipped == clipped_in_calibration + clipped_steps
 
 
 def test_rolling_window_follows_the_last_pre_clip_norms():
@@ -108,10 +138,9 @@ def test_rolling_window_follows_the_last_pre_clip_norms():
     for i, p in enumerate(params_with_norms(norms, seed=3)):
         norm, threshold, clipped = cb.observe_and_clip([p])
         seen.append(norm)
-        if i < 4:
-            assert threshold is None
-        elif i == 4:
-            assert threshold == np.percentile(seen, 95) == cb.calibrated_threshold
+        if i <= 4:  # calibrating: the percentile of every norm so far (the window holds them all)
+            assert threshold == np.percentile(seen, 95)
+            assert cb.calibrated_threshold == (threshold if i == 4 else None)
         else:
             # the window holds the current pre-clip norm too, and nothing older than 8 steps
             assert threshold == np.percentile(seen[-8:], 95)
@@ -207,11 +236,13 @@ def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
     assert summary["steps_observed"] == 30 and len(before.norms) == 30
     assert clip.calibration_norms == pytest.approx(before.norms[:10], rel=1e-6)
     assert clip.threshold == np.percentile(clip.calibration_norms, 95) == summary["calibrated_threshold"]
-    assert after.norms[:10] == before.norms[:10]  # calibration never clips
-    for pre, post in zip(before.norms[10:], after.norms[10:]):
-        assert post <= clip.threshold * (1 + 1e-6)
-        assert post == pytest.approx(min(pre, clip.threshold), rel=1e-5)
-    assert summary["steps_clipped"] == sum(n > clip.threshold for n in before.norms[10:]) > 0
+    # Each calibration step is held to the percentile of the norms so far, every later one to the threshold.
+    bounds = [np.percentile(before.norms[:i + 1], 95) for i in range(10)] + [clip.threshold] * 20
+    for pre, post, bound in zip(before.norms, after.norms, bounds):
+        assert post <= bound * (1 + 1e-6)
+        assert post == pytest.approx(min(pre, bound), rel=1e-5)
+    assert summary["steps_clipped"] == sum(n > b for n, b in zip(before.norms, bounds))
+    assert sum(n > clip.threshold for n in before.norms[10:]) > 0
     for key in ("clip/grad_norm", "clip/threshold", "clip/clipped"):
         assert key in trainer.callback_metrics
 
@@ -281,6 +312,7 @@ def test_trainer_gradient_clip_val_together_with_the_callback_is_refused():
     {"clip_value": 1.0},
     {"mode": "fixed_norm", "max_norm": 1.0, "rolling_window": 5},
     {"log": "yes"},
+    {"clip_during_calibration": "yes"},
 ])
 def test_invalid_arguments_raise_value_error(kwargs):
     with pytest.raises(ValueError):
@@ -343,3 +375,16 @@ def test_state_dict_round_trip_continues_identically():
 
     with pytest.raises(ValueError, match="settings"):
         GradientClipping(calibration_steps=10, rolling_window=6).load_state_dict(original.state_dict())
+
+
+def test_a_checkpoint_from_before_clip_during_calibration_resumes_only_as_it_was_recorded():
+    old = GradientClipping(calibration_steps=10, clip_during_calibration=False)
+    for p in params_with_norms([1.0, 3.0, 2.0]):
+        old.observe_and_clip([p])
+    state = old.state_dict()
+    del state["settings"]["clip_during_calibration"]  # as written before the setting existed: unclipped
+    resumed = GradientClipping(calibration_steps=10, clip_during_calibration=False)
+    resumed.load_state_dict(state)
+    assert resumed.calibration_norms == old.calibration_norms
+    with pytest.raises(ValueError, match="clip_during_calibration"):
+        GradientClipping(calibration_steps=10).load_state_dict(state)

@@ -2,9 +2,13 @@
 
 A fixed `max_norm` has to be guessed per model, optimizer and batch size; a percentile of the norms
 the run actually produces does not. In "percentile" mode the callback watches the global gradient
-norm for `calibration_steps` optimizer steps without touching anything, then clips every later step
-to the chosen percentile of what it saw. With `rolling_window` the threshold keeps following the
-last norms instead of staying frozen (AutoClip, Seetharaman et al. 2020). "fixed_norm", "value" and
+norm for `calibration_steps` optimizer steps, then clips every later step to the chosen percentile of
+what it saw. During calibration each step is clipped to the percentile of the norms recorded so far
+(AutoClip's rule), because a run at a high lr without warmup is lost in its first steps: left
+unclipped there, the default did no better than no clipping at all where training was fragile
+(benchmarks/results/clipping_cpu.md). `clip_during_calibration=false` restores the unclipped
+recording. With `rolling_window` the threshold keeps following the last norms instead of staying
+frozen (AutoClip, Seetharaman et al. 2020). "fixed_norm", "value" and
 "off" are there so one callback covers every clipping choice of a run.
 
 Order of events in Lightning 2.x, which this relies on: the precision plugin runs the closure
@@ -108,18 +112,21 @@ class GradientClipping(Callback):
         self,
         mode: Annotated[str, Doc("percentile (AutoClip with rolling_window), fixed_norm, value or off")] = "percentile",
         percentile: Annotated[float, Doc("clip the global norm at this percentile of the recorded norms")] = 95.0,
-        calibration_steps: Annotated[int, Doc("optimizer steps whose norms are recorded, unclipped, "
-                                              "first")] = 100,
+        calibration_steps: Annotated[int, Doc("optimizer steps whose norms are recorded first")] = 100,
+        clip_during_calibration: Annotated[bool, Doc("clip each calibration step to the percentile of the "
+                                                     "norms recorded so far; false: record them unclipped")] = True,
         rolling_window: Annotated[Optional[int], Doc("then take the percentile of the last N norms "
                                                      "(AutoClip); null: keep the calibrated one")] = None,
         max_norm: Annotated[Optional[float], Doc("fixed_norm: the global norm clipped to")] = None,
         clip_value: Annotated[Optional[float], Doc("value: each gradient element clamped to +-this")] = None,
         log: Annotated[bool, Doc("log clip/grad_norm, clip/threshold and clip/clipped every step")] = True,
     ) -> None:
-        _validate(mode, percentile, calibration_steps, rolling_window, max_norm, clip_value, log)
+        _validate(mode, percentile, calibration_steps, clip_during_calibration, rolling_window, max_norm,
+                  clip_value, log)
         self.mode = mode
         self.percentile = float(percentile)
         self.calibration_steps = calibration_steps
+        self.clip_during_calibration = clip_during_calibration
         self.rolling_window = rolling_window
         self.max_norm = None if max_norm is None else float(max_norm)
         self.clip_value = None if clip_value is None else float(clip_value)
@@ -141,8 +148,8 @@ class GradientClipping(Callback):
                          sharded: bool = False) -> tuple[float, float | None, bool]:
         """Observe the global gradient norm of `parameters`, record it and clip in place as the mode says.
 
-        Returns (the pre-clip norm, the threshold in force after this step, None until calibration has ended,
-        whether the gradients were changed). Parameters without a gradient are ignored. `sharded`:
+        Returns (the pre-clip norm, the threshold in force after this step, None while an unclipped
+        calibration lasts, whether the gradients were changed). Parameters without a gradient are ignored. `sharded`:
         each process holds a disjoint share of the gradients (FSDP), so the norms of the shares are
         combined over the process group first, and every process clips with the same factor.
         """
@@ -175,7 +182,7 @@ class GradientClipping(Callback):
             return norm, self.threshold, clipped
 
         if self.mode == "percentile" and not self._record(norm):
-            return norm, self.threshold, False  # known from the last calibration step on
+            return norm, self.threshold, False  # an unclipped calibration step
         assert self.threshold is not None
         clipped = norm > self.threshold
         if clipped:
@@ -184,15 +191,19 @@ class GradientClipping(Callback):
         return norm, self.threshold, clipped
 
     def _record(self, norm: float) -> bool:
-        """Record a finite norm; True once a threshold applies to this step."""
+        """Record a finite norm and set the threshold for this step; True when that threshold applies."""
         if self.rolling_window is not None:
             self.window.append(norm)  # the pre-clip norm, so clipping cannot drag the threshold down
         if len(self.calibration_norms) < self.calibration_steps:
+            # Recorded before the threshold is taken, as AutoClip does: the first step is never
+            # clipped (a percentile of one norm is that norm), a new largest norm always is.
             self.calibration_norms.append(norm)
             if len(self.calibration_norms) == self.calibration_steps:
                 self.calibrated_threshold = percentile_threshold(self.calibration_norms, self.percentile)
                 self.threshold = self.calibrated_threshold
-            return False  # calibration steps themselves are never clipped
+            elif self.clip_during_calibration:
+                self.threshold = percentile_threshold(self.calibration_norms, self.percentile)
+            return self.clip_during_calibration
         if self.rolling_window is not None:
             self.threshold = percentile_threshold(self.window, self.percentile)
         return True
@@ -200,10 +211,13 @@ class GradientClipping(Callback):
     def describe(self) -> str:
         """What this callback will do, in words (the run prints it with the other derived values)."""
         if self.mode == "percentile":
-            text = f"clip to the {self.percentile:g}th percentile of the first {self.calibration_steps} steps' norms"
-            if self.rolling_window:
-                text += f", then of the last {self.rolling_window} (AutoClip)"
-            return text
+            later = f"the last {self.rolling_window} (AutoClip)" if self.rolling_window else None
+            if self.clip_during_calibration:
+                return (f"clip to the {self.percentile:g}th percentile of the norms so far for "
+                        f"{self.calibration_steps} steps, then of {later or f'those {self.calibration_steps}'}")
+            text = f"clip to the {self.percentile:g}th percentile of the first {self.calibration_steps} steps' norms " \
+                   "(those unclipped)"
+            return text + (f", then of {later}" if later else "")
         if self.mode == "fixed_norm":
             return f"clip the global norm to {self.max_norm:g}"
         if self.mode == "value":
@@ -215,6 +229,7 @@ class GradientClipping(Callback):
             "mode": self.mode,
             "percentile": self.percentile,
             "calibration_steps": self.calibration_steps,
+            "clip_during_calibration": self.clip_during_calibration,
             "rolling_window": self.rolling_window,
             "threshold": self.threshold,
             "calibrated_threshold": self.calibrated_threshold,
@@ -289,7 +304,8 @@ class GradientClipping(Callback):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict["settings"]
+        # Checkpoints written before clip_during_calibration existed recorded their calibration unclipped.
+        saved = {"clip_during_calibration": False, **state_dict["settings"]}
         if saved != self._settings():
             # A recording made under other settings is not a continuation of this run.
             raise ValueError(f"GradientClipping state was saved with {saved} but this run uses "
@@ -304,15 +320,15 @@ class GradientClipping(Callback):
 
     def _settings(self) -> dict[str, Any]:
         return {"mode": self.mode, "percentile": self.percentile, "calibration_steps": self.calibration_steps,
-                "rolling_window": self.rolling_window, "max_norm": self.max_norm, "clip_value": self.clip_value}
+                "clip_during_calibration": self.clip_during_calibration, "rolling_window": self.rolling_window, "max_norm": self.max_norm, "clip_value": self.clip_value}
 
 
 def _positive_finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def _validate(mode: str, percentile: float, calibration_steps: int, rolling_window: int | None,
-              max_norm: float | None, clip_value: float | None, log: bool) -> None:
+def _validate(mode: str, percentile: float, calibration_steps: int, clip_during_calibration: bool,
+              rolling_window: int | None, max_norm: float | None, clip_value: float | None, log: bool) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if not isinstance(percentile, (int, float)) or isinstance(percentile, bool) or not 0 < percentile <= 100:
@@ -324,6 +340,8 @@ def _validate(mode: str, percentile: float, calibration_steps: int, rolling_wind
         raise ValueError(f"rolling_window must be None or an integer >= 1, got {rolling_window!r}")
     if not isinstance(log, bool):
         raise ValueError(f"log must be a bool, got {log!r}")
+    if not isinstance(clip_during_calibration, bool):
+        raise ValueError(f"clip_during_calibration must be a bool, got {clip_during_calibration!r}")
     # A setting the mode ignores is almost always a mistake in the config, so it is refused.
     if mode == "fixed_norm" and not _positive_finite(max_norm):
         raise ValueError(f"mode='fixed_norm' needs max_norm > 0, got {max_norm!r}")
