@@ -11,7 +11,14 @@ images at 16 px: 25 steps an epoch even at batch 2,048), each job training the s
   AdamW and SGD;
 - `warmup`: the default rules at the largest batches without warmup;
 - `wd`: the other weight-decay rules (`optimizer.wd_scaling`) at the smallest and largest batch;
-- `large`: LAMB and LARS, with their own rules, at the largest batches, against AdamW and SGD there.
+- `large`: LAMB and LARS, with their own rules, at the largest batches, against AdamW and SGD there;
+- `calibration`: the default rules with the clipping's calibration steps clipped (the clipping
+  default since the clipping study) at batch 64 and the largest batch.
+
+Every other study runs with the calibration unclipped (`clipping.clip_during_calibration=false`),
+as all of them did before the clipping default changed: the rules are compared with nothing else
+moving (at batch 1,024 and above a run is almost all calibration, so it is hardly clipped), and the
+`calibration` study says what the clipping default does to them.
 
 Every job's numbers go into a jobs file (`<out>_jobs.json`, merged by setting and seed, so a study
 run later adds to it), and the report is written from that file alone: the verdict lines (for each
@@ -50,12 +57,20 @@ from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overri
                         summaries, write_report)
 
 REFERENCE_BATCH = 64  # the batch the others are held against, or the smallest measured if 64 was not
-STUDIES = ("lr", "warmup", "wd", "large")
+STUDIES = ("lr", "warmup", "wd", "large", "calibration")
+#: The clipping calibration of every study but `calibration` (see the module docstring).
+BASE_CALIBRATION = "unclipped"
+CALIBRATION_OVERRIDE = {"unclipped": "clipping.clip_during_calibration=false",
+                        "clipped": "clipping.clip_during_calibration=true"}
 #: The optimizer each large-batch optimizer is compared with, at the same batch.
 PARTNER = {"lamb": "adamw", "lars": "sgd"}
 #: The weight-decay rules tried against each optimizer's default. SGD's decay is 5e-5: only the
 #: linear rule moves it enough (x8 at batch 2,048) to be worth a run.
 WD_ALTERNATIVES = {"adamw": ("sqrt", "none"), "sgd": ("linear",)}
+#: The weight-decay rule every study but `wd` runs with: each optimizer's default when the studies
+#: began. AdamW's default became sqrt after the wd study (docs/practices.md); its other studies stay
+#: pinned to linear so that new runs remain comparable with the jobs already in the file.
+STUDY_WD_RULES = {"adamw": "linear"}
 #: Warmup off, against the default (the lr study's own runs); --warmups adds others.
 WARMUP_ALTERNATIVES = ("0",)
 
@@ -63,6 +78,11 @@ WARMUP_ALTERNATIVES = ("0",)
 def optimizer_defaults(name: str) -> dict[str, Any]:
     """The optimizer's own config (conf/optimizer/NAME.yaml): its rules live there, not here."""
     return dict(OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "optimizer" / f"{name}.yaml")))
+
+
+def base_wd_rule(optimizer: str) -> str:
+    """The weight-decay rule of every study but `wd` (`STUDY_WD_RULES`, else the optimizer's default)."""
+    return STUDY_WD_RULES.get(optimizer) or optimizer_defaults(optimizer)["wd_scaling"]
 
 
 DEFAULT_WARMUP = float(OmegaConf.load(REPO / "conf" / "scheduler" / "warmup_cosine.yaml").warmup)
@@ -83,25 +103,39 @@ class Sweep:
 
 
 def plan_sweeps(studies: list[str], optimizers: list[str], batches: list[int], rules: list[str],
-                large: list[int], warmups: tuple[str, ...] = WARMUP_ALTERNATIVES) -> list[Sweep]:
+                large: list[int], warmups: tuple[str, ...] = WARMUP_ALTERNATIVES,
+                wd_rules: dict[str, tuple[str, ...]] | None = None) -> list[Sweep]:
     planned = []
     edges = tuple(sorted({min(batches), max(batches)}))
     for study in studies:
-        if study == "lr":
+        if study == "calibration":
+            planned += [Sweep("calibration", (o,), tuple(sorted({REFERENCE_BATCH, max(large)})),
+                              (CALIBRATION_OVERRIDE["clipped"],)) for o in optimizers]
+        elif study == "lr":
             planned += [Sweep("lr", (o,), tuple(batches), (f"optimizer.lr_scaling={','.join(rules)}",)) for o in optimizers]
         elif study == "warmup":
             planned += [Sweep(f"warmup-{'-'.join(warmups)}", (o,), tuple(large), (f"scheduler.warmup={','.join(warmups)}",))
                         for o in optimizers]
         elif study == "wd":
-            planned += [Sweep("wd", (o,), edges, (f"optimizer.wd_scaling={','.join(WD_ALTERNATIVES[o])}",))
-                        for o in optimizers if o in WD_ALTERNATIVES]
+            wd = wd_rules or WD_ALTERNATIVES
+            planned += [Sweep("wd", (o,), edges, (f"optimizer.wd_scaling={','.join(wd[o])}",))
+                        for o in optimizers if o in wd]
         elif study == "large":
             partners = tuple(p for p, base in PARTNER.items() if base in optimizers)
             if partners:
                 planned.append(Sweep("large", partners, tuple(large)))
         else:
             raise SystemExit(f"--studies: unknown study {study!r}; allowed: {', '.join(STUDIES)}")
-    return planned
+    return [Sweep(sweep.study, sweep.optimizers, sweep.batches, (*sweep.overrides, *_pinned(sweep))) for sweep in planned]
+
+
+def _pinned(sweep: Sweep) -> tuple[str, ...]:
+    """What a sweep fixes to the studies' base: the calibration (but in `calibration`), the
+    weight-decay rule (but in `wd`)."""
+    pins = () if sweep.study == "calibration" else (CALIBRATION_OVERRIDE[BASE_CALIBRATION],)
+    if sweep.study != "wd" and len(sweep.optimizers) == 1 and sweep.optimizers[0] in STUDY_WD_RULES:
+        pins += (f"optimizer.wd_scaling={STUDY_WD_RULES[sweep.optimizers[0]]}",)
+    return pins
 
 
 def run_sweep(sweep: Sweep, seeds: list[int], epochs: int, target: float, folder: Path, extra: list[str],
@@ -126,6 +160,8 @@ def job_of(summary: dict[str, Any]) -> dict[str, Any]:
             "wd_rule": overrides.get("optimizer.wd_scaling", defaults["wd_scaling"]),
             "warmup": float(overrides.get("scheduler.warmup", DEFAULT_WARMUP)),
             "batch": int(overrides["data.batch_size"]), "seed": int(overrides.get("seed", 42)),
+            # summaries from before the setting existed recorded their calibration unclipped
+            "calibration": "clipped" if (summary.get("clipping") or {}).get("clip_during_calibration") else "unclipped",
             "status": summary.get("status"),
             "val_acc": metrics.get("val", {}).get("acc") if completed else None,
             "test_acc": metrics.get("test", {}).get("acc") if completed else None,
@@ -145,7 +181,7 @@ def read_sweep(folder: Path) -> list[dict[str, Any]]:
     return jobs
 
 
-KEY = ("optimizer", "lr_rule", "wd_rule", "warmup", "batch", "seed")
+KEY = ("optimizer", "lr_rule", "wd_rule", "warmup", "calibration", "batch", "seed")
 
 
 def key(job: dict[str, Any]) -> tuple:
@@ -156,11 +192,13 @@ def key(job: dict[str, Any]) -> tuple:
 
 
 def is_default(job: dict[str, Any], *, but: str = "") -> bool:
-    """The job uses its optimizer's default rules and warmup, except for the rule named in `but`."""
+    """The job uses its optimizer's default rules and warmup and the study's base calibration, except
+    for the setting named in `but`."""
     defaults = optimizer_defaults(job["optimizer"])
     return ((but == "lr_rule" or job["lr_rule"] == defaults["lr_scaling"])
-            and (but == "wd_rule" or job["wd_rule"] == defaults["wd_scaling"])
-            and (but == "warmup" or job["warmup"] == DEFAULT_WARMUP))
+            and (but == "wd_rule" or job["wd_rule"] == base_wd_rule(job["optimizer"]))
+            and (but == "warmup" or job["warmup"] == DEFAULT_WARMUP)
+            and (but == "calibration" or job["calibration"] == BASE_CALIBRATION))
 
 
 def selected_jobs(jobs: list[dict[str, Any]], optimizer: str, batch: int, but: str = "",
@@ -270,22 +308,38 @@ def largest_holding(reference: list[float], jobs: list[dict[str, Any]], optimize
     return largest
 
 
+def base_of(but: str, optimizer: str) -> Any:
+    """What a variant of `but` is held against: the default warmup or wd rule, the study's calibration."""
+    if but == "warmup":
+        return DEFAULT_WARMUP
+    return BASE_CALIBRATION if but == "calibration" else base_wd_rule(optimizer)
+
+
+def base_name(but: str, optimizer: str) -> str:
+    """What the base of a variant is: the default, or the other studies' setting where it is not."""
+    if but == "calibration" or (but == "wd_rule" and base_wd_rule(optimizer) != optimizer_defaults(optimizer)["wd_scaling"]):
+        return "the other studies' runs"
+    return "the default"
+
+
 def variant_section(title: str, but: str, jobs: list[dict[str, Any]], optimizers: list[str],
                     name: callable) -> tuple[list[str], list[str]]:
-    """The table and verdicts of one setting (`but`: warmup or wd_rule) changed from its default,
-    at the batches where it was changed, each against the default there."""
+    """The table and verdicts of one setting (`but`: warmup, wd_rule or calibration) changed from its
+    base, at the batches where it was changed, each against the base there."""
     table, verdicts = [f"### {title}", "", HEADER[0].format(arm="setting"), HEADER[1]], []
     for optimizer in optimizers:
-        default = DEFAULT_WARMUP if but == "warmup" else optimizer_defaults(optimizer)["wd_scaling"]
+        default = base_of(but, optimizer)
+        base = base_name(but, optimizer)
         others = sorted({j[but] for j in jobs if j["optimizer"] == optimizer and is_default(j, but=but)} - {default})
         batches = sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer and j[but] in others})
         for batch in batches:
             for value in (default, *others):
                 runs = selected_jobs(jobs, optimizer, batch, but, value)
                 if runs:
-                    table.append(row(batch, f"{optimizer}, {name(value)}{' (default)' if value == default else ''}", runs))
+                    label = f" ({base.removeprefix('the ')})" if value == default else ""
+                    table.append(row(batch, f"{optimizer}, {name(value)}{label}", runs))
         for value in others:
-            verdicts.append(f"- {optimizer}, {name(value)} against {name(default)} (the default), val accuracy: "
+            verdicts.append(f"- {optimizer}, {name(value)} against {name(default)} ({base}), val accuracy: "
                             + differences(jobs, optimizer, batches, but, default, value))
     return table, verdicts
 
@@ -326,8 +380,11 @@ def report(jobs: list[dict[str, Any]], header: list[str]) -> list[str]:
     for optimizer in optimizers:
         verdicts += lr_verdicts(optimizer, jobs)
         tables += lr_table(optimizer, jobs) + [""]
-    for title, but, name in (("Warmup at the largest batches (fraction of all steps)", "warmup", lambda v: f"warmup {v:g}"),
-                             ("The weight-decay rule", "wd_rule", lambda v: f"wd {v}")):
+    for title, but, name in (
+            ("Warmup at the largest batches (fraction of all steps)", "warmup", lambda v: f"warmup {v:g}"),
+            ("The weight-decay rule", "wd_rule", lambda v: f"wd {v}"),
+            ("The clipping calibration: clipped (the clipping default) against unclipped (every other study)",
+             "calibration", lambda v: f"calibration {v}")):
         table, found = variant_section(title, but, jobs, optimizers, name)
         if found:
             tables += table + [""]
@@ -356,7 +413,8 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
             if job["optimizer"] == optimizer and is_default(job, but="lr_rule"):
                 series.setdefault((job["lr_rule"] + (" (default)" if is_default(job) else ""), "-"), []).append(job)
             elif job["optimizer"] == optimizer and not is_default(job, but="lr_rule"):
-                changed = (f"wd {job['wd_rule']}" if job["wd_rule"] != optimizer_defaults(optimizer)["wd_scaling"]
+                changed = (f"wd {job['wd_rule']}" if job["wd_rule"] != base_wd_rule(optimizer)
+                           else f"calibration {job['calibration']}" if job["calibration"] != BASE_CALIBRATION
                            else f"warmup {job['warmup']:g}")
                 series.setdefault((changed, "--"), []).append(job)
             elif PARTNER.get(job["optimizer"]) == optimizer and is_default(job):
@@ -397,6 +455,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rules", default="sqrt,linear,none")
     parser.add_argument("--warmups", default=",".join(WARMUP_ALTERNATIVES),
                         help="the warmup study's fractions, against the default")
+    parser.add_argument("--wd-rules", default=None,
+                        help="the wd study's rules for every optimizer, e.g. sqrt (default: the alternatives to each "
+                             "optimizer's own rule)")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.9, help="val accuracy whose time and steps are reported")
@@ -419,7 +480,8 @@ def main(argv: list[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     sweeps = [] if args.report_only else plan_sweeps(
         args.studies.split(","), args.optimizers.split(","), [int(b) for b in args.batches.split(",")],
-        args.rules.split(","), [int(b) for b in args.large.split(",")], tuple(args.warmups.split(",")))
+        args.rules.split(","), [int(b) for b in args.large.split(",")], tuple(args.warmups.split(",")),
+        {o: tuple(args.wd_rules.split(",")) for o in args.optimizers.split(",")} if args.wd_rules else None)
     jobs_file = args.out.with_name(f"{args.out.stem}_jobs.json")
     comparisons = args.out.with_name(f"{args.out.stem}_sweeps")
     # The runs themselves stay under outputs/ (ignored by git); the jobs file and each sweep's

@@ -11,9 +11,8 @@ import pytest
 
 from tests.helpers import benchmark
 
-pytestmark = pytest.mark.run
 
-
+@pytest.mark.run
 def test_the_quick_study_writes_its_verdicts_table_jobs_and_plot(tmp_path):
     batch_scaling = benchmark("batch_scaling")
     out = tmp_path / "batch_scaling.md"
@@ -35,3 +34,33 @@ def test_the_quick_study_writes_its_verdicts_table_jobs_and_plot(tmp_path):
     out.unlink()
     batch_scaling.main(["--report-only", "--out", str(out)])
     assert "| 128 | none | 0.004 |" in out.read_text()
+
+
+def test_the_studies_pin_their_base_settings_and_each_variant_study_changes_one():
+    """Every study but `calibration` runs with the calibration unclipped, and AdamW's studies but `wd`
+    with the linear weight-decay rule they began with; `calibration` clips it, `wd` varies the rule."""
+    batch_scaling = benchmark("batch_scaling")
+    sweeps = batch_scaling.plan_sweeps(["lr", "large", "calibration", "wd"], ["adamw", "sgd"], [32, 64, 2048],
+                                       ["sqrt", "none"], [1024, 2048])
+    by_study = {}
+    for sweep in sweeps:
+        by_study.setdefault(sweep.study, []).append(sweep)
+    for sweep in by_study["lr"] + by_study["large"] + by_study["wd"]:
+        assert "clipping.clip_during_calibration=false" in sweep.overrides
+    for sweep in by_study["lr"] + by_study["calibration"]:
+        assert ("optimizer.wd_scaling=linear" in sweep.overrides) == (sweep.optimizers == ("adamw",))
+    assert [(s.optimizers, s.batches, s.overrides) for s in by_study["calibration"]] == [
+        (("adamw",), (64, 2048), ("clipping.clip_during_calibration=true", "optimizer.wd_scaling=linear")),
+        (("sgd",), (64, 2048), ("clipping.clip_during_calibration=true",))]
+    assert by_study["wd"][0].overrides == ("optimizer.wd_scaling=sqrt,none", "clipping.clip_during_calibration=false")
+
+    def job(calibration: str, seed: int, acc: float) -> dict:
+        return {"optimizer": "adamw", "lr_rule": "sqrt", "wd_rule": "linear", "warmup": batch_scaling.DEFAULT_WARMUP,
+                "calibration": calibration, "batch": 2048, "seed": seed, "val_acc": acc, "lr": 0.0113,
+                "reached": False, "target_steps": None, "target_s": None, "machine": "m"}
+    jobs = [job("unclipped", 1, 0.80), job("unclipped", 2, 0.82), job("clipped", 1, 0.90), job("clipped", 2, 0.91)]
+    # the rule tables hold only the base calibration; the calibration section holds both, against it
+    assert batch_scaling.select(jobs, "adamw", 2048, "lr_rule", "sqrt") == [0.80, 0.82]
+    lines = batch_scaling.report(jobs, [])
+    assert any(line.startswith("- adamw, calibration clipped against calibration unclipped (the other studies' "
+                               "runs), val accuracy: 2,048: +0.0950") for line in lines), lines
