@@ -52,7 +52,15 @@ def test_a_batch_where_a_large_batch_optimizer_did_better_suggests_it():
     assert not any("consider" in w for w in measured_warnings("sgd", "linear", alternative.batch // 2))
     [warning] = [w for w in measured_warnings("sgd", "none", alternative.batch) if "consider" in w]
     assert f"optimizer={alternative.optimizer}" in warning and f"{alternative.accuracy:.3f}" in warning
-    assert measured_warnings("adamw", "sqrt", 10**6) == []  # LAMB's lead over AdamW was within the noise
+    assert measured_warnings("adamw", "linear", 1024) == []  # neither a limit nor LAMB's lead measured there
+
+
+def test_adamw_beyond_its_measured_limit_is_told_the_limit_and_lamb():
+    limit, alternative = MEASURED_LIMITS["adamw", "sqrt"], MEASURED_ALTERNATIVES["adamw"]
+    assert measured_warnings("adamw", "sqrt", limit.holds_to) == []
+    limit_warning, lamb_warning = measured_warnings("adamw", "sqrt", limit.next_batch)
+    assert f"up to batch {limit.holds_to:,}" in limit_warning and "or optimizer.lr_scaling" not in limit_warning
+    assert "optimizer=lamb" in lamb_warning and f"{alternative.default_accuracy:.3f}" in lamb_warning
 
 
 def _verdict(study: str, start: str) -> str:
