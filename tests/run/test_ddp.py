@@ -72,7 +72,7 @@ def test_ddp_started_by_lightning_trains_digits_with_the_global_batch_into_one_f
     hyper = summary["hyperparameters"]
     assert hyper["global_batch_size"] == 128
     assert math.isclose(hyper["lr"], 0.004 * math.sqrt(128 / 256), rel_tol=1e-9)
-    assert math.isclose(hyper["weight_decay"], 0.2 * 128 / 256, rel_tol=1e-9)
+    assert math.isclose(hyper["weight_decay"], 0.2 * math.sqrt(128 / 256), rel_tol=1e-9)
     # The training digits (1,257) dealt to 2 processes, 64 each per step: 9 steps per epoch.
     assert summary["steps"] == 8 * (summary["data"]["sizes"]["train"] // 2 // 64) == 72
     # One process reaches 0.98 or more on the test split in the default 10 epochs; two, a little less.

@@ -170,7 +170,7 @@ def test_batch_size_auto_on_the_cpu_fits_the_budget_and_rederives_lr_and_weight_
     assert batch % 8 == 0 and 8 <= batch and derived["data.batch_size"]["how"].startswith(f"auto -> {batch}: ")
     assert summary["hyperparameters"]["batch_size"] == batch == summary["hyperparameters"]["global_batch_size"]
     assert derived["optimizer.lr"]["value"] == pytest.approx(0.004 * math.sqrt(batch / 256), rel=1e-6)
-    assert derived["optimizer.weight_decay"]["value"] == pytest.approx(0.2 * batch / 256, rel=1e-6)
+    assert derived["optimizer.weight_decay"]["value"] == pytest.approx(0.2 * math.sqrt(batch / 256), rel=1e-6)
     assert json.loads((tmp_path / "batch_size_auto.json").read_text())["batch_size"] == batch
     start_up = [r.getMessage() for r in caplog.records]
     assert any(line.strip().startswith("data.batch_size") and "auto ->" in line for line in start_up)

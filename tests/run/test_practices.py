@@ -28,9 +28,9 @@ def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
     summary = result.summary
     assert summary["hyperparameters"]["global_batch_size"] == 128
     decay, no_decay = summary["optimizer_param_groups"]
-    # adamw: lr 0.004 and wd 0.2 given at batch 256; sqrt and linear rules to batch 128.
+    # adamw: lr 0.004 and wd 0.2 given at batch 256; sqrt rules for both to batch 128.
     assert decay["lr"] == pytest.approx(0.004 * math.sqrt(128 / 256))
-    assert decay["weight_decay"] == pytest.approx(0.2 * 128 / 256)
+    assert decay["weight_decay"] == pytest.approx(0.2 * math.sqrt(128 / 256))
     assert no_decay["lr"] == decay["lr"] and no_decay["weight_decay"] == 0.0
     assert no_decay["tensors"] == 13  # 6 BatchNorm weights + 6 biases + the classifier bias
     assert "sqrt rule" in summary["derived"]["optimizer.lr"]["how"]
