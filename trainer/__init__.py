@@ -22,8 +22,8 @@ _PUBLIC = {
     "RunSpec": "trainer.config",
     "UserError": "trainer.errors",
     # the phases' products
-    "Plan": "trainer.plan",
-    "resolve": "trainer.plan",
+    "Plan": "trainer.phases.plan",
+    "resolve": "trainer.phases.plan",
     "ClassificationTask": "trainer.task",
     # data modules and models
     "ImageClassificationData": "trainer.data.base",

@@ -1,8 +1,14 @@
-"""The `optimizer` group: parameter groups, kernel choice and the torch optimizer."""
+"""The `optimizer` group: parameter groups, kernel choice and the torch optimizer.
+
+`OptimizerRecipe` is the one way a run makes its optimizer: training, the diagnosis and the
+memory measurements all build from the recipe the plan holds, so what is measured is what trains.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -122,6 +128,33 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool,
     if fused_supported(device_type):
         return "fused", f"auto -> fused (torch {torch.__version__} has fused kernels for {device_type})"
     return "foreach", f"auto -> foreach (no fused kernels for {device_type})"
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """Everything that makes the run's optimizer, decided once on the plain network (before any
+    wrapper renames or flattens its parameters): the config, the effective lr and weight decay, the
+    kernel, the parameters exempt from decay and each parameter's lr scale (layer-wise decay)."""
+
+    cfg: OptimizerConfig
+    lr: float
+    weight_decay: float
+    implementation: str
+    no_decay_names: frozenset[str]
+    lr_scales: Mapping[str, float] | None = None
+
+    @classmethod
+    def for_network(cls, net: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,
+                    implementation: str = "foreach") -> OptimizerRecipe:
+        scales = layer_lr_scales(net, cfg.layer_decay) if cfg.layer_decay else None
+        return cls(cfg, lr, weight_decay, implementation, one_dimensional(net),
+                   MappingProxyType(scales) if scales is not None else None)
+
+    def build(self, module: nn.Module, implementation: str | None = None) -> torch.optim.Optimizer:
+        """The optimizer over `module` (the network, or a module holding it under any wrapper);
+        `implementation` only where a measurement compares kernels."""
+        return build_optimizer(module, self.cfg, self.lr, self.weight_decay, implementation or self.implementation,
+                               self.no_decay_names, dict(self.lr_scales) if self.lr_scales is not None else None)
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,

@@ -12,8 +12,8 @@ from torch.profiler import record_function
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainer.config import OptimizerConfig, RegularizationConfig
-from trainer.optimizer import build_optimizer, layer_lr_scales, one_dimensional
+from trainer.config import RegularizationConfig
+from trainer.optimizer import OptimizerRecipe
 from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.regularization import BatchMixing, dominant_labels
 from trainer.scheduler import SchedulerConfig, build_scheduler
@@ -35,36 +35,27 @@ class ClassificationTask(L.LightningModule):
         self,
         net: nn.Module,
         num_classes: int,
-        optimizer: OptimizerConfig,
+        optimizer: OptimizerRecipe,
         scheduler: SchedulerConfig,
-        lr: float,
-        weight_decay: float,
-        optimizer_implementation: str = "foreach",
         channels_last: bool = False,
         regularization: RegularizationConfig | None = None,
     ) -> None:
         super().__init__()
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
-        self.optimizer_cfg = optimizer
+        # Which parameters are exempt from weight decay, and each one's lr scale, were decided on the
+        # plain network (the recipe): under FSDP the optimizer is built after sharding has flattened them.
+        self.optimizer_recipe = optimizer
         self.scheduler_cfg = scheduler
-        self.lr = lr
-        self.weight_decay = weight_decay
         self.channels_last = channels_last
-        self.optimizer_implementation = optimizer_implementation
         # Label smoothing shapes the training loss only: validation and test losses stay the plain
         # cross-entropy, comparable between runs with and without it (as timm reports them).
         self.label_smoothing = regularization.label_smoothing if regularization else 0.0
         self.mixing = BatchMixing(regularization, num_classes) if regularization else None
-        # Which parameters are exempt from weight decay is decided now, on the plain module: under
-        # FSDP the optimizer is built after sharding has flattened every parameter.
-        self.no_decay_names = one_dimensional(self.net)
-        # Likewise the layer of each parameter, for layer-wise lr decay.
-        self.lr_scales = layer_lr_scales(self.net, optimizer.layer_decay) if optimizer.layer_decay else None
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
         # logger=False: the loggers get the whole resolved config and the plan instead
         # (trainer.logger.run_hyperparameters), not these five values.
-        self.save_hyperparameters({"num_classes": num_classes, "lr": lr, "weight_decay": weight_decay,
-                                   "optimizer": optimizer.name, "scheduler": scheduler.name}, logger=False)
+        self.save_hyperparameters({"num_classes": num_classes, "lr": optimizer.lr, "weight_decay": optimizer.weight_decay,
+                                   "optimizer": optimizer.cfg.name, "scheduler": scheduler.name}, logger=False)
         # The training loss as a metric: each step's value is this process's own (no communication),
         # and the epoch mean is combined over all processes once, when it is computed. Lightning's
         # `self.log(..., on_step=True, sync_dist=True)` would all-reduce at every step instead.
@@ -168,8 +159,7 @@ class ClassificationTask(L.LightningModule):
             self.log(f"{split}/acc5", top5, on_epoch=True, batch_size=n)
 
     def configure_optimizers(self) -> Any:
-        optimizer = build_optimizer(self.net, self.optimizer_cfg, self.lr, self.weight_decay,
-                                    self.optimizer_implementation, self.no_decay_names, self.lr_scales)
+        optimizer = self.optimizer_recipe.build(self.net)
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer

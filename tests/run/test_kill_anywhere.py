@@ -182,12 +182,12 @@ def test_a_completed_run_asked_to_resume_says_so_in_one_line_and_changes_nothing
 
 def fail_finishing_the_loggers() -> None:
     """A logger that cannot finish its run (say, wandb without its service) as the run is recorded."""
-    import trainer.run
+    import trainer.phases.record
 
     def finish(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("the logger's service could not be reached")
 
-    trainer.run.finish_loggers = finish  # type: ignore[assignment]
+    trainer.phases.record.finish_loggers = finish  # type: ignore[assignment]
 
 
 def test_a_failure_while_recording_is_one_line_and_the_run_records_again(tmp_path, reference):

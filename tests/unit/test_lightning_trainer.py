@@ -25,11 +25,11 @@ from lightning.pytorch.profilers import SimpleProfiler
 from omegaconf import OmegaConf
 
 from tests.helpers import ON_CPU, TINY, compose
-from trainer.build import Built, Parts, _trainer_arguments, build_parts, build_trainer
+from trainer.phases.build import Built, Parts, _trainer_arguments, build_parts, build_trainer
 from trainer.checkpoint import SafeCheckpointIO
 from trainer.config import TRAINER_KEYS_OWNED_ELSEWHERE, choice_config, validate
 from trainer.errors import UserError
-from trainer.plan import resolve
+from trainer.phases.plan import resolve
 
 
 @pytest.fixture(scope="module")

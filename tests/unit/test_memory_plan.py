@@ -81,8 +81,8 @@ def test_the_cpu_batch_finder_takes_the_largest_multiple_of_8_within_the_budget(
 
 
 def test_other_ranks_take_rank_zeros_batch(tmp_path):
-    from trainer.run import AUTO_BATCH_FILE, _batch_of_rank_zero
+    from trainer.modes.batch_finder import AUTO_BATCH_FILE, batch_of_rank_zero
 
     (tmp_path / AUTO_BATCH_FILE).write_text('{"batch_size": 136, "how": "auto -> 136: measured"}')
-    found = _batch_of_rank_zero(tmp_path / AUTO_BATCH_FILE, timeout_s=1)
+    found = batch_of_rank_zero(tmp_path / AUTO_BATCH_FILE, timeout_s=1)
     assert found.value == 136 and found.how.endswith("(rank 0's)")

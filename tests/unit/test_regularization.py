@@ -16,6 +16,7 @@ from torch import nn
 from tests.helpers import ON_CPU, compose
 from trainer.config import RegularizationConfig, choice_config, validate
 from trainer.errors import UserError
+from trainer.optimizer import OptimizerRecipe
 from trainer.regularization import BatchMixing, describe, dominant_labels
 from trainer.task import ClassificationTask, classification_loss
 
@@ -116,7 +117,7 @@ def test_label_smoothing_spreads_that_share_over_all_classes():
 def test_the_task_smooths_the_training_loss_only_and_counts_the_dominant_class():
     net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, CLASSES))
     optimizer, scheduler = choice_config("optimizer", "adamw"), choice_config("scheduler", "constant")
-    task = ClassificationTask(net, CLASSES, optimizer, scheduler, 0.01, 0.0,
+    task = ClassificationTask(net, CLASSES, OptimizerRecipe.for_network(net, optimizer, 0.01, 0.0), scheduler,
                               regularization=config(label_smoothing=0.2, mixup_alpha=1.0))
     logits, labels = torch.randn(4, CLASSES), torch.tensor([1, 2, 3, 4])
     assert task.training_loss(logits, labels) > classification_loss(logits, labels) - 1  # smoothed

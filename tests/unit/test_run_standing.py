@@ -23,6 +23,7 @@ from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.checkpoint import LatestAndBest
 from trainer.config import choice_config
+from trainer.optimizer import OptimizerRecipe
 from trainer.resume import RESOLVED_CONFIG, completed_run, write_identity
 from trainer.summary import RunRecord
 from trainer.task import ClassificationTask
@@ -165,8 +166,9 @@ def fake_trainer(processed: int, completed: int, world_size: int = 1, rank: int 
 
 
 def make_task() -> ClassificationTask:
-    return ClassificationTask(nn.Linear(4, 3), 3, choice_config("optimizer", "adamw"),
-                              choice_config("scheduler", "constant"), lr=1e-3, weight_decay=0.0)
+    net = nn.Linear(4, 3)
+    return ClassificationTask(net, 3, OptimizerRecipe.for_network(net, choice_config("optimizer", "adamw"), 1e-3, 0.0),
+                              choice_config("scheduler", "constant"))
 
 
 def test_the_training_metrics_running_states_travel_in_a_mid_epoch_checkpoint(monkeypatch):

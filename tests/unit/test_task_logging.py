@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.config import choice_config
+from trainer.optimizer import OptimizerRecipe
 from trainer.task import ClassificationTask
 
 #: The other (fake) process's loss at every step.
@@ -22,8 +23,8 @@ OTHER_LOSS = 7.0
 def make_task() -> ClassificationTask:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Flatten(1), nn.Linear(3 * 4 * 4, 10))
-    return ClassificationTask(net, 10, choice_config("optimizer", "adamw"), choice_config("scheduler", "constant"),
-                              lr=1e-3, weight_decay=0.0)
+    return ClassificationTask(net, 10, OptimizerRecipe.for_network(net, choice_config("optimizer", "adamw"), 1e-3, 0.0),
+                              choice_config("scheduler", "constant"))
 
 
 class InsideTrainingBatch(Callback):
@@ -108,6 +109,7 @@ def test_top5_accuracy_is_logged_from_ten_classes_on(tmp_path):
     assert "val/acc5" in trainer.callback_metrics
     tested = trainer.test(task, loader, verbose=False)[0]
     assert tested["test/acc5"] >= tested["test/acc"]
-    few = ClassificationTask(nn.Linear(2, 3), 3, choice_config("optimizer", "adamw"),
-                             choice_config("scheduler", "constant"), lr=1e-3, weight_decay=0.0)
+    linear = nn.Linear(2, 3)
+    few = ClassificationTask(linear, 3, OptimizerRecipe.for_network(linear, choice_config("optimizer", "adamw"), 1e-3, 0.0),
+                             choice_config("scheduler", "constant"))
     assert few.val_acc5 is None and few.test_acc5 is None

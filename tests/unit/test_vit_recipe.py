@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers import ON_CPU, compose
-from trainer.build import build_model
+from trainer.phases.build import build_model
 from trainer.config import choice_config, validate
 from trainer.data.base import DataInfo
 from trainer.errors import UserError
 from trainer.models.timm import build_timm
-from trainer.optimizer import build_optimizer, layer_lr_scales, one_dimensional, parameter_groups
+from trainer.optimizer import OptimizerRecipe, build_optimizer, layer_lr_scales, one_dimensional, parameter_groups
 from trainer.task import ClassificationTask
 
 
@@ -91,7 +91,8 @@ def test_layer_decay_scales_each_layers_lr_by_its_depth_below_the_head():
 def test_the_schedule_keeps_each_layers_ratio():
     vit = tiny_vit(depth=2)
     optimizer = choice_config("optimizer", "adamw", layer_decay=0.5)
-    task = ClassificationTask(vit, 10, optimizer, choice_config("scheduler", "warmup_cosine"), 0.01, 0.05)
+    task = ClassificationTask(vit, 10, OptimizerRecipe.for_network(vit, optimizer, 0.01, 0.05),
+                              choice_config("scheduler", "warmup_cosine"))
 
     class Stub:
         estimated_stepping_batches = 10
@@ -134,8 +135,8 @@ def test_each_recipe_composes_with_its_practices(recipe, expected):
 
 def test_the_plan_says_what_the_model_exempts_and_how_the_layers_decay():
     from trainer.callbacks.clipping import GradientClipping
-    from trainer.build import build_data
-    from trainer.plan import resolve
+    from trainer.phases.build import build_data
+    from trainer.phases.plan import resolve
 
     spec = validate(compose(["+recipe=vit_tiny_digits", *ON_CPU, "model.options.class_token=true",
                              "model.options.global_pool=token", "optimizer.layer_decay=0.5"]))

@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainer.atomic import replace_atomic, write_text_atomic
-from trainer.build import build_data, build_model
+from trainer.phases.build import build_data, build_model
 from trainer.checkpoint import load_checkpoint
 from trainer.config import validate
 from trainer.errors import UserError

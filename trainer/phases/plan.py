@@ -24,7 +24,7 @@ from trainer.devices import count_devices, resolve_accelerator
 from trainer.errors import UserError
 from trainer.mfu import peak_flops, training_flops_per_sample
 from trainer.models.activation_checkpointing import select_stages
-from trainer.optimizer import choose_implementation, layer_lr_scales, named_by_model
+from trainer.optimizer import OptimizerRecipe, choose_implementation, named_by_model
 from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.regularization import describe
 from trainer.scaling import measured_warnings, scale
@@ -48,9 +48,8 @@ class Plan:
     precision: str
     loader: LoaderSettings
     global_batch_size: int
-    lr: float
-    weight_decay: float
-    optimizer_implementation: str
+    #: What builds the optimizer, for training and for every measurement alike.
+    optimizer: OptimizerRecipe
     tf32: bool
     channels_last: bool
     compile_mode: str
@@ -60,6 +59,18 @@ class Plan:
     peak_flops: float | None
     peak_flops_note: str
     derived: Mapping[str, Derived]
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.lr
+
+    @property
+    def weight_decay(self) -> float:
+        return self.optimizer.weight_decay
+
+    @property
+    def optimizer_implementation(self) -> str:
+        return self.optimizer.implementation
 
     def lines(self) -> list[str]:
         width = max(len(k) for k in self.derived)
@@ -87,14 +98,15 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
     derived["data.decode"] = Derived(*datamodule.resolve_decode(cuda=accelerator == "cuda"))
     lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
-    _parameter_groups(spec, net, lr, derived)
+    recipe = OptimizerRecipe.for_network(net, spec.optimizer, lr, weight_decay, implementation)
+    _parameter_groups(spec, net, recipe, derived)
     tf32, how = resolve_tf32(spec.precision.tf32, accelerator, bool(spec.trainer.get("deterministic", False)))
     derived["precision.tf32"] = Derived(tf32, how)
     flops, peak, peak_note = _flops(net, info, accelerator, precision, tf32, derived)
     stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived)
     derived["clipping"] = Derived(clipping.mode, clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
-    return Plan(accelerator, devices, precision, loader, global_batch, lr, weight_decay, implementation, tf32,
+    return Plan(accelerator, devices, precision, loader, global_batch, recipe, tf32,
                 channels_last, compile_mode, stages, flops, peak, peak_note, MappingProxyType(derived))
 
 
@@ -132,7 +144,7 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
     return lr.value, wd.value, implementation
 
 
-def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[str, Derived]) -> None:
+def _parameter_groups(spec: RunSpec, net: nn.Module, recipe: OptimizerRecipe, derived: dict[str, Derived]) -> None:
     """What the model adds to the optimizer's groups: parameters it exempts from decay by name, and
     the layer-wise lr decay."""
     named = sorted(named_by_model(net))
@@ -140,9 +152,8 @@ def _parameter_groups(spec: RunSpec, net: nn.Module, lr: float, derived: dict[st
         derived["optimizer.decay_norm_and_bias"] = Derived(
             False, f"no weight decay on 1-D parameters (norm weights, biases) nor on {', '.join(named)} (the model's "
             "no_weight_decay())")
-    decay = spec.optimizer.layer_decay
-    if decay:
-        scales = layer_lr_scales(net, decay)
+    decay, scales, lr = spec.optimizer.layer_decay, recipe.lr_scales, recipe.lr
+    if decay and scales:
         layers = len(set(scales.values()))
         derived["optimizer.layer_decay"] = Derived(
             decay, f"{layers} layers (the model's group_matcher): lr {lr:.3g} at the head down to "

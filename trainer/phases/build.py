@@ -4,7 +4,7 @@
 callbacks) before anything is resolved; `build_task` applies the frozen `Plan` to the network;
 `build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
 `lightning.Trainer` (the `trainer` group's arguments plus what the plan decided, made by
-trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.plan`.
+trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from trainer.instantiation import construct
 from trainer.lightning_trainer import make_trainer
 from trainer.logger import RunLabels, build_loggers, logger_callbacks, run_hyperparameters
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
-from trainer.plan import Plan
+from trainer.phases.plan import Plan
 from trainer.precision import apply_tf32, lightning_precision
 from trainer.task import ClassificationTask
 
@@ -116,8 +116,7 @@ def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
     apply_activation_checkpointing(parts.net, plan.checkpointed_stages)
     apply_tf32(plan.tf32, plan.accelerator)
     apply_compile(parts.net, plan.compile_mode, spec.compile)
-    return ClassificationTask(parts.net, parts.info.num_classes, spec.optimizer, spec.scheduler, plan.lr,
-                              plan.weight_decay, optimizer_implementation=plan.optimizer_implementation,
+    return ClassificationTask(parts.net, parts.info.num_classes, plan.optimizer, spec.scheduler,
                               channels_last=plan.channels_last, regularization=spec.regularization)
 
 

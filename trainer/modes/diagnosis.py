@@ -1,0 +1,47 @@
+"""diagnose=true: time the parts of a step on the composed run instead of training (the timing and
+the verdict are trainer/diagnose.py's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trainer.phases.build import Parts, build_trainer, device_of
+from trainer.callbacks.throughput import ThroughputMeter
+from trainer.config import RunSpec
+from trainer.data.synthetic import SyntheticDataModule
+from trainer.diagnose import diagnose
+from trainer.library_logs import quiet_library_warnings
+from trainer.modes.measuring import measuring_spec
+from trainer.phases.plan import Plan
+from trainer.task import ClassificationTask
+
+
+def run_diagnosis(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path) -> None:
+    """The full step runs the real loop and callbacks, only shorter: no validation, checkpoints,
+    loggers or progress output, and just enough steps for the throughput meter's windows. The parts
+    are timed with the optimizer the plan's recipe builds, as training's is."""
+    steps = spec.run.diagnose_steps
+    built = build_trainer(measuring_spec(spec, ThroughputMeter.WARMUP_STEPS + 1 + steps), plan, run_dir, parts)
+    device = device_of(plan)
+    task.to(device)
+    optimizer = plan.optimizer.build(task.net)
+
+    def full_step() -> tuple[float | None, list[float]]:
+        with quiet_library_warnings():
+            built.trainer.fit(task, datamodule=parts.datamodule)
+        return built.meter.summary()["samples_per_s"], list(built.meter.window_rates)
+
+    context = {"accelerator": plan.accelerator, "precision": plan.precision, "tf32": plan.tf32,
+               "channels_last": plan.channels_last, "compile": plan.compile_mode,
+               "optimizer_implementation": plan.optimizer_implementation,
+               "num_workers": plan.loader.num_workers, "pin_memory": plan.loader.pin_memory,
+               "device_normalize": getattr(parts.datamodule, "device_normalize", True),
+               "decode": plan.derived["data.decode"].value,
+               "activation_checkpointing": list(plan.checkpointed_stages),
+               "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules())}
+    precision = built.trainer.precision_plugin
+    diagnose(parts.datamodule, task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
+             device, full_step, context, run_dir, steps=steps,
+             sweep=not isinstance(parts.datamodule, SyntheticDataModule))

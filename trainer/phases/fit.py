@@ -1,0 +1,97 @@
+"""The fit and test phases: the Lightning Trainer fits the task (from the checkpoint resumed from, if
+any) and tests the best checkpoint or the final weights."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from trainer import attempts
+from trainer.errors import UserError
+from trainer.library_logs import quiet_library_warnings
+from trainer.phases.build import Built, Parts
+from trainer.phases.identify import Identity
+from trainer.resume import Checkpoint, read_resumable
+from trainer.summary import peak_memory, reset_peak_memory, split_metrics
+from trainer.task import ClassificationTask
+
+log = logging.getLogger("trainer")
+
+
+class Fitted(NamedTuple):
+    fit_seconds: float
+    metrics: dict[str, dict[str, float]]
+    use_best: bool
+    peak_memory: dict[str, Any]
+    #: The callbacks' records at the end of training, taken before testing the best checkpoint
+    #: restores their states as they were when it was written.
+    training_records: dict[str, Any]
+    #: The checkpoint holding training's final state (None when none does: checkpointing off).
+    final_checkpoint: str | None
+
+
+def fit(built: Built, task: ClassificationTask, parts: Parts, resume_from: Checkpoint | None,
+         memory_device: torch.device) -> Fitted:
+    """Fit, from the checkpoint resumed from if any; a signal stop or an interruption raises. A run
+    resumed after its training had ended fits nothing: what its training reached comes from that
+    checkpoint (trainer/callbacks/logged_metrics.py)."""
+    trainer = built.trainer
+    # The jobs of a multirun share this process: collect the previous job's reference cycles
+    # (trainer <-> module) before counting this run's peak, or its model would still be resident.
+    gc.collect()
+    peak_reset = reset_peak_memory(memory_device)
+    with quiet_library_warnings():
+        started = time.perf_counter()
+        trainer.fit(task, datamodule=parts.datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
+                    weights_only=True)
+        fit_seconds = time.perf_counter() - started
+    if trainer.interrupted:
+        raise KeyboardInterrupt
+    records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
+               "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
+    if built.target is not None:
+        records["target"] = built.target.summary()
+        log.info(built.target.line())
+    use_best = built.checkpoint is not None and bool(built.checkpoint.best_model_path)
+    final = _final_checkpoint(built, resume_from)
+    # From here a stop signal ends the test early, as the final state is kept (GracefulStop).
+    built.stopper.final_checkpoint = final
+    return Fitted(fit_seconds, split_metrics(built.logged.final(trainer)), use_best,
+                  peak_memory(memory_device, peak_reset), records, final)
+
+
+def _final_checkpoint(built: Built, resume_from: Checkpoint | None) -> str | None:
+    """The checkpoint that holds training's final state: the last one written, or (a run resumed
+    after its training had ended) the one it resumed from."""
+    step = int(built.trainer.global_step)
+    last = built.checkpoint.last_model_path if built.checkpoint is not None else ""
+    for path in [p for p in (last, resume_from.path if resume_from else None) if p]:
+        try:
+            if read_resumable(Path(path)).global_step == step:
+                return str(path)
+        except UserError:
+            continue
+    return None
+
+
+def training_fields(built: Built, fitted: Fitted, identity: Identity) -> dict[str, Any]:
+    """What the fit reached, written into summary.json as the test starts (with the steps this
+    attempt reached: an attempt killed from here on has lost none)."""
+    steps = built.trainer.global_step
+    return {"metrics": fitted.metrics, **fitted.training_records, "steps": steps,
+            "epochs": built.trainer.current_epoch, "fit_time_s": fitted.fit_seconds,
+            "final_checkpoint": fitted.final_checkpoint,
+            **attempts.totals([*identity.earlier_attempts, {**identity.attempt, "steps": steps}])}
+
+
+def test_after_fit(built: Built, task: ClassificationTask, parts: Parts, fitted: Fitted) -> Fitted:
+    """Test the best checkpoint (or the final weights without checkpointing)."""
+    with quiet_library_warnings():
+        tested = built.trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if fitted.use_best else None,
+                                    verbose=False, weights_only=True)
+    return fitted._replace(metrics={**fitted.metrics, **split_metrics(tested[0] if tested else {})})

@@ -1,0 +1,151 @@
+"""The record phase: summary.json's fields for what ran, and how the run ended (completed, failed,
+preempted or interrupted), also for a run that fails while recording."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from trainer import attempts
+from trainer.callbacks.graceful import StoppedBySignal
+from trainer.config import RunSpec
+from trainer.distributed import launched_by
+from trainer.errors import UserError, exception_line, full_error_requested
+from trainer.failures import ending_for, was_interrupted
+from trainer.logger import finish_loggers
+from trainer.phases.build import Built, Parts
+from trainer.phases.compose import Job
+from trainer.phases.fit import Fitted
+from trainer.phases.identify import Identity
+from trainer.phases.plan import Plan
+from trainer.recipes import lineage_record
+from trainer.signals import is_preemption
+from trainer.summary import RunRecord, log_result, optimizer_param_groups
+
+log = logging.getLogger("trainer")
+
+
+def what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Parts, built: Built,
+              model: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's fields known before training: the command, choices, recipe, plan and setup."""
+    trainer, info, resumed = built.trainer, parts.info, identity.resume_from
+    return {
+        "run_name": identity.name,
+        "run_dir": str(job.run_dir),
+        **attempts.totals([*identity.earlier_attempts, identity.attempt]),
+        "resumed_from": ({"path": str(resumed.path), "global_step": resumed.global_step, "epoch": resumed.epoch,
+                          "mid_epoch": resumed.mid_epoch} if resumed else None),
+        "command": " ".join([Path(sys.argv[0]).name, *job.overrides]),
+        "overrides": job.overrides,
+        "choices": dict(job.choices),
+        "recipe": lineage_record(job.choices.get("recipe"), job.overrides, spec.resolved, job.search_path),
+        "ladder": spec.run.ladder,
+        "seed": spec.run.seed,
+        "derived": plan.to_dict(),
+        "hyperparameters": {
+            "batch_size": spec.data["batch_size"], "global_batch_size": plan.global_batch_size,
+            "optimizer": spec.optimizer.name, "lr": plan.lr, "weight_decay": plan.weight_decay,
+            "scheduler": spec.scheduler.name, "precision": plan.precision,
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps},
+        "data": {"target": spec.data["_target_"], "num_classes": info.num_classes, "in_channels": info.in_channels,
+                 "image_size": list(info.image_size), "sizes": info.sizes, "notes": info.notes},
+        "model": {"target": spec.model["_target_"], **model, "activation_checkpointing": spec.activation_checkpointing},
+        "device": {"accelerator": plan.accelerator, "devices": plan.devices,
+                   "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
+        "processes": {"count": trainer.world_size, "strategy": type(trainer.strategy).__name__,
+                      "launched_by": launched_by() or ("lightning" if trainer.world_size > 1 else None)},
+    }
+
+
+def record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts, record: RunRecord,
+                    started: float, identity: Identity) -> BaseException | None:
+    """summary.json of a run that failed, was preempted or was interrupted (Lightning ends a
+    SIGTERM'd fit with its own SIGTERMException: the checkpoint was written by GracefulStop at the
+    end of that step, so the run stopped cleanly); the exception to end with, or None to re-raise."""
+    ex = built.stopper.outcome() or ex
+    status = _ending_status(ex)
+    steps = built.trainer.global_step
+    signum = ex.signum if isinstance(ex, StoppedBySignal) else None
+    _wrap_up(built, parts, record, identity.name, failed=True)
+    record.end(status, error=exception_line(ex), nonfinite=parts.guard.summary(),
+               wall_time_s=time.perf_counter() - started, steps=steps,
+               **attempts.totals([*identity.earlier_attempts,
+                                  attempts.ended(identity.attempt, status, steps, signum, record.working)]))
+    last = built.checkpoint.last_model_path if built.checkpoint is not None else None
+    return ending_for(ex, spec, last)
+
+
+def _ending_status(ex: BaseException) -> str:
+    """preempted (a scheduler's signal: the job may come back), interrupted (a person), or failed."""
+    if isinstance(ex, SIGTERMException) or (isinstance(ex, StoppedBySignal) and is_preemption(ex.signum)):
+        return "preempted"
+    return "interrupted" if was_interrupted(ex) else "failed"
+
+
+def record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
+                       started: float, identity: Identity) -> dict[str, Any]:
+    """summary.json of a completed run: metrics, which weights were tested, cost; printed. A failure
+    while recording is recorded as that, in one line: the checkpoints already written stay valid,
+    and the run's next start (resume=if_any) tests and records it again."""
+    try:
+        summary = _write_completion(spec, built, parts, fitted, record, started, identity)
+    except Exception as ex:  # noqa: BLE001 - recorded and reported as one line, see the docstring
+        if full_error_requested():
+            raise
+        problem = f"recording the completed run failed ({exception_line(ex, 300)})"
+        steps = built.trainer.global_step
+        try:
+            record.end("failed", error=problem, **attempts.totals(
+                [*identity.earlier_attempts, attempts.ended(identity.attempt, "failed", steps, stopped_in="recording")]))
+        except Exception:  # noqa: BLE001 - the summary cannot be written either: the line says it all
+            pass
+        raise UserError(str(record.path), problem,
+                        "the same command with resume=if_any, which tests and records the run again from its "
+                        f"final checkpoint ({fitted.final_checkpoint or 'none was written'})") from None
+    if record.writes:
+        try:
+            log_result(summary)
+        except Exception as ex:  # noqa: BLE001 - the summary is written; only its printout failed
+            log.warning("could not print the result (%s); it is in %s", exception_line(ex), record.path)
+    return summary
+
+
+def _tested_weights(spec: RunSpec, built: Built, fitted: Fitted) -> str:
+    checkpoint, monitor = built.checkpoint, spec.checkpointing.monitor
+    if not (fitted.use_best and checkpoint):
+        return "weights at the end of training"
+    score = checkpoint.best_model_score
+    shown = f", {monitor}={float(score):.4f}" if score is not None else ""
+    return f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}{shown})"
+
+
+def _write_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
+                      started: float, identity: Identity) -> dict[str, Any]:
+    trainer, checkpoint = built.trainer, built.checkpoint
+    _wrap_up(built, parts, record, identity.name, failed=False)
+    summary = record.end(
+        "completed", metrics=fitted.metrics, tested_weights=_tested_weights(spec, built, fitted),
+        best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
+        final_checkpoint=fitted.final_checkpoint,
+        optimizer_param_groups=optimizer_param_groups(trainer.optimizers), **fitted.training_records,
+        peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
+        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started,
+        **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
+    return summary
+
+
+def _wrap_up(built: Built, parts: Parts, record: RunRecord, name: str, failed: bool) -> None:
+    """What every ending does before its summary is written: the loggers' runs finished,
+    curves.png drawn (as far as training got), and the files the data module found unreadable
+    (image folders: by the scan and while loading) noted."""
+    finish_loggers(list(built.trainer.loggers), failed=failed)
+    if record.writes:
+        built.curves.try_write_png(record.path.parent / "curves.png", title=name)
+    report = getattr(parts.datamodule, "bad_files_summary", None)
+    if report is not None:
+        record.fields["data"]["bad_files"] = report()
