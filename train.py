@@ -5,9 +5,9 @@ import gc
 import hydra
 from omegaconf import DictConfig
 
-from trainer.hydra_setup import prepare
+from trainer.hydra_setup import install as install_hydra_setup
 
-prepare()
+install_hydra_setup()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

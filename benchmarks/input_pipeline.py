@@ -108,7 +108,7 @@ def framework_loader(root: Path, batch: int, decode: str, augment: str = "none")
     module = ImageFolderDataModule(root=str(root), decode=decode, batch_size=batch, num_workers=1, pin_memory=False,
                                    persistent_workers=True, scan="off", augment=augment)
     module.inspect()
-    module.configure_loader(cuda=False)
+    module.apply_loader(module.loader_settings(cuda=False))
     module.setup("fit")
     return module.train_dataloader()
 
@@ -174,7 +174,7 @@ def device_side(root: Path, batch: int, batches: int, device: torch.device) -> d
 
     module = ImageFolderDataModule(root=str(root), decode="device", batch_size=batch, num_workers=0, scan="off")
     module.inspect()
-    module.configure_loader(cuda=device.type == "cuda")
+    module.apply_loader(module.loader_settings(cuda=device.type == "cuda"))
     module.setup("fit")
     loaded = [b for _, b in zip(range(batches + 2), module.train_dataloader())]
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

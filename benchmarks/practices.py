@@ -108,10 +108,10 @@ def _run_in_process(overrides: list[str], folder: Path) -> dict | None:
     autotuning, TF32) carry over from one run to the next, so these numbers are not comparable."""
     from hydra import compose, initialize_config_dir
 
-    from trainer.hydra_setup import prepare
+    from trainer.hydra_setup import install as install_hydra_setup
     from trainer.run import run as train_run
 
-    prepare()
+    install_hydra_setup()
     try:
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose(config_name="train", overrides=list(overrides), return_hydra_config=True)

@@ -30,9 +30,9 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.hydra_setup import prepare
+    from trainer.hydra_setup import install as install_hydra_setup
 
-    prepare()
+    install_hydra_setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=list(overrides))
 
@@ -43,10 +43,10 @@ def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.hydra_setup import prepare
+    from trainer.hydra_setup import install as install_hydra_setup
     from trainer.run import run
 
-    prepare()
+    install_hydra_setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = hydra_compose(config_name="train", overrides=list(overrides), return_hydra_config=True)
         choices = {k: str(v) for k, v in cfg.hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}

@@ -3,6 +3,8 @@ never half of one. Free of torch, so the report and the CLI can use it without i
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -57,3 +59,24 @@ def _umask() -> int:
 
 def write_text_atomic(path: Path, text: str) -> None:
     replace_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`data` as indented JSON: tensors as numbers or lists, non-finite floats as strings."""
+    write_text_atomic(path, json.dumps(_jsonable(data), indent=2) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if callable(getattr(value, "numel", None)) and callable(getattr(value, "tolist", None)):  # a tensor, duck-typed
+        return _jsonable(value.item() if value.numel() == 1 else value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from trainer.atomic import replace_atomic
 from trainer.callbacks.steps import StepBoundary
 from trainer.config import CheckpointingConfig
-from trainer.errors import UserError, exit_with, first_line, full_error_requested
+from trainer.errors import UserError, first_line, one_line_on_user_error
 
 COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
@@ -232,12 +232,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     export.add_argument("checkpoint", type=Path)
     export.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    try:
+    with one_line_on_user_error():
         written = export_safetensors(args.checkpoint, args.out)
-    except UserError as ex:
-        if full_error_requested():
-            raise
-        exit_with(ex.line())
     print(f"wrote {written}")
 
 

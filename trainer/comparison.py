@@ -28,9 +28,10 @@ from typing import Any, Callable, Iterable, Sequence
 import yaml
 from hydra.experimental.callback import Callback
 
-from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.atomic import write_text_atomic
+from trainer.figures import new_figure, save_png
 from trainer.config_diff import MISSING, changes_marked, result_overrides, same
-from trainer.errors import UserError, exception_line, exit_with, full_error_requested, one_line
+from trainer.errors import UserError, exception_line, exit_with, one_line, one_line_on_user_error
 from trainer.seed_groups import Setting, group_by_setting, has_repeats, setting_of
 from trainer.seed_groups import markdown as settings_markdown
 
@@ -47,7 +48,7 @@ _SWEEP_LAYOUT = "a Hydra multirun folder holding job folders named 0, 1, 2, ..."
 
 
 @dataclass
-class Job:
+class SweepJob:
     """One job folder of a sweep and what it left behind (None where a file is missing)."""
 
     number: int
@@ -88,7 +89,7 @@ class Row:
 # --------------------------------------------------------------------------- reading a sweep
 
 
-def load_jobs(sweep_dir: Path) -> list[Job]:
+def load_jobs(sweep_dir: Path) -> list[SweepJob]:
     """The job folders of `sweep_dir` (named 0, 1, 2, ...) in job order, with their files read."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
@@ -97,12 +98,12 @@ def load_jobs(sweep_dir: Path) -> list[Job]:
     return [_load_job(number, folder) for number, folder in sorted(numbered)]
 
 
-def _load_job(number: int, folder: Path) -> Job:
+def _load_job(number: int, folder: Path) -> SweepJob:
     problems: list[str] = []
     summary = _read_mapping(folder / "summary.json", json.loads, problems)
     config = _read_mapping(folder / "config_resolved.yaml", _yaml_load, problems)
     overrides = _read_mapping(folder / ".hydra" / "overrides.yaml", _yaml_load, [], mapping=False)
-    return Job(number, folder, summary, config,
+    return SweepJob(number, folder, summary, config,
                hydra_overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
                problems=problems)
 
@@ -125,12 +126,12 @@ def _read_mapping(path: Path, parse: Callable[[str], Any], problems: list[str], 
     return value
 
 
-def job_overrides(job: Job) -> list[str]:
+def job_overrides(job: SweepJob) -> list[str]:
     overrides = (job.summary or {}).get("overrides")
     return [str(o) for o in (overrides if isinstance(overrides, list) else job.hydra_overrides)]
 
 
-def settings_of(rows: Sequence[Row], jobs: Sequence[Job]) -> list[Setting]:
+def settings_of(rows: Sequence[Row], jobs: Sequence[SweepJob]) -> list[Setting]:
     """The sweep's settings: its jobs grouped by their overrides without the seed, each named by its
     recipe and the overrides that vary between settings (all that change the result where none
     vary)."""
@@ -148,7 +149,7 @@ def settings_of(rows: Sequence[Row], jobs: Sequence[Job]) -> list[Setting]:
     return group_by_setting(rows, overrides, names)
 
 
-def stage_name(job: Job) -> str:
+def stage_name(job: SweepJob) -> str:
     """The recipe's name when the job used one, else its overrides, else ``job N``."""
     summary = job.summary or {}
     choices = summary.get("choices")
@@ -165,7 +166,7 @@ def stage_name(job: Job) -> str:
 # --------------------------------------------------------------------------- config differences
 
 
-def _earlier_with(jobs: Sequence[Job], index: int, has: Callable[[Job], Any]) -> Job | None:
+def _earlier_with(jobs: Sequence[SweepJob], index: int, has: Callable[[SweepJob], Any]) -> SweepJob | None:
     """The nearest job before `index` that has something to compare against (a crashed job may not)."""
     for earlier in reversed(jobs[:index]):
         if has(earlier):
@@ -173,7 +174,7 @@ def _earlier_with(jobs: Sequence[Job], index: int, has: Callable[[Job], Any]) ->
     return None
 
 
-def _what_changed(jobs: Sequence[Job], index: int) -> str:
+def _what_changed(jobs: Sequence[SweepJob], index: int) -> str:
     if index == 0:
         return FIRST_STAGE
     job = jobs[index]
@@ -224,7 +225,7 @@ def _value_text(value: Any, limit: int = 40) -> str:
 # --------------------------------------------------------------------------- the rows
 
 
-def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
+def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
     """One row per job, in job order; speed-ups are relative to the first job's samples/s."""
     baseline = _samples_per_s(jobs[0]) if jobs else None
     rows = []
@@ -250,7 +251,7 @@ def comparison_rows(jobs: Sequence[Job]) -> list[Row]:
     return rows
 
 
-def _time_to_target(job: Job, first: Job | None) -> dict[str, Any]:
+def _time_to_target(job: SweepJob, first: SweepJob | None) -> dict[str, Any]:
     """The job's time to its target and its speed-up over the first job's: exact when both reached
     it, a lower bound (the first job's whole training time over this one's) when only this one did."""
     target = _get(job.summary, "target")
@@ -270,13 +271,13 @@ def _time_to_target(job: Job, first: Job | None) -> dict[str, Any]:
     return {"target_s": seconds, "target_speedup": None}
 
 
-def _status(job: Job) -> str:
+def _status(job: SweepJob) -> str:
     if job.summary is None:
         return "unreadable summary.json" if any(p.startswith("summary.json") for p in job.problems) else NO_SUMMARY
     return str(job.summary.get("status") or "unknown status")
 
 
-def _samples_per_s(job: Job) -> float | None:
+def _samples_per_s(job: SweepJob) -> float | None:
     if _status(job) != "completed":
         return None
     rate = _number(_get(job.summary, "throughput", "samples_per_s"))
@@ -327,7 +328,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(rows: Sequence[Row], jobs: Sequence[Job], settings: Sequence[Setting] | None = None) -> str:
+def to_markdown(rows: Sequence[Row], jobs: Sequence[SweepJob], settings: Sequence[Setting] | None = None) -> str:
     """The whole report: title, how the numbers were measured, the settings over seeds (`settings`,
     worked out here when not given), the table, then per-stage details."""
     sweep = jobs[0].folder.parent if jobs else Path(".")
@@ -355,7 +356,7 @@ def _device_text(device: dict[str, Any]) -> str:
     return str(name or accelerator or "an unknown device")
 
 
-def _notes(rows: Sequence[Row], jobs: Sequence[Job], summaries: list[dict[str, Any]]) -> list[str]:
+def _notes(rows: Sequence[Row], jobs: Sequence[SweepJob], summaries: list[dict[str, Any]]) -> list[str]:
     notes = []
     measured = next(((j, j.summary["throughput"]) for j in jobs
                      if j.summary and isinstance(j.summary.get("throughput"), dict)), None)
@@ -381,7 +382,7 @@ def _notes(rows: Sequence[Row], jobs: Sequence[Job], summaries: list[dict[str, A
     return [" ".join(notes)] if notes else []
 
 
-def _details(jobs: Sequence[Job], index: int, row: Row) -> list[str]:
+def _details(jobs: Sequence[SweepJob], index: int, row: Row) -> list[str]:
     job = jobs[index]
     summary = job.summary or {}
     heading = f"### job {job.number}" + ("" if row.stage == f"job {job.number}" else f": {_cell(row.stage)}")
@@ -406,7 +407,7 @@ def _details(jobs: Sequence[Job], index: int, row: Row) -> list[str]:
     return lines + [""]
 
 
-def _config_details(jobs: Sequence[Job], index: int) -> list[str]:
+def _config_details(jobs: Sequence[SweepJob], index: int) -> list[str]:
     job = jobs[index]
     if index == 0:
         return ["- config: the first stage, the reference for the others"]
@@ -422,7 +423,7 @@ def _config_details(jobs: Sequence[Job], index: int) -> list[str]:
         f"  - `{key}`: `{_value_text(before, 80)}` -> `{_value_text(after, 80)}`" for key, before, after in changes]
 
 
-def _derived_details(jobs: Sequence[Job], index: int) -> list[str]:
+def _derived_details(jobs: Sequence[SweepJob], index: int) -> list[str]:
     derived = _derived(jobs[index])
     if not derived:
         return []
@@ -441,7 +442,7 @@ def _derived_details(jobs: Sequence[Job], index: int) -> list[str]:
         for key, old, new, how in sorted(differing, key=lambda d: d[0])]
 
 
-def _derived(job: Job) -> dict[str, tuple[Any, str]]:
+def _derived(job: SweepJob) -> dict[str, tuple[Any, str]]:
     derived = (job.summary or {}).get("derived")
     if not isinstance(derived, dict):
         return {}
@@ -468,17 +469,10 @@ def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> P
     accuracy, each with its standard deviation as an error bar."""
     if has_repeats(settings):
         return _plot_settings(settings, Path(path))
-    # No pyplot: a bare Figure on the Agg canvas leaves the process's plotting state untouched,
-    # which matters inside a Hydra process or a notebook that imported this module. Imported only
-    # here: this module is a Hydra callback, loaded by every `python train.py` (about 0.5 s).
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     labels = [_short(f"{r.number}: {r.stage}") for r in rows]
     positions = list(range(len(rows)))
     height = max(2.5, 0.5 * len(rows) + 1.5)
-    figure = Figure(figsize=(12, height), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(12, height), layout="constrained")
     speed_axes, memory_axes = figure.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
 
     def bars(axes: Any, values: list[float | None], color: str, notes: list[str], title: str) -> None:
@@ -506,18 +500,14 @@ def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> P
     # Every stage keeps its slot, bar or not, with the first stage on top as in the table.
     speed_axes.set_ylim(len(rows) - 0.5, -0.5)
     path = Path(path)
-    replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    save_png(figure, path)
     return path
 
 
 def _plot_settings(settings: Sequence[Setting], path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     labels = [_short(s.name) for s in settings]
     positions = list(range(len(settings)))
-    figure = Figure(figsize=(12, max(2.5, 0.5 * len(settings) + 1.5)), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(12, max(2.5, 0.5 * len(settings) + 1.5)), layout="constrained")
     axes = figure.subplots(1, 2, sharey=True)
     for ax, measure, title, pattern in ((axes[0], "samples_per_s", "training throughput (samples/s)", "{:,.0f}"),
                                         (axes[1], "val_acc", "validation accuracy", "{:.4f}")):
@@ -535,7 +525,7 @@ def _plot_settings(settings: Sequence[Setting], path: Path) -> Path:
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(positions, labels)
     axes[0].set_ylim(len(settings) - 0.5, -0.5)
-    replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
+    save_png(figure, path)
     return path
 
 
@@ -616,12 +606,8 @@ def main(argv: Iterable[str] | None = None) -> None:
         description="Compare the jobs of one multirun folder: writes comparison.md and comparison.png into it.")
     parser.add_argument("sweep_dir", type=Path, help="the multirun folder (e.g. outputs/multirun/DATE/TIME)")
     args = parser.parse_args(list(argv) if argv is not None else None)
-    try:
+    with one_line_on_user_error():
         markdown_path, chart_path, markdown = write_comparison(args.sweep_dir)
-    except UserError as ex:
-        if full_error_requested():
-            raise
-        exit_with(ex.line())
     sys.stdout.write(markdown)
     print(f"\ncomparison: {markdown_path}\nchart:      {chart_path}")
 

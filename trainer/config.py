@@ -209,8 +209,9 @@ class CheckpointingConfig:
 
 
 @dataclass
-class RunConfig:
-    """Top-level keys."""
+class TopLevelKeys:
+    """The top-level keys of conf/train.yaml (seed, resume, progress, ...): `spec.top`. The `run`
+    mapping (name, root) is `RunIdentity`: `spec.identity`."""
 
     seed: Annotated[int, NON_NEGATIVE, Doc("seeds Python, NumPy, torch and the loader workers")]
     progress: Annotated[Literal["auto", "rich", "plain", "off"],
@@ -251,10 +252,10 @@ class RunIdentity:
 class TargetConfig:
     """The `target` mapping: time to accuracy (trainer/callbacks/target.py)."""
 
-    metric: Annotated[Optional[str], Doc("split/metric to reach, e.g. val/acc (null: no target)")] = None
-    value: Annotated[Optional[float], Doc("the value the metric must reach")] = None
+    metric: Annotated[Optional[str], Doc("split/metric to reach, e.g. val/acc (null: no target)")]
+    value: Annotated[Optional[float], Doc("the value the metric must reach")]
     mode: Annotated[Literal["auto", "max", "min"], Doc("max: reached at or above value, min: at or below; "
-                                                       "auto: min for a loss, else max")] = "auto"
+                                                       "auto: min for a loss, else max")]
 
     def check(self, group: str = "") -> None:
         if self.metric is None and self.value is None:
@@ -304,11 +305,12 @@ TRAINER_BOUNDS: dict[str, Any] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSpec:
-    """The validated run: plain values with defaults filled, ready for `resolve` and `build`."""
+    """The validated run: plain values with defaults filled, ready for `resolve` and `build`. Frozen:
+    a phase that needs other values makes a new spec (`dataclasses.replace`), as the batch finder does."""
 
-    run: RunConfig
+    top: TopLevelKeys
     identity: RunIdentity
     data: dict[str, Any]
     model: dict[str, Any]
@@ -320,12 +322,12 @@ class RunSpec:
     regularization: RegularizationConfig
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
+    target: TargetConfig
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     clipping: dict[str, Any] = field(default_factory=dict)
     nonfinite: dict[str, Any] = field(default_factory=dict)
     activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
-    target: TargetConfig = field(default_factory=TargetConfig)
     #: The whole config as validated: plain containers, interpolations resolved.
     resolved: dict[str, Any] = field(default_factory=dict)
 
@@ -384,7 +386,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     _check_layout(plain)
     stages, model = _model(plain["model"])
     return RunSpec(
-        run=_run_keys(plain),
+        top=_top_level_keys(plain),
         identity=_identity(plain.get("run", {})),
         data=_data(plain["data"]),
         model=model,
@@ -408,7 +410,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
 
 def _check_layout(plain: Mapping[str, Any]) -> None:
     """Only known top-level keys, and every group present as a mapping."""
-    allowed = sorted(set(GROUPS) | set(schema_of_dataclass(RunConfig).fields) | {"run", "target"})
+    allowed = sorted(set(GROUPS) | set(schema_of_dataclass(TopLevelKeys).fields) | {"run", "target"})
     for key in plain:
         if key not in allowed:
             raise UserError(str(key), "unknown top-level key", choices(allowed))
@@ -421,12 +423,12 @@ def _check_layout(plain: Mapping[str, Any]) -> None:
         raise UserError("run", "not a mapping", "run.name=NAME, run.root=FOLDER")
 
 
-def _run_keys(plain: Mapping[str, Any]) -> RunConfig:
-    top_level = schema_of_dataclass(RunConfig)
+def _top_level_keys(plain: Mapping[str, Any]) -> TopLevelKeys:
+    top_level = schema_of_dataclass(TopLevelKeys)
     values = {k: plain[k] for k in top_level.fields if k in plain}
-    run = RunConfig(**check_mapping("", values, top_level, "the run's top-level keys (conf/train.yaml)"))
-    run.check()
-    return run
+    keys = TopLevelKeys(**check_mapping("", values, top_level, "the run's top-level keys (conf/train.yaml)"))
+    keys.check()
+    return keys
 
 
 def _target_config(values: Mapping[str, Any]) -> TargetConfig:

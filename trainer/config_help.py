@@ -19,7 +19,7 @@ from trainer.config import (
     DATACLASS_GROUPS,
     GROUP_MODULES,
     TRAINER_KEYS_OWNED_ELSEWHERE,
-    RunConfig,
+    TopLevelKeys,
     RunIdentity,
     TargetConfig,
     locate_target,
@@ -34,7 +34,7 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
     """`config` (the composed job config, plain containers) as YAML lines with ``# doc`` comments;
     each group's header names its choice and the module that consumes it."""
     lines: list[str] = []
-    top_docs = _dataclass_docs(RunConfig)
+    top_docs = _dataclass_docs(TopLevelKeys)
     for key, value in config.items():
         if key == "hydra":
             continue

@@ -32,14 +32,14 @@ import torch
 
 from torch.profiler import record_function
 
-from trainer.atomic import replace_atomic
+from trainer.figures import new_figure, save_png
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
 from trainer.precision import compute_dtype
 from trainer.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
                              Breakdown, breakdown, ops_of, unusual)
-from trainer.summary import write_json_atomic
+from trainer.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -186,7 +186,7 @@ def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forw
 
     def forward() -> torch.Tensor:
         with record_function(FORWARD_RANGE), forward_context():
-            return task.compute_loss(task(images), labels)
+            return task.evaluation_loss(task(images), labels)
 
     def forward_backward() -> None:
         loss = forward()
@@ -401,39 +401,33 @@ def operator_lines(operators: Breakdown, context: dict[str, Any]) -> list[str]:
 
 def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> None:
     # matplotlib only when drawing: run.py imports this module for every run (about 0.5 s).
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    try:
-        left = axes[0]
-        parts = [("forward", t.forward_ms), ("backward", t.backward_ms), ("optimizer", t.optimizer_ms),
-                 ("data wait + host", t.remainder_ms)]
-        start = 0.0
-        for (name, ms), colour in zip(parts, ("#4c72b0", "#55a868", "#c44e52", "#8172b2")):
-            left.barh(["full step"], [ms], left=start, color=colour, label=f"{name} {ms:.1f} ms")
-            start += ms
-        left.barh(["data alone"], [t.data_ms], color="#dd8452", label=f"data pipeline alone {t.data_ms:.1f} ms")
-        left.set_xlabel("ms per step")
-        left.set_title(f"{v.kind} (batch {t.batch_size})")
-        left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
-        right = axes[1]
-        if workers:
-            right.plot([w["num_workers"] for w in workers], [w["samples_per_s"] for w in workers], marker="o")
-            right.xaxis.set_major_locator(MaxNLocator(integer=True))
-            right.set_xlabel("loader workers")
-            right.set_ylabel("data pipeline samples/s")
-            right.set_title("worker sweep")
-        else:
-            right.text(0.5, 0.5, "worker sweep not applicable", ha="center", va="center")
-            right.set_axis_off()
-        figure.tight_layout()
-        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(figure)
+    figure = new_figure(figsize=(11, 4.4))
+    axes = figure.subplots(1, 2)
+    left = axes[0]
+    parts = [("forward", t.forward_ms), ("backward", t.backward_ms), ("optimizer", t.optimizer_ms),
+             ("data wait + host", t.remainder_ms)]
+    start = 0.0
+    for (name, ms), colour in zip(parts, ("#4c72b0", "#55a868", "#c44e52", "#8172b2")):
+        left.barh(["full step"], [ms], left=start, color=colour, label=f"{name} {ms:.1f} ms")
+        start += ms
+    left.barh(["data alone"], [t.data_ms], color="#dd8452", label=f"data pipeline alone {t.data_ms:.1f} ms")
+    left.set_xlabel("ms per step")
+    left.set_title(f"{v.kind} (batch {t.batch_size})")
+    left.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    right = axes[1]
+    if workers:
+        right.plot([w["num_workers"] for w in workers], [w["samples_per_s"] for w in workers], marker="o")
+        right.xaxis.set_major_locator(MaxNLocator(integer=True))
+        right.set_xlabel("loader workers")
+        right.set_ylabel("data pipeline samples/s")
+        right.set_title("worker sweep")
+    else:
+        right.text(0.5, 0.5, "worker sweep not applicable", ha="center", va="center")
+        right.set_axis_off()
+    figure.tight_layout()
+    save_png(figure, path)
 
 
 def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.optim.Optimizer,

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable, NoReturn
+from contextlib import contextmanager
+from typing import Iterable, Iterator, NoReturn
 
 EXIT_USER_ERROR = 2
 
@@ -38,6 +39,18 @@ def choices(values: Iterable[object]) -> str:
 def full_error_requested() -> bool:
     """Hydra's own switch for full tracebacks, honoured for our errors too."""
     return os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0")
+
+
+@contextmanager
+def one_line_on_user_error() -> Iterator[None]:
+    """The body of a command-line tool: a `UserError` ends the process with its one line and exit
+    code 2 (its traceback with HYDRA_FULL_ERROR=1)."""
+    try:
+        yield
+    except UserError as ex:
+        if full_error_requested():
+            raise
+        exit_with(ex.line())
 
 
 def exit_with(line: str) -> NoReturn:

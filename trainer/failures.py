@@ -1,21 +1,18 @@
-"""How a run that did not finish ends, and how a failed job reports to a sweep.
+"""How a run that did not finish ends.
 
 A run stopped by a signal exits with the conventional status (128 + the signal) and one line on
 stderr; running out of device memory or a loader worker's failure becomes one line the person
-can act on; anything else keeps its traceback. In a multirun a failed job must not end the sweep:
-it returns NaN to Hydra's basic sweeper, or raises `TrialFailed` for the Optuna sweeper.
+can act on; anything else keeps its traceback. How a failed job of a sweep reports to its sweeper
+is trainer/sweeps.py's.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from pathlib import Path
 
 import torch
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainer.callbacks.graceful import StoppedBySignal
@@ -26,10 +23,6 @@ from trainer.errors import UserError, first_line
 log = logging.getLogger("trainer")
 
 SIGTERM_EXIT = 128 + 15
-
-
-class TrialFailed(Exception):
-    """An Optuna trial whose run failed or has no finite objective (see `job_failed`)."""
 
 
 def was_interrupted(ex: BaseException) -> bool:
@@ -73,46 +66,3 @@ def out_of_memory(ex: BaseException, spec: RunSpec, last_checkpoint: str | None)
                      f"data.batch_size={max(1, batch // 2)} with trainer.accumulate_grad_batches="
                      f"{2 * int(spec.trainer.get('accumulate_grad_batches', 1))} (same global batch), "
                      "precision=bf16_mixed, model.activation_checkpointing=[STAGE,...], a smaller data.image_size")
-
-
-def in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def optuna_sweep() -> bool:
-    return "optuna" in str(HydraConfig.get().sweeper.get("_target_", "")).lower()
-
-
-def job_failed(line: str, ex: BaseException | None) -> float:
-    """One job of a sweep failed: say so (with the traceback of an unexpected error in the job's
-    log) and go on with the sweep. The job's summary.json, where it got that far, says failed.
-
-    Hydra's basic sweeper ends the whole sweep after a batch in which a job raised, without the
-    comparison table, so there the job returns NaN instead. Hydra's Optuna sweeper (1.3 with optuna
-    2.10) crashes on a NaN value (it tells the study twice), but records a job that raised as a
-    failed trial and goes on while the failure share is within ``max_failure_rate``, so there it
-    raises `TrialFailed`.
-    """
-    if ex is not None:
-        log.error("job failed", exc_info=ex)
-    log.error("error: %s", line)
-    if optuna_sweep():
-        raise TrialFailed(line)
-    return float("nan")
-
-
-def objective_value(metrics: dict[str, dict[str, float]], name: str) -> float:
-    """The metric `name` (``split/metric``) of the finished run; NaN when the run has none."""
-    split, _, metric = name.partition("/")
-    value = metrics.get(split, {}).get(metric)
-    if value is None:
-        log.warning("objective %s: the run logged no such metric (it has %s); returning NaN", name,
-                    ", ".join(f"{s}/{m}" for s, values in metrics.items() for m in values) or "none")
-        return float("nan")
-    return float(value)
-
-
-def check_trial(objective: float | None) -> None:
-    """An Optuna trial without a finite objective counts as failed (the sweeper would crash on NaN)."""
-    if objective is not None and not math.isfinite(objective) and in_multirun() and optuna_sweep():
-        raise TrialFailed(f"objective is {objective}: the trial counts as failed")

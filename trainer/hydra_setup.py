@@ -24,7 +24,7 @@ from trainer.errors import UserError, choices, exit_with, first_line, full_error
 _installed = False
 
 
-def prepare() -> None:
+def install() -> None:
     """Register the recipe config source and route user mistakes to one-line errors (idempotent)."""
     global _installed
     if _installed:

@@ -24,6 +24,7 @@ same model with the changed part measured again, not a rule of thumb.
 from __future__ import annotations
 
 import contextlib
+import resource
 import copy
 import math
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from trainer.figures import new_figure, save_png
+from trainer.fingerprint import proc_kib
 from trainer.precision import compute_dtype
 
 MIB = 2**20
@@ -298,33 +301,24 @@ def autocast_for(precision: str, device: torch.device) -> Callable[[], Any]:
 
 
 def plot_plan(plan: MemoryPlan, path: Any, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from trainer.atomic import replace_atomic
-
     rows = [("this run", plan.modelled_peak()), *((p["practice"], p["peak"]) for p in plan.practices)]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 2]})
-    try:
-        start = 0.0
-        for (name, value), colour in zip(plan.parts().items(), ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#dd8452")):
-            left.bar(["modelled"], [value / MIB], bottom=start, color=colour, label=f"{name} {value / MIB:,.1f}")
-            start += value / MIB
-        if plan.measured_peak is not None:
-            left.bar(["measured peak"], [plan.measured_peak / MIB], color="#937860")
-        left.set_ylabel("MiB")
-        left.set_title(f"batch {plan.batch_size} on {plan.device}", fontsize=9)
-        left.legend(fontsize=7)
-        right.barh([name for name, _ in rows][::-1], [value / MIB for _, value in rows][::-1], color="#4c72b0")
-        right.set_xlabel("modelled peak, MiB")
-        right.set_title(title, fontsize=9)
-        right.tick_params(axis="y", labelsize=7)
-        figure.tight_layout()
-        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(figure)
+    figure = new_figure(figsize=(12, 4.2))
+    (left, right) = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
+    start = 0.0
+    for (name, value), colour in zip(plan.parts().items(), ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#dd8452")):
+        left.bar(["modelled"], [value / MIB], bottom=start, color=colour, label=f"{name} {value / MIB:,.1f}")
+        start += value / MIB
+    if plan.measured_peak is not None:
+        left.bar(["measured peak"], [plan.measured_peak / MIB], color="#937860")
+    left.set_ylabel("MiB")
+    left.set_title(f"batch {plan.batch_size} on {plan.device}", fontsize=9)
+    left.legend(fontsize=7)
+    right.barh([name for name, _ in rows][::-1], [value / MIB for _, value in rows][::-1], color="#4c72b0")
+    right.set_xlabel("modelled peak, MiB")
+    right.set_title(title, fontsize=9)
+    right.tick_params(axis="y", labelsize=7)
+    figure.tight_layout()
+    save_png(figure, path)
 
 
 # -- the batch that fits ------------------------------------------------------------------------------------
@@ -392,3 +386,32 @@ def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module]
     capped = " (capped by the training split)" if good == limit else ""
     return good, (f"auto -> {good}{capped}: the largest multiple of {multiple} whose training step ran on "
                   f"{torch.cuda.get_device_name(device)} (tried {', '.join(tried)})")
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start the peak-memory count afresh for this run; False where the platform cannot.
+
+    On CPU the peak resident set (VmHWM) is reset through /proc/self/clear_refs (Linux >= 4.0), so
+    the jobs of a multirun, which share one process, each report their own peak.
+    """
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_memory(device: torch.device, reset_done: bool = True) -> dict[str, Any]:
+    if device.type == "cuda":
+        return {"what": "peak CUDA memory allocated by tensors", "bytes": torch.cuda.max_memory_allocated(device),
+                "reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    high_water = proc_kib("/proc/self/status", "VmHWM") if reset_done else None
+    if high_water is not None:
+        return {"what": "peak resident memory of the process during this run (CPU run)", "bytes": high_water}
+    # ru_maxrss is in KiB on Linux.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"what": "peak resident memory of the process since it started (CPU run)", "bytes": rss}

@@ -31,6 +31,10 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from trainer.atomic import write_json_atomic, write_text_atomic
+from trainer.figures import new_figure, save_png
+from trainer.mfu import peak_bandwidth, peak_flops
+
 CONV_MATMUL = "convolution/matmul"
 NORMALIZATION = "normalization"
 ELEMENTWISE = "elementwise/activation"
@@ -320,8 +324,6 @@ def measure_roof(device: torch.device, dtype: torch.dtype, seconds: float = 0.3)
 def machine_roof(device: torch.device, precision: str, tf32: bool, dtype: torch.dtype) -> Roof:
     """The datasheet's peak and bandwidth for a known GPU, else measured (`measure_roof`)."""
     if device.type == "cuda":
-        from trainer.mfu import peak_bandwidth, peak_flops
-
         name = torch.cuda.get_device_name(device)
         peak, peak_how = peak_flops(name, precision, tf32)
         bandwidth, bandwidth_how = peak_bandwidth(name)
@@ -331,36 +333,27 @@ def machine_roof(device: torch.device, precision: str, tf32: bool, dtype: torch.
 
 
 def plot_roofline(result: Breakdown, roof: Roof, path: "Path", title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from trainer.atomic import replace_atomic
-
     points = [row for row in result.rows if row.intensity and row.flops_per_s]
     low = min([0.1, *(row.intensity / 3 for row in points)])
     high = max([roof.ridge * 10, *(row.intensity * 3 for row in points)])
-    figure, axis = plt.subplots(figsize=(7, 4.6))
-    try:
-        xs = [low * (high / low) ** (i / 200) for i in range(201)]
-        axis.plot(xs, [min(roof.peak_flops, x * roof.bandwidth) for x in xs], color="black",
-                  label=f"roof: {roof.peak_flops / 1e9:,.0f} GFLOP/s, {roof.bandwidth / 1e9:,.0f} GB/s")
-        axis.axvline(roof.ridge, color="grey", linestyle=":", label=f"ridge {roof.ridge:.1f} FLOPs/byte")
-        for row in points:
-            axis.scatter([row.intensity], [row.flops_per_s], s=40 + 400 * row.share, label=f"{row.category} "
-                         f"({row.share:.0%} of the step)")
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xlabel("arithmetic intensity, FLOPs per byte (bytes estimated from input sizes)")
-        axis.set_ylabel("achieved FLOP/s")
-        axis.set_title(title, fontsize=9)
-        axis.legend(fontsize=7, loc="lower right")
-        figure.text(0.01, 0.01, roof.how, fontsize=6)
-        figure.tight_layout(rect=(0, 0.03, 1, 1))
-        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(figure)
+    figure = new_figure(figsize=(7, 4.6))
+    axis = figure.subplots()
+    xs = [low * (high / low) ** (i / 200) for i in range(201)]
+    axis.plot(xs, [min(roof.peak_flops, x * roof.bandwidth) for x in xs], color="black",
+              label=f"roof: {roof.peak_flops / 1e9:,.0f} GFLOP/s, {roof.bandwidth / 1e9:,.0f} GB/s")
+    axis.axvline(roof.ridge, color="grey", linestyle=":", label=f"ridge {roof.ridge:.1f} FLOPs/byte")
+    for row in points:
+        axis.scatter([row.intensity], [row.flops_per_s], s=40 + 400 * row.share, label=f"{row.category} "
+                     f"({row.share:.0%} of the step)")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("arithmetic intensity, FLOPs per byte (bytes estimated from input sizes)")
+    axis.set_ylabel("achieved FLOP/s")
+    axis.set_title(title, fontsize=9)
+    axis.legend(fontsize=7, loc="lower right")
+    figure.text(0.01, 0.01, roof.how, fontsize=6)
+    figure.tight_layout(rect=(0, 0.03, 1, 1))
+    save_png(figure, path)
 
 
 # -- the callback that records the real loop --------------------------------------------------------------
@@ -413,9 +406,6 @@ class StepProfiler(Callback):
 def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: int, roof: Roof,
                  title: str) -> dict[str, Any]:
     """ops.md, profile.json and roofline.png from the recorded events; returns profile.json's record."""
-    from trainer.atomic import write_text_atomic
-    from trainer.summary import write_json_atomic
-
     ops, step_ms = ops_of(events, on_device)
     if not step_ms:
         raise RuntimeError("the profiler recorded no training step")

@@ -22,6 +22,7 @@ Instead of fit and test, a measurement mode (trainer/modes/) may run, each enter
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from trainer.callbacks.graceful import SignalLatch
 from trainer.config import validate
 from trainer.distributed import LaunchRefused
 from trainer.errors import UserError, exception_line, exit_with, full_error_requested
-from trainer.failures import check_trial, in_multirun, job_failed, objective_value
+from trainer.sweeps import check_trial, in_multirun, job_failed, objective_value
 from trainer.library_logs import route_library_logs
 from trainer.logger import run_labels
 from trainer.models.layers import count_parameters
@@ -42,7 +43,7 @@ from trainer.modes.batch_finder import find_batch_size
 from trainer.modes.diagnosis import run_diagnosis
 from trainer.modes.memory_plan import measure_memory_plan
 from trainer.modes.profiling import run_profile
-from trainer.phases.build import build_parts, build_task, build_trainer, device_of
+from trainer.phases.build import apply_to_data, build_parts, build_task, build_trainer, device_of
 from trainer.phases.compose import Job
 from trainer.phases.fit import fit, test_after_fit, training_fields
 from trainer.phases.identify import already_completed, check_job, identify
@@ -63,7 +64,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
     `run_dir`, `group_choices` and `overrides` default to Hydra's for the current job. A mistake in
     the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1).
     In a multirun, a job that fails reports to the sweeper instead, so the sweep goes on
-    (`trainer.failures.job_failed`).
+    (`trainer.sweeps.job_failed`).
     """
     try:
         objective = _run(Job.from_hydra(cfg, run_dir, group_choices, overrides))
@@ -98,36 +99,35 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     spec = validate(job.cfg, job.choices)
     rank_zero = check_job(spec, job)
     name = spec.identity.name or default_name(job.choices, job.overrides)
-    resume = requested(spec.run.resume)
-    if not (spec.run.diagnose or spec.run.profile):
+    resume = requested(spec.top.resume)
+    if not (spec.top.diagnose or spec.top.profile):
         done = completed_run(resume, name, Path(spec.identity.root), job.run_dir,
                              {key: spec.trainer.get(key) for key in STOP_KEYS})
         if done is not None:
             return already_completed(done, name, spec, job, rank_zero)
     identity = identify(spec, job, rank_zero, name, resume)
     route_library_logs()
-    L.seed_everything(spec.run.seed, workers=True, verbose=False)
+    L.seed_everything(spec.top.seed, workers=True, verbose=False)
     parts = build_parts(spec, job.run_dir)
+    found = None
     if parts.datamodule.batch_size_auto:
-        spec.data["batch_size"] = parts.datamodule.batch_size  # the finder's starting batch, for a first plan
-    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
-    if parts.datamodule.batch_size_auto:
-        found = find_batch_size(plan, parts, job.run_dir, rank_zero)
+        found = find_batch_size(spec, parts, job.run_dir, rank_zero)
         parts.datamodule.set_batch_size(found.value)
-        spec.data["batch_size"] = found.value
-        plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping, batch_size=found)
+        spec = dataclasses.replace(spec, data={**spec.data, "batch_size": found.value})
+    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping, batch_size=found)
+    apply_to_data(plan, parts.datamodule)
     alignment = check_alignment(parts.net, int(spec.data["batch_size"]), plan.accelerator)
     parameters = count_parameters(parts.net)
-    memory = measure_memory_plan(spec, plan, parts, job.run_dir, rank_zero) if spec.run.memory_plan else None
+    memory = measure_memory_plan(spec, plan, parts, job.run_dir, rank_zero) if spec.top.memory_plan else None
     task = build_task(spec, plan, parts)
     if identity.resume_from is not None:
         check_fits(identity.resume_from, task.state_dict())
     environment = announce(spec, plan, job, identity, rank_zero)
     for line in memory.lines() if memory is not None else []:
         log.info(line)
-    if spec.run.diagnose:
+    if spec.top.diagnose:
         return run_diagnosis(spec, plan, parts, task, job.run_dir)
-    if spec.run.profile:
+    if spec.top.profile:
         return run_profile(spec, plan, parts, task, job.run_dir, identity.name)
     # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
     # hydra.sweep.subdir puts each job one level below it); the recipe and group choices.
@@ -149,4 +149,4 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
         raise ending from None
     record.enter("recording")
     summary = record_completion(spec, built, parts, fitted, record, started, identity)
-    return objective_value(summary["metrics"], spec.run.objective)
+    return objective_value(summary["metrics"], spec.top.objective)

@@ -75,7 +75,7 @@ class ClassificationTask(L.LightningModule):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def compute_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def evaluation_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The evaluation loss: plain cross-entropy."""
         return classification_loss(logits, labels)
 
@@ -151,7 +151,7 @@ class ClassificationTask(L.LightningModule):
         images, labels = batch
         logits = self(images)
         n = labels.shape[0]
-        self.log(f"{split}/loss", self.compute_loss(logits, labels), on_epoch=True, batch_size=n, sync_dist=True)
+        self.log(f"{split}/loss", self.evaluation_loss(logits, labels), on_epoch=True, batch_size=n, sync_dist=True)
         metric(logits, labels)
         self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
         if top5 is not None:

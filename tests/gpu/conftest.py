@@ -42,9 +42,9 @@ def auto_run(tmp_path_factory: pytest.TempPathFactory) -> AutoRun:
 
     run_dir = tmp_path_factory.mktemp("auto_run")
     losses: list[tuple[torch.dtype, bool]] = []
-    original = ClassificationTask.compute_loss
+    original = ClassificationTask.evaluation_loss
 
-    def compute_loss(self: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def evaluation_loss(self: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = original(self, logits, labels)
         if self.training:
             losses.append((loss.dtype, torch.is_autocast_enabled("cuda")))
@@ -52,7 +52,7 @@ def auto_run(tmp_path_factory: pytest.TempPathFactory) -> AutoRun:
 
     with flags_restored(), pytest.MonkeyPatch.context() as patch:
         set_tf32(False)  # the run must switch them on itself
-        patch.setattr(ClassificationTask, "compute_loss", compute_loss)
+        patch.setattr(ClassificationTask, "evaluation_loss", evaluation_loss)
         summary = run_in_process(probe_run(AUTO_RUN_STEPS), run_dir)
         flags_after = TorchFlags.now()
     assert summary is not None and summary["status"] == "completed", summary

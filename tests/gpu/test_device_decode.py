@@ -20,7 +20,7 @@ def _module(root, decode, **kwargs):
     dm = ImageFolderDataModule(root=str(root), decode=decode, image_size=64, eval_crop_fraction=0.75, batch_size=8,
                                num_workers=0, **kwargs)
     dm.inspect()
-    dm.configure_loader(cuda=True)
+    dm.apply_loader(dm.loader_settings(cuda=True))
     dm.setup()
     return dm
 

@@ -108,7 +108,7 @@ def test_the_ema_weights_are_the_ones_validated_and_checkpointed(tmp_path):
         if weights is not None:
             net.load_state_dict(weights)
         net.eval()
-        datamodule.configure_loader(cuda=False)
+        datamodule.apply_loader(datamodule.loader_settings(cuda=False))
         datamodule.setup("fit")
         total, count = 0.0, 0
         with torch.no_grad():

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from trainer.comparison import (
     ComparisonCallback,
-    Job,
+    SweepJob,
     comparison_rows,
     load_jobs,
     stage_name,
@@ -105,10 +105,10 @@ def test_jobs_are_read_in_numeric_order_skipping_other_entries(sweep: Path):
 
 
 def test_stage_names():
-    with_recipe = Job(0, Path("0"), summary("resnet50_baseline", 1.0, 1, 1.0, 1.0), None)
-    overrides_only = Job(1, Path("1"), {"choices": {"data": "digits"}, "overrides": ["model=resnet18", "data=digits"]},
+    with_recipe = SweepJob(0, Path("0"), summary("resnet50_baseline", 1.0, 1, 1.0, 1.0), None)
+    overrides_only = SweepJob(1, Path("1"), {"choices": {"data": "digits"}, "overrides": ["model=resnet18", "data=digits"]},
                          None)
-    nothing = Job(7, Path("7"), None, None)
+    nothing = SweepJob(7, Path("7"), None, None)
     assert stage_name(with_recipe) == "resnet50_baseline"
     assert stage_name(overrides_only) == "model=resnet18 data=digits"
     assert stage_name(nothing) == "job 7"

@@ -12,8 +12,9 @@ from tests.helpers import CONF, RECIPES, REPO, compose
 from trainer.config import (
     DATACLASS_GROUPS,
     GROUP_MODULES,
-    RunConfig,
+    TopLevelKeys,
     RunIdentity,
+    TargetConfig,
     choice_config,
     validate,
 )
@@ -44,7 +45,7 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
     cfg = compose([f"{prefix}{group}={choice}", *EXTRA.get((group, choice), [])])
     spec = validate(cfg)
     if group == "ladder":
-        assert spec.run.ladder == choice
+        assert spec.top.ladder == choice
     elif group in DATACLASS_GROUPS:
         assert dataclasses.asdict(getattr(spec, group)) == dataclasses.asdict(choice_config(group, choice))
     elif group == "data":
@@ -63,7 +64,7 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
         assert spec.trainer == {k: v for k, v in OmegaConf.to_container(cfg.trainer).items()}
     else:
         assert group in SWEEP_GROUPS, f"no check for group {group}"
-        assert spec.run.objective == OmegaConf.load(CONF / group / f"{choice}.yaml").objective
+        assert spec.top.objective == OmegaConf.load(CONF / group / f"{choice}.yaml").objective
 
 
 @pytest.mark.parametrize("group, choice", [(g, c) for g, c in CHOICES if g in DATACLASS_GROUPS],
@@ -82,12 +83,13 @@ def test_each_framework_group_yaml_sets_exactly_the_fields_of_its_dataclass(grou
 def test_the_top_level_keys_of_train_yaml_are_the_run_schema():
     cfg = OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml"))
     top_level = {k for k, v in cfg.items() if not isinstance(v, (dict, list)) and k != "defaults"}
-    assert top_level == set(schema_of_dataclass(RunConfig).fields)
+    assert top_level == set(schema_of_dataclass(TopLevelKeys).fields)
     assert set(cfg["run"]) == set(schema_of_dataclass(RunIdentity).fields)
+    assert set(cfg["target"]) == set(schema_of_dataclass(TargetConfig).fields)
 
 
 def test_no_schema_dataclass_carries_a_default_value():
-    classes = [RunConfig, RunIdentity] + [cls for schemas in DATACLASS_GROUPS.values() for cls in schemas.values()]
+    classes = [TopLevelKeys, RunIdentity, TargetConfig] + [cls for schemas in DATACLASS_GROUPS.values() for cls in schemas.values()]
     for cls in classes:
         with_default = [f.name for f in dataclasses.fields(cls)
                         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]

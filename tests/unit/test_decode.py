@@ -32,7 +32,7 @@ def _module(root, decode, **kwargs):
     options.update(kwargs)
     dm = ImageFolderDataModule(root=str(root), **options)
     dm.inspect()
-    dm.configure_loader(cuda=False)
+    dm.apply_loader(dm.loader_settings(cuda=False))
     dm.setup()
     return dm
 

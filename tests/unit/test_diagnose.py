@@ -74,7 +74,7 @@ def test_the_worker_sweep_covers_zero_powers_of_two_and_the_cpu_count():
 
     data = DigitsDataModule(batch_size=64)
     data.setup("fit")
-    data.configure_loader(cuda=False)
+    data.apply_loader(data.loader_settings(cuda=False))
     before = data.loader
     results = sweep_workers(data, torch.device("cpu"), steps=2, cpus=2)
     assert [r["num_workers"] for r in results] == [0, 1, 2]

@@ -6,11 +6,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tests.helpers import CONF
-from trainer.hydra_setup import prepare
+from trainer.hydra_setup import install as install_hydra_setup
 
 
 def launcher(overrides: list[str]) -> dict:
-    prepare()
+    install_hydra_setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
         return OmegaConf.to_container(cfg.hydra.launcher, resolve=False) | {

@@ -193,9 +193,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
                                  named: str) -> None:
     """A missing SRC, --max-side 0 and a DST inside SRC: exit code 2 and one line naming the argument."""
     save(tmp_path / "src/train/a/x.png", Image.new("RGB", (8, 8)))
-    code = main([a.format(tmp=tmp_path) for a in args] + ["--quiet"])
+    with pytest.raises(SystemExit) as ended:
+        main([a.format(tmp=tmp_path) for a in args] + ["--quiet"])
     err = capsys.readouterr().err.strip()
-    assert code == 2
+    assert ended.value.code == 2
     assert len(err.splitlines()) == 1 and err.startswith(f"error: {named}: ") and "allowed:" in err
     assert not (tmp_path / "dst").exists()
 

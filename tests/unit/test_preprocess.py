@@ -50,7 +50,7 @@ def test_an_image_folder_file_becomes_the_evaluation_crop_pixel_for_pixel(tmp_pa
     dm = ImageFolderDataModule(root=str(tmp_path), image_size=48, eval_crop_fraction=0.75, batch_size=2,
                                num_workers=0, decode="pil")
     dm.inspect()
-    dm.configure_loader(cuda=False)
+    dm.apply_loader(dm.loader_settings(cuda=False))
     dm.setup()
     preprocessing = Preprocessing.from_card(dm.inference_preprocessing())
     assert preprocessing.output_size == (48, 48)

@@ -123,7 +123,7 @@ def test_the_task_smooths_the_training_loss_only_and_counts_the_dominant_class()
     assert task.training_loss(logits, labels) > classification_loss(logits, labels) - 1  # smoothed
     assert task.training_loss(logits, labels).item() == pytest.approx(
         classification_loss(logits, labels, 0.2).item())
-    assert task.compute_loss(logits, labels).item() == pytest.approx(classification_loss(logits, labels).item())
+    assert task.evaluation_loss(logits, labels).item() == pytest.approx(classification_loss(logits, labels).item())
     assert task.mixing is not None and task.mixing.active
 
 

@@ -47,9 +47,9 @@ def test_a_resumed_run_keeps_the_record_and_the_time_already_spent():
 
 
 @pytest.mark.parametrize("config,says", [
-    (TargetConfig(metric="val/acc"), "target.value: missing"),
-    (TargetConfig(value=0.9), "target.metric: missing"),
-    (TargetConfig(metric="test/acc", value=0.9), "target.metric: 'test/acc' is not a metric measured while training"),
+    (TargetConfig(metric="val/acc", value=None, mode="auto"), "target.value: missing"),
+    (TargetConfig(metric=None, value=0.9, mode="auto"), "target.metric: missing"),
+    (TargetConfig(metric="test/acc", value=0.9, mode="auto"), "target.metric: 'test/acc' is not a metric measured while training"),
 ])
 def test_a_target_it_cannot_watch_is_one_line(config, says):
     with pytest.raises(UserError) as caught:

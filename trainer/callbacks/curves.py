@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.atomic import replace_atomic
+from trainer.figures import new_figure, save_png
 from trainer.callbacks.steps import step_loss
 from trainer.errors import exception_line
 
@@ -94,11 +94,9 @@ class Curves(Callback):
         if not self.losses:
             return None
         # matplotlib only when drawing (about 0.5 s to import): a diagnosis never draws curves.
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
-        figure = Figure(figsize=(13, 3.8), layout="constrained")
+        figure = new_figure(figsize=(13, 3.8), layout="constrained")
         loss_axes, metric_axes, lr_axes = figure.subplots(1, 3)
 
         loss_axes.plot(self.steps, self.losses, color="#9ecae1", linewidth=0.8, label="per step")
@@ -135,10 +133,7 @@ class Curves(Callback):
         if title:
             figure.suptitle(title, fontsize=10)
 
-        FigureCanvasAgg(figure)
-        path = Path(path)
-        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-        return path
+        return save_png(figure, path)
 
 
 def moving_average(values: list[float], window: int) -> list[float]:

@@ -120,7 +120,8 @@ class ImageClassificationData(L.LightningDataModule):
         return images
 
     def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        """(the decode mode in use, how it was chosen). Data sets held decoded decode nothing."""
+        """(the decode mode to use, how it was chosen), changing nothing (`apply_decode` applies it).
+        Data sets held decoded decode nothing."""
         held = "images held decoded: nothing to decode"
         if self.decode == "auto":
             return "none", f"auto -> none ({held})"
@@ -135,6 +136,9 @@ class ImageClassificationData(L.LightningDataModule):
         """The decode modes the diagnosis can compare (none for data held decoded)."""
         return ()
 
+    def apply_decode(self, mode: str) -> None:
+        """Decode with `mode` from the next setup on (the plan's choice, applied by the build phase)."""
+
     def use_decode(self, mode: str) -> None:
         """Rebuild the data sets to decode with `mode` (the diagnosis's decode sweep)."""
         raise NotImplementedError(f"{type(self).__name__} decodes nothing")
@@ -145,12 +149,15 @@ class ImageClassificationData(L.LightningDataModule):
         self.eval_batch_size = self._eval_batch_size or batch_size
 
     # -- shared ---------------------------------------------------------------------------------
-    def configure_loader(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
-        """Resolve this module's loader request (`auto` values) for the device; `batch_bytes`, one
-        batch as the loader ships it, bounds the prefetch depth."""
-        self.loader = resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda,
-                                     batch_bytes=batch_bytes)
-        return self.loader
+    def loader_settings(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
+        """This module's loader request (`auto` values) resolved for the device, changing nothing
+        (`apply_loader` applies it); `batch_bytes`, one batch as the loader ships it, bounds the
+        prefetch depth."""
+        return resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda, batch_bytes=batch_bytes)
+
+    def apply_loader(self, settings: LoaderSettings) -> None:
+        """Build every loader from now on with `settings` (the plan's, applied by the build phase)."""
+        self.loader = settings
 
     def train_dataloader(self) -> DataLoader[Any]:
         return self._dataloader(self.train_set, train=True)
@@ -164,7 +171,9 @@ class ImageClassificationData(L.LightningDataModule):
     def _dataloader(self, dataset: Dataset[Any] | None, train: bool) -> DataLoader[Any]:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not build this split")
-        loader = self.loader or self.configure_loader(cuda=torch.cuda.is_available())
+        # A run always applies its plan's settings first; a data module used on its own (a notebook's
+        # own Trainer) resolves them for the machine it finds.
+        loader = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
         host_finishing = not self.device_normalize and not self.finishes_on_host_itself
         if host_finishing:
             dataset = _FinishedOnHost(dataset, self.device_transform, training=train)

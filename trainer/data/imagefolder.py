@@ -306,20 +306,20 @@ class ImageFolderDataModule(ImageClassificationData):
             how = f"{self.decode} (as configured)"
             if self.decode == "device" and not cuda:
                 how = "device (as configured; no CUDA: the same batched path decodes on the CPU, in the training process)"
-            self.decode_in_use = self.decode
             return self.decode, how
         share = self._jpeg_share()
         if cuda and not self.device_normalize:
-            self.decode_in_use, how = "fast", "auto -> fast (data.device_normalize=false finishes samples on the host)"
-        elif cuda and self.augment != "none":
-            self.decode_in_use, how = "fast", f"auto -> fast (data.augment={self.augment} runs per image on the host)"
-        elif cuda and share >= 0.5:
-            self.decode_in_use, how = "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
-        elif cuda:
-            self.decode_in_use, how = "fast", f"auto -> fast (only {share:.0%} of the files are JPEGs, nvjpeg's format)"
-        else:
-            self.decode_in_use, how = "fast", "auto -> fast (no CUDA: decoded on the host)"
-        return self.decode_in_use, how
+            return "fast", "auto -> fast (data.device_normalize=false finishes samples on the host)"
+        if cuda and self.augment != "none":
+            return "fast", f"auto -> fast (data.augment={self.augment} runs per image on the host)"
+        if cuda and share >= 0.5:
+            return "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
+        if cuda:
+            return "fast", f"auto -> fast (only {share:.0%} of the files are JPEGs, nvjpeg's format)"
+        return "fast", "auto -> fast (no CUDA: decoded on the host)"
+
+    def apply_decode(self, mode: str) -> None:
+        self.decode_in_use = mode
 
     def inference_preprocessing(self) -> dict[str, Any]:
         return {"image": "any format PIL reads, converted to 8-bit RGB", "color": "RGB", "resize": self._eval_resize(),
@@ -404,8 +404,8 @@ class ImageFolderDataModule(ImageClassificationData):
                 if self._scanned.bad:
                     log.warning("%s listed in %s", _plural(len(self._scanned.bad), "unreadable file"), path)
         classes = list(self._classes)
-        if self.decode_in_use is None:
-            self.resolve_decode(cuda=torch.cuda.is_available())
+        if self.decode_in_use is None:  # used on its own, not by a run (which applies its plan's mode)
+            self.apply_decode(self.resolve_decode(cuda=torch.cuda.is_available())[0])
 
         def make(split: str, train: bool) -> ImageFiles:
             assert self._scanned is not None and self._classes is not None and self._bad_list is not None

@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import re
 import shutil
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from trainer.data.badfiles import (CORRUPT, LIST_HEADER, LIST_NAME, UNSUPPORTED,
                                    to_rgb)
 from trainer.data.imagefolder import list_split
 from trainer.data.loader import usable_cpus
-from trainer.errors import EXIT_USER_ERROR, UserError, first_line, full_error_requested
+from trainer.errors import UserError, first_line, one_line_on_user_error
 
 RESIZED, COPIED, SKIPPED, BAD = "resized", "copied", "skipped", "bad"
 SETTINGS_NAME = ".prepare.json"
@@ -330,14 +329,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
-    try:
+    with one_line_on_user_error():
         report = prepare(args.src, args.dst, args.max_side, args.quality, args.workers, progress=not args.quiet)
-    except UserError as ex:
-        if full_error_requested():
-            raise
-        sys.stdout.flush()
-        print(f"error: {ex.line()}", file=sys.stderr)
-        return EXIT_USER_ERROR
     print(report.summary())
     print(report.bad_line())
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
-from trainer.errors import UserError, exit_with, full_error_requested
+from trainer.errors import UserError, one_line_on_user_error
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -48,13 +48,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     load.add_argument("--budget-s", type=float, default=10.0, help="at most this long per measurement")
     load.add_argument("--rounds", type=int, default=2, help="each measurement this many times, servers taking turns")
     args = parser.parse_args(argv)
-    try:
+    with one_line_on_user_error():
         for line in _run(args):
             print(line)
-    except UserError as ex:
-        if full_error_requested():
-            raise
-        exit_with(ex.line())
 
 
 def _run(args: argparse.Namespace) -> list[str]:

@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.atomic import write_text_atomic
+from trainer.figures import new_figure, save_png
 from trainer.deploy.export import checked_eval, evaluation_images, export_folder, load_network, locate
 from trainer.models.fuse import fuse_for_inference
 
@@ -122,27 +123,20 @@ def table(timings: list[Timing]) -> list[str]:
 
 
 def plot(timings: list[Timing], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    try:
-        for variant in dict.fromkeys(t.variant for t in timings):
-            rows = [t for t in timings if t.variant == variant]
-            left.plot([t.batch for t in rows], [t.p50_ms for t in rows], marker="o", label=variant)
-            right.plot([t.batch for t in rows], [t.images_per_s for t in rows], marker="o", label=variant)
-        for axis, label in ((left, "P50 latency, ms"), (right, "images/s (batch / P50)")):
-            axis.set_xscale("log", base=2)
-            axis.set_yscale("log")
-            axis.set_xlabel("batch size")
-            axis.set_ylabel(label)
-            axis.legend(fontsize=8)
-        figure.tight_layout()
-        replace_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=110))
-    finally:
-        plt.close(figure)
+    figure = new_figure(figsize=(11, 4))
+    (left, right) = figure.subplots(1, 2)
+    for variant in dict.fromkeys(t.variant for t in timings):
+        rows = [t for t in timings if t.variant == variant]
+        left.plot([t.batch for t in rows], [t.p50_ms for t in rows], marker="o", label=variant)
+        right.plot([t.batch for t in rows], [t.images_per_s for t in rows], marker="o", label=variant)
+    for axis, label in ((left, "P50 latency, ms"), (right, "images/s (batch / P50)")):
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel("batch size")
+        axis.set_ylabel(label)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    save_png(figure, path)
 
 
 def bench_run(source: Path, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, warmup: int = 10, calls: int = 100,

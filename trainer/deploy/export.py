@@ -161,7 +161,7 @@ def checked_eval(net: nn.Module, images: torch.Tensor) -> nn.Module:
 # -- the files -----------------------------------------------------------------------------------------
 def evaluation_images(datamodule: Any, count: int = CHECK_IMAGES) -> torch.Tensor:
     """Up to `count` evaluation images as the network receives them (preprocessed, on the CPU)."""
-    datamodule.configure_loader(cuda=False)
+    datamodule.apply_loader(datamodule.loader_settings(cuda=False))
     datamodule.setup("fit")
     taken: list[torch.Tensor] = []
     for batch in datamodule.val_dataloader():

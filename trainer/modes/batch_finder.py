@@ -3,6 +3,7 @@ steps until out of memory; on a CPU, data.memory_budget_gb against the measured 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,9 +12,10 @@ from trainer.phases.build import Parts
 from trainer.data.base import AUTO_BATCH_START
 from trainer.errors import UserError
 from trainer.memory import autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory
+from trainer.config import RunSpec
 from trainer.modes.measuring import memory_inputs
-from trainer.phases.plan import Derived, Plan
-from trainer.summary import write_json_atomic
+from trainer.phases.plan import Derived, resolve
+from trainer.atomic import write_json_atomic
 from trainer.task import classification_loss
 
 #: data.batch_size=auto: rank 0 writes what it found here; the other ranks read it, so every rank
@@ -21,11 +23,15 @@ from trainer.task import classification_loss
 AUTO_BATCH_FILE = "batch_size_auto.json"
 
 
-def find_batch_size(plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> Derived:
-    """The batch found, with how; rank 0 measures, the other ranks read what it found."""
+def find_batch_size(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool) -> Derived:
+    """The batch found, with how; rank 0 measures, the other ranks read what it found. The steps it
+    measures are planned at the finder's starting batch (device, precision, memory format and the
+    optimizer are the run's); the run's own plan is resolved afterwards, at the batch found."""
     record = run_dir / AUTO_BATCH_FILE
     if not rank_zero:
         return batch_of_rank_zero(record)
+    start = dataclasses.replace(spec, data={**spec.data, "batch_size": parts.datamodule.batch_size})
+    plan = resolve(start, parts.datamodule, parts.info, parts.net, parts.clipping)
     inputs = memory_inputs(plan, parts)
     datamodule = parts.datamodule
     budget = datamodule.memory_budget_gb

@@ -13,7 +13,7 @@ from trainer.config import RunSpec
 from trainer.data.synthetic import SyntheticDataModule
 from trainer.diagnose import diagnose
 from trainer.library_logs import quiet_library_warnings
-from trainer.modes.measuring import measuring_spec
+from trainer.modes.measuring import measuring
 from trainer.phases.plan import Plan
 from trainer.task import ClassificationTask
 
@@ -22,8 +22,8 @@ def run_diagnosis(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationT
     """The full step runs the real loop and callbacks, only shorter: no validation, checkpoints,
     loggers or progress output, and just enough steps for the throughput meter's windows. The parts
     are timed with the optimizer the plan's recipe builds, as training's is."""
-    steps = spec.run.diagnose_steps
-    built = build_trainer(measuring_spec(spec, ThroughputMeter.WARMUP_STEPS + 1 + steps), plan, run_dir, parts)
+    steps = spec.top.diagnose_steps
+    built = build_trainer(*measuring(spec, plan, ThroughputMeter.WARMUP_STEPS + 1 + steps), run_dir, parts)
     device = device_of(plan)
     task.to(device)
     optimizer = plan.optimizer.build(task.net)

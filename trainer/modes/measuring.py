@@ -13,14 +13,15 @@ from trainer.config import RunSpec
 from trainer.phases.plan import Plan
 
 
-def measuring_spec(spec: RunSpec, steps: int) -> RunSpec:
-    """The run's spec for a measurement of `steps` training steps: the real loop and callbacks, no
-    validation, checkpoints, loggers or progress output."""
-    return dataclasses.replace(
+def measuring(spec: RunSpec, plan: Plan, steps: int) -> tuple[RunSpec, Plan]:
+    """The run's spec and plan for a measurement of `steps` training steps: the real loop and
+    callbacks, no validation, checkpoints, loggers or progress output."""
+    spec = dataclasses.replace(
         spec, checkpointing=dataclasses.replace(spec.checkpointing, enabled=False), loggers={},
-        run=dataclasses.replace(spec.run, progress="off"),
+        top=dataclasses.replace(spec.top, progress="off"),
         trainer={**spec.trainer, "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0,
                  "num_sanity_val_steps": 0, "limit_train_batches": None})
+    return spec, dataclasses.replace(plan, progress="off")
 
 
 class MemoryInputs(NamedTuple):

@@ -12,7 +12,7 @@ from trainer.phases.build import Parts, build_trainer, device_of
 from trainer.config import RunSpec
 from trainer.errors import UserError
 from trainer.library_logs import quiet_library_warnings
-from trainer.modes.measuring import measuring_spec
+from trainer.modes.measuring import measuring
 from trainer.phases.plan import Plan
 from trainer.precision import compute_dtype
 from trainer.profile import StepProfiler, machine_roof, write_report
@@ -23,12 +23,12 @@ log = logging.getLogger("trainer")
 
 def run_profile(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path, name: str) -> None:
     """Like the diagnosis: the real loop, without validation, checkpoints, loggers or progress output."""
-    steps = spec.run.profile_steps
+    steps = spec.top.profile_steps
     device = device_of(plan)
     folder = run_dir / "profile"
     folder.mkdir(parents=True, exist_ok=True)
     profiler = StepProfiler(folder, steps, on_device=device.type == "cuda")
-    built = build_trainer(measuring_spec(spec, profiler.total + 1), plan, run_dir, parts, extra_callbacks=[profiler])
+    built = build_trainer(*measuring(spec, plan, profiler.total + 1), run_dir, parts, extra_callbacks=[profiler])
     with quiet_library_warnings():
         built.trainer.fit(task, datamodule=parts.datamodule)
     if profiler.events is None:

@@ -1,8 +1,8 @@
 """The build phase: objects from the validated config, then the Lightning Trainer from the plan.
 
 `build_parts` instantiates what the config names (data module, network, clipping and non-finite
-callbacks) before anything is resolved; `build_task` applies the frozen `Plan` to the network;
-`build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
+callbacks) before anything is resolved; `apply_to_data` and `build_task` apply the frozen `Plan` to
+the data module and the network; `build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
 `lightning.Trainer` (the `trainer` group's arguments plus what the plan decided, made by
 trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
 """
@@ -10,15 +10,13 @@ trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.
 from __future__ import annotations
 
 import inspect
-import sys
-import warnings
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import lightning as L
 import torch
-from hydra.utils import get_class, instantiate
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
+from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, RichProgressBar
 from torch import nn
 
@@ -80,7 +78,7 @@ def build_parts(spec: RunSpec, run_dir: Path) -> Parts:
 def build_data(spec: RunSpec, run_dir: Path) -> tuple[ImageClassificationData, DataInfo]:
     """The data module, told the run's folder and seed, and what it found in its source."""
     datamodule = construct("data", lambda: instantiate(spec.data, _convert_="all"))
-    datamodule.attach_run(run_dir, spec.run.seed)
+    datamodule.attach_run(run_dir, spec.top.seed)
     info = datamodule.inspect()
     train_size = info.sizes.get("train", 0)
     if train_size < datamodule.batch_size:
@@ -110,6 +108,12 @@ def build_model(spec: RunSpec, info: DataInfo) -> nn.Module:
     return net
 
 
+def apply_to_data(plan: Plan, datamodule: ImageClassificationData) -> None:
+    """The plan's loader settings and decode mode, for every loader the data module builds."""
+    datamodule.apply_loader(plan.loader)
+    datamodule.apply_decode(plan.decode)
+
+
 def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
     """Apply the plan to the network (checkpointed stages, TF32, compile, memory format) and wrap it
     in the LightningModule with the plan's lr, weight decay and optimizer kernel."""
@@ -133,7 +137,7 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     periodic = build_periodic(spec.checkpointing, run_dir)
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     callbacks += [c for c in (periodic, checkpoint) if c is not None]
-    progress = _progress_callback(spec)
+    progress = _progress_callback(spec, plan.progress)
     if progress is not None:
         callbacks.append(progress)
     loggers = build_loggers(spec.loggers, run_dir, logger_ids, labels)
@@ -160,14 +164,11 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     return Built(trainer, checkpoint, losses, stopper, curves, meter, logged, target)
 
 
-def _progress_callback(spec: RunSpec) -> Callback | None:
-    progress = spec.run.progress
-    if progress == "auto":
-        progress = "rich" if sys.stdout.isatty() else "plain"
+def _progress_callback(spec: RunSpec, progress: str) -> Callback | None:
     if progress == "rich":
         return RichProgressBar()
     if progress == "plain":
-        return PlainProgress(every_s=spec.run.progress_every_s)
+        return PlainProgress(every_s=spec.top.progress_every_s)
     return None
 
 
@@ -179,39 +180,10 @@ def _trainer_arguments(spec: RunSpec, plan: Plan) -> dict[str, Any]:
     # weights-only, prefix-free keys) instead of Lightning's TorchCheckpointIO. The person's own
     # plugins (trainer.plugins: cluster environments, layer syncs) come after the framework's.
     plugins = [*precision.pop("plugins", []), SafeCheckpointIO(), *arguments.pop("plugins", [])]
-    if _inside_slurm_job() and not _names_cluster_environment(plugins):
-        # Deliberately without Lightning's SLURM auto-requeue: its SIGUSR1 handler writes an
-        # hpc_ckpt and requeues on its own, and a requeued run then restores that file whatever
-        # `resume` says. Preemption is submitit's signal and GracefulStop's checkpoint here.
+    if plan.slurm_environment:  # without auto-requeue: see trainer/phases/plan.py
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    arguments.update(accelerator=plan.accelerator, plugins=plugins, **precision)
-    if arguments.get("benchmark") is None:
-        # cuDNN autotuning goes with TF32 (both off when deterministic). Said explicitly either way:
-        # Lightning's None keeps the process's setting, which a previous job of a sweep may have set.
-        arguments["benchmark"] = plan.tf32 and plan.accelerator == "cuda"
+    arguments.update(accelerator=plan.accelerator, plugins=plugins, benchmark=plan.cudnn_benchmark, **precision)
     return arguments
-
-
-def _inside_slurm_job() -> bool:
-    """Lightning's own test, without the srun hint it prints on any machine that has srun
-    (trainer/lightning_trainer.py drops that hint)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return SLURMEnvironment.detect()
-
-
-def _names_cluster_environment(plugins: list[Any]) -> bool:
-    """Whether the person's plugins (objects, or `_target_` mappings still to be built) include a
-    cluster environment of their own."""
-    for plugin in plugins:
-        target = plugin.get("_target_") if isinstance(plugin, Mapping) else type(plugin)
-        try:
-            cls = get_class(target) if isinstance(target, str) else target
-        except Exception:  # noqa: BLE001 - an unknown target is reported where it is built
-            continue
-        if isinstance(cls, type) and issubclass(cls, ClusterEnvironment):
-            return True
-    return False
 
 
 def device_of(plan: Plan) -> torch.device:

@@ -17,7 +17,8 @@ from trainer.library_logs import quiet_library_warnings
 from trainer.phases.build import Built, Parts
 from trainer.phases.identify import Identity
 from trainer.resume import Checkpoint, read_resumable
-from trainer.summary import peak_memory, reset_peak_memory, split_metrics
+from trainer.memory import peak_memory, reset_peak_memory
+from trainer.summary import split_metrics
 from trainer.task import ClassificationTask
 
 log = logging.getLogger("trainer")

@@ -12,11 +12,11 @@ from trainer.config import RunSpec
 from trainer.devices import count_devices, resolve_accelerator
 from trainer.distributed import check_launch, is_rank_zero, process_count
 from trainer.errors import UserError
-from trainer.failures import objective_value
+from trainer.sweeps import objective_value
 from trainer.logger import logger_ids
 from trainer.phases.compose import Job
 from trainer.resume import Checkpoint, Completed, identity_of, resolve_resume, write_identity
-from trainer.summary import write_json_atomic
+from trainer.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -35,12 +35,12 @@ def check_job(spec: RunSpec, job: Job) -> bool:
     run's records (rank 0 of several processes)."""
     accelerator = resolve_accelerator(str(spec.trainer.get("accelerator", "auto")))[0]
     processes = process_count(spec.trainer, count_devices(spec.trainer.get("devices", 1), accelerator))
-    check_launch(processes, job.multirun, job.launcher, spec.run.diagnose or spec.run.profile,
+    check_launch(processes, job.multirun, job.launcher, spec.top.diagnose or spec.top.profile,
                  spec.trainer.get("strategy", "auto"), accelerator,
-                 measuring="profile" if spec.run.profile else "diagnose")
-    if spec.run.ladder and not job.multirun:
-        raise UserError("ladder", f"'{spec.run.ladder}' is a sequence of runs and needs Hydra's multirun",
-                        f"python train.py -m +ladder={spec.run.ladder}")
+                 measuring="profile" if spec.top.profile else "diagnose")
+    if spec.top.ladder and not job.multirun:
+        raise UserError("ladder", f"'{spec.top.ladder}' is a sequence of runs and needs Hydra's multirun",
+                        f"python train.py -m +ladder={spec.top.ladder}")
     rank_zero = is_rank_zero()
     if not rank_zero:  # the other ranks train and say only what goes wrong
         log.setLevel(logging.WARNING)
@@ -57,7 +57,7 @@ def already_completed(done: Completed, name: str, spec: RunSpec, job: Job, rank_
              reached or f"{done.summary.get('steps')} steps")
     if job.multirun and rank_zero and job.run_dir.resolve() != done.folder.resolve():
         write_json_atomic(job.run_dir / "summary.json", done.summary)
-    return objective_value(done.summary.get("metrics") or {}, spec.run.objective)
+    return objective_value(done.summary.get("metrics") or {}, spec.top.objective)
 
 
 def identify(spec: RunSpec, job: Job, rank_zero: bool, name: str, resume: str | None) -> Identity:

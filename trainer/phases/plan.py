@@ -1,18 +1,22 @@
 """The resolve phase: every concrete setting a run will use, with how it was derived (the `Plan`).
 
 Printed at start and stored in summary.json, so "why did it pick 0 workers?" is never a mystery.
-Everything is decided here, before anything is applied; the plan is frozen afterwards and the
-build phase only reads it.
+Everything is decided here and nothing is changed: `resolve` reads the validated spec and what was
+built from it and returns a frozen plan (called twice on the same inputs, it returns equal plans
+and leaves its inputs as they were). The build phase applies it.
 """
 
 from __future__ import annotations
 
-import logging
+import sys
+import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import torch
+from hydra.utils import get_class
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
@@ -28,8 +32,6 @@ from trainer.optimizer import OptimizerRecipe, choose_implementation, named_by_m
 from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.regularization import describe
 from trainer.scaling import measured_warnings, scale
-
-log = logging.getLogger("trainer")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class Plan:
     #: Lightning's precision string ("32-true", "bf16-mixed", "16-mixed").
     precision: str
     loader: LoaderSettings
+    #: The image decode mode (data sets held decoded: "none").
+    decode: str
     global_batch_size: int
     #: What builds the optimizer, for training and for every measurement alike.
     optimizer: OptimizerRecipe
@@ -54,11 +58,19 @@ class Plan:
     channels_last: bool
     compile_mode: str
     checkpointed_stages: tuple[str, ...]
+    #: rich, plain or off.
+    progress: str
+    #: cuDNN autotuning (the Trainer's `benchmark`).
+    cudnn_benchmark: bool
+    #: Whether the Trainer gets Lightning's SLURM environment (inside a SLURM job, none configured).
+    slurm_environment: bool
     #: Training FLOPs per sample and the device's peak FLOP/s, where known (for MFU).
     flops_per_sample: int | None
     peak_flops: float | None
     peak_flops_note: str
     derived: Mapping[str, Derived]
+    #: What the studies say about this setting, to print at start (trainer/scaling.py).
+    warnings: tuple[str, ...] = ()
 
     @property
     def lr(self) -> float:
@@ -92,11 +104,12 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
     accelerator, devices, global_batch = _devices_and_batch(spec, derived)
     precision, how = resolve_precision(spec.precision.name, accelerator)
     derived["precision"] = Derived(precision, how)
-    loader = datamodule.configure_loader(cuda=accelerator == "cuda",
-                                         batch_bytes=info.sample_bytes * int(spec.data["batch_size"]) or None)
+    loader = datamodule.loader_settings(cuda=accelerator == "cuda",
+                                        batch_bytes=info.sample_bytes * int(spec.data["batch_size"]) or None)
     for key, reason in loader.reasons.items():
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
-    derived["data.decode"] = Derived(*datamodule.resolve_decode(cuda=accelerator == "cuda"))
+    decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
+    derived["data.decode"] = Derived(decode, how)
     lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
     recipe = OptimizerRecipe.for_network(net, spec.optimizer, lr, weight_decay, implementation)
     _parameter_groups(spec, net, recipe, derived)
@@ -106,8 +119,11 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
     stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived)
     derived["clipping"] = Derived(clipping.mode, clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
-    return Plan(accelerator, devices, precision, loader, global_batch, recipe, tf32,
-                channels_last, compile_mode, stages, flops, peak, peak_note, MappingProxyType(derived))
+    progress, cudnn_benchmark, slurm_environment = _trainer_settings(spec, accelerator, tf32, derived)
+    return Plan(accelerator, devices, precision, loader, decode, global_batch, recipe, tf32, channels_last,
+                compile_mode, stages, progress, cudnn_benchmark, slurm_environment, flops, peak, peak_note,
+                MappingProxyType(derived),
+                tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch)))
 
 
 def _devices_and_batch(spec: RunSpec, derived: dict[str, Derived]) -> tuple[str, int, int]:
@@ -132,8 +148,6 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
     lr = scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
     wd = scale("weight_decay", opt.weight_decay, opt.wd_scaling, global_batch, opt.ref_batch_size)
     derived["optimizer.lr"] = Derived(round(lr.value, 10), lr.how)
-    for warning in measured_warnings(opt.name, opt.lr_scaling, global_batch):
-        log.warning("%s", warning)
     derived["optimizer.weight_decay"] = Derived(round(wd.value, 10), wd.how)
     derived["optimizer.decay_norm_and_bias"] = Derived(
         opt.decay_norm_and_bias, "weight decay on every parameter" if opt.decay_norm_and_bias
@@ -190,3 +204,56 @@ def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str,
         how += f"; torch.compile fullgraph={spec.compile.fullgraph} dynamic={spec.compile.dynamic}"
     derived["compile"] = Derived(compile_mode, how)
     return stages, channels_last, compile_mode
+
+
+def _trainer_settings(spec: RunSpec, accelerator: str, tf32: bool,
+                      derived: dict[str, Derived]) -> tuple[str, bool, bool]:
+    """The progress output, cuDNN autotuning and the SLURM environment plugin."""
+    progress = spec.top.progress
+    if progress == "auto":
+        progress, how = ("rich", "auto -> rich (output is a terminal)") if sys.stdout.isatty() else (
+            "plain", "auto -> plain (output is not a terminal: a line every progress_every_s)")
+    else:
+        how = f"{progress} (as configured)"
+    derived["progress"] = Derived(progress, how)
+    configured = spec.trainer.get("benchmark")
+    if configured is None:
+        # Said explicitly either way: Lightning's None keeps the process's setting, which a previous
+        # job of a sweep may have set.
+        benchmark = tf32 and accelerator == "cuda"
+        how = f"follows TF32 on CUDA -> {str(benchmark).lower()}"
+    else:
+        benchmark, how = bool(configured), f"{str(bool(configured)).lower()} (trainer.benchmark, as configured)"
+    derived["trainer.benchmark"] = Derived(benchmark, how)
+    # Deliberately without Lightning's SLURM auto-requeue: its SIGUSR1 handler writes an hpc_ckpt and
+    # requeues on its own, and a requeued run then restores that file whatever `resume` says.
+    # Preemption is submitit's signal and GracefulStop's checkpoint here.
+    slurm = _inside_slurm_job() and not _names_cluster_environment(spec.trainer.get("plugins"))
+    if slurm:
+        derived["trainer.plugins"] = Derived("SLURMEnvironment", "inside a SLURM job: Lightning's SLURM environment, "
+                                             "without its auto-requeue (preemption is submitit's signal here)")
+    return progress, benchmark, slurm
+
+
+def _inside_slurm_job() -> bool:
+    """Lightning's own test, without the srun hint it prints on any machine that has srun
+    (trainer/lightning_trainer.py drops that hint)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SLURMEnvironment.detect()
+
+
+def _names_cluster_environment(plugins: Any) -> bool:
+    """Whether the person's plugins (objects, or `_target_` mappings still to be built) include a
+    cluster environment of their own."""
+    if plugins is None:
+        return False
+    for plugin in plugins if isinstance(plugins, (list, tuple)) else [plugins]:
+        target = plugin.get("_target_") if isinstance(plugin, Mapping) else type(plugin)
+        try:
+            cls = get_class(target) if isinstance(target, str) else target
+        except Exception:  # noqa: BLE001 - an unknown target is reported where it is built
+            continue
+        if isinstance(cls, type) and issubclass(cls, ClusterEnvironment):
+            return True
+    return False

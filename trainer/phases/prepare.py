@@ -14,7 +14,7 @@ from trainer.fingerprint import fingerprint
 from trainer.phases.compose import Job
 from trainer.phases.identify import Identity
 from trainer.phases.plan import Plan
-from trainer.summary import write_json_atomic
+from trainer.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -28,6 +28,8 @@ def announce(spec: RunSpec, plan: Plan, job: Job, identity: Identity, rank_zero:
                  ", mid-epoch" if source.mid_epoch else "")
     for line in plan.lines():
         log.info("  %s", line)
+    for warning in plan.warnings:
+        log.warning("%s", warning)
     environment = fingerprint()
     if rank_zero:
         write_json_atomic(job.run_dir / "env.json", environment)

@@ -44,8 +44,8 @@ def what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Par
         "overrides": job.overrides,
         "choices": dict(job.choices),
         "recipe": lineage_record(job.choices.get("recipe"), job.overrides, spec.resolved, job.search_path),
-        "ladder": spec.run.ladder,
-        "seed": spec.run.seed,
+        "ladder": spec.top.ladder,
+        "seed": spec.top.seed,
         "derived": plan.to_dict(),
         "hyperparameters": {
             "batch_size": spec.data["batch_size"], "global_batch_size": plan.global_batch_size,

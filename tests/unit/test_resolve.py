@@ -1,0 +1,82 @@
+"""The resolve phase on its own, without a Trainer: for a handful of composed specs, the plan holds
+the settings and reasons the rules give (device, precision, global batch, batch-scaled lr and weight
+decay, kernel, loader, decode, progress output, cuDNN autotuning); and resolve is pure: called
+twice on the same inputs it returns equal plans and leaves the spec, the data module and the
+network as they were."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.helpers import ON_CPU, compose, write_photo_jpegs
+from trainer.config import validate
+from trainer.phases.build import apply_to_data, build_parts
+from trainer.phases.plan import resolve
+
+
+def parts_for(overrides: list[str], run_dir):
+    spec = validate(compose([*ON_CPU, *overrides]))
+    return spec, build_parts(spec, run_dir)
+
+
+def plan_for(overrides: list[str], run_dir):
+    spec, parts = parts_for(overrides, run_dir)
+    return resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+
+
+def test_the_default_run_on_a_cpu(tmp_path):
+    plan = plan_for(["progress=off"], tmp_path)
+    assert (plan.accelerator, plan.devices, plan.precision, plan.global_batch_size) == ("cpu", 1, "32-true", 64)
+    # AdamW's lr 0.004 and weight decay 0.2 at batch 256: sqrt and linear rules to batch 64
+    assert plan.lr == pytest.approx(0.002) and plan.weight_decay == pytest.approx(0.05)
+    assert plan.derived["optimizer.lr"].how == "lr 0.004 at batch 256 -> 0.002 at batch 64 (sqrt rule, x0.5)"
+    assert plan.optimizer_implementation == "foreach" and not plan.channels_last and plan.compile_mode == "off"
+    assert plan.loader.num_workers == 0 and "in memory" in plan.derived["data.num_workers"].how
+    assert plan.decode == "none" and plan.progress == "off" and plan.cudnn_benchmark is False
+    assert not plan.slurm_environment and plan.warnings == ()
+    assert plan.derived["clipping"].value == "percentile"
+
+
+def test_sgd_with_accumulation_scales_linearly_with_the_global_batch(tmp_path):
+    plan = plan_for(["optimizer=sgd", "data.batch_size=32", "trainer.accumulate_grad_batches=4"], tmp_path)
+    assert plan.global_batch_size == 128
+    assert plan.derived["global_batch_size"].how == "32 per device x 1 devices x 1 nodes x 4 accumulation"
+    assert "linear rule, x0.5" in plan.derived["optimizer.lr"].how
+
+
+def test_sgd_beyond_its_measured_limit_is_warned_by_the_plan_not_by_resolving(tmp_path, caplog):
+    plan = plan_for(["optimizer=sgd", "data.batch_size=256", "trainer.accumulate_grad_batches=4"], tmp_path)
+    assert plan.global_batch_size == 1024 and any("1,024" in w for w in plan.warnings)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # printed by the prepare phase
+
+
+def test_progress_and_cudnn_autotuning_are_decided_with_their_reasons(tmp_path):
+    plan = plan_for(["progress=auto", "+trainer.benchmark=true"], tmp_path)
+    # pytest captures stdout: not a terminal
+    assert plan.progress == "plain" and plan.derived["progress"].how.startswith("auto -> plain")
+    assert plan.cudnn_benchmark is True and "as configured" in plan.derived["trainer.benchmark"].how
+
+
+def test_resolve_is_pure_and_the_build_phase_applies_the_plan(tmp_path):
+    write_photo_jpegs(tmp_path / "images", {"train": 4, "val": 2, "test": 2}, classes=2, size=(48, 40))
+    spec, parts = parts_for(["data=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=32",
+                             "data.batch_size=4"], tmp_path / "run")
+    spec_before, weights = copy.deepcopy(spec), copy.deepcopy(parts.net.state_dict())
+    first = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    second = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    assert first == second
+    assert spec == spec_before
+    assert parts.datamodule.loader is None and parts.datamodule.decode_in_use is None
+    assert all(torch.equal(weights[k], v) for k, v in parts.net.state_dict().items())
+    assert first.decode == "fast"  # no CUDA: decoded on the host
+    apply_to_data(first, parts.datamodule)
+    assert parts.datamodule.loader == first.loader and parts.datamodule.decode_in_use == "fast"
+
+
+def test_the_spec_is_frozen(tmp_path):
+    spec = validate(compose(ON_CPU))
+    with pytest.raises(AttributeError):
+        spec.data = {}  # type: ignore[misc]
