@@ -5,7 +5,7 @@ import gc
 import hydra
 from omegaconf import DictConfig
 
-from trainer.hydra_setup import install as install_hydra_setup
+from trainer.configuration.hydra_setup import install as install_hydra_setup
 
 install_hydra_setup()
 

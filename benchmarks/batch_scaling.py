@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402 - after the repository is on the path
 
-from trainer.seed_groups import Spread, difference  # noqa: E402
+from trainer.measure.seed_groups import Spread, difference  # noqa: E402
 
 from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
                         summaries, write_report)

@@ -40,7 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainer.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
+from trainer.measure.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
 
 from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
                         summaries, write_report)

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from trainer.comparison import comparison_rows, load_jobs  # noqa: E402 - after the repo is on the path
+from trainer.measure.comparison import comparison_rows, load_jobs  # noqa: E402 - after the repo is on the path
 
 
 # -- environment ---------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def environment(out: Path, require_cuda: bool) -> int:
                 "memory_gib": round(props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count,
                 "bf16": torch.cuda.is_bf16_supported(including_emulation=False)})
     try:
-        from trainer.fingerprint import fingerprint
+        from trainer.infra.fingerprint import fingerprint
 
         record["fingerprint"] = fingerprint()
     except Exception as ex:  # noqa: BLE001 - the versions above are the record's core
@@ -181,7 +181,7 @@ def figures(step: str, folder: Path) -> int:
 # -- the ladder: img/s and MFU per stage ---------------------------------------------------------
 
 def ladder(sweep: Path, out: Path, check: bool) -> int:
-    """One row per job of the ladder's multirun: the comparison's own rows (trainer/comparison.py:
+    """One row per job of the ladder's multirun: the comparison's own rows (trainer/measure/comparison.py:
     stage, status, img/s, speed-up over the first stage, peak memory), plus what its table leaves
     out, read from each job's summary.json: MFU and the settings that make a stage."""
     jobs = load_jobs(sweep)

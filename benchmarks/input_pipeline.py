@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageEnhance  # noqa: E402
 
-from trainer.processes import cpu_seconds  # noqa: E402
+from trainer.infra.processes import cpu_seconds  # noqa: E402
 
 SIZE = 224
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -67,11 +67,11 @@ def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
     import torch.nn.functional as F
 
     from trainer.callbacks.throughput import ThroughputMeter, synchronize
-    from trainer.config import choice_config
+    from trainer.configuration.spec import choice_config
     from trainer.data.synthetic import SyntheticDataModule
     from trainer.models.resnet import build_resnet
-    from trainer.optimizer import build_optimizer
-    from trainer.scaling import scale_factor
+    from trainer.groups.optimizer import build_optimizer
+    from trainer.groups.scaling import scale_factor
 
     device = torch.device("cpu")
     # As L.seed_everything does in the framework, and in the same order: seed, data module, network.
@@ -254,7 +254,7 @@ def check_same_work(framework: dict[str, Any], plain: dict[str, Any]) -> None:
 def machine_line() -> str:
     import torch
 
-    from trainer.fingerprint import cpu_name
+    from trainer.infra.fingerprint import cpu_name
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"{cpu_name()} ({platform.machine()}), {os.cpu_count()} cores ({usable} usable), "

@@ -108,7 +108,7 @@ def _run_in_process(overrides: list[str], folder: Path) -> dict | None:
     autotuning, TF32) carry over from one run to the next, so these numbers are not comparable."""
     from hydra import compose, initialize_config_dir
 
-    from trainer.hydra_setup import install as install_hydra_setup
+    from trainer.configuration.hydra_setup import install as install_hydra_setup
     from trainer.run import run as train_run
 
     install_hydra_setup()

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.fingerprint import cpu_name
+from trainer.infra.fingerprint import cpu_name
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ def compose(overrides: Sequence[str] = ()) -> Any:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.hydra_setup import install as install_hydra_setup
+    from trainer.configuration.hydra_setup import install as install_hydra_setup
 
     install_hydra_setup()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -43,7 +43,7 @@ def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.hydra_setup import install as install_hydra_setup
+    from trainer.configuration.hydra_setup import install as install_hydra_setup
     from trainer.run import run
 
     install_hydra_setup()
@@ -403,7 +403,7 @@ def kill_during_save(number: int) -> Callable[[], None]:
     def setup() -> None:
         import io
 
-        import trainer.checkpoint
+        import trainer.groups.checkpoint
 
         real_save = torch.save
         calls = {"n": 0}
@@ -421,17 +421,17 @@ def kill_during_save(number: int) -> Callable[[], None]:
                     kill_job()
             return real_save(obj, f, *args, **kwargs)
 
-        trainer.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
+        trainer.groups.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
 
 
 def kill_writing_completed_summary() -> None:
     """From now on, writing the summary that says the run completed kills the job halfway through
     (the atomic write's temporary file is half written)."""
-    import trainer.summary
-    from trainer.atomic import replace_atomic
+    import trainer.infra.summary
+    from trainer.infra.atomic import replace_atomic
 
-    real_write = trainer.summary.write_text_atomic
+    real_write = trainer.infra.summary.write_text_atomic
 
     def torn_write(path: Path, text: str) -> None:
         if Path(path).name == "summary.json" and '"status": "completed"' in text:
@@ -441,7 +441,7 @@ def kill_writing_completed_summary() -> None:
             replace_atomic(Path(path), half)
         real_write(path, text)
 
-    trainer.summary.write_text_atomic = torn_write  # type: ignore[assignment]
+    trainer.infra.summary.write_text_atomic = torn_write  # type: ignore[assignment]
 
 
 class KillJobAt(Callback):

@@ -17,10 +17,10 @@ from typing import Any
 _PUBLIC = {
     # a run, and the config it is made from
     "run": "trainer.run",
-    "validate": "trainer.config",
-    "choice_config": "trainer.config",
-    "RunSpec": "trainer.config",
-    "UserError": "trainer.errors",
+    "validate": "trainer.configuration.spec",
+    "choice_config": "trainer.configuration.spec",
+    "RunSpec": "trainer.configuration.spec",
+    "UserError": "trainer.infra.errors",
     # the phases' products
     "Plan": "trainer.phases.plan",
     "resolve": "trainer.phases.plan",
@@ -41,12 +41,12 @@ _PUBLIC = {
     "NonFiniteGuard": "trainer.callbacks.nonfinite",
     "ThroughputMeter": "trainer.callbacks.throughput",
     # checkpoints, reports, measurement
-    "load_checkpoint": "trainer.checkpoint",
-    "export_safetensors": "trainer.checkpoint",
-    "write_comparison": "trainer.comparison",
-    "fingerprint": "trainer.fingerprint",
-    "training_flops_per_sample": "trainer.mfu",
-    "peak_flops": "trainer.mfu",
+    "load_checkpoint": "trainer.groups.checkpoint",
+    "export_safetensors": "trainer.groups.checkpoint",
+    "write_comparison": "trainer.measure.comparison",
+    "fingerprint": "trainer.infra.fingerprint",
+    "training_flops_per_sample": "trainer.measure.mfu",
+    "peak_flops": "trainer.measure.mfu",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,7 +1,7 @@
 """The one place that wires a run, as named phases (trainer/phases/), each a function of one job:
 
     compose    what Hydra composed (`Job`, phases/compose.py), checked against every group's schema
-               (`trainer.config.validate`)
+               (`trainer.configuration.spec.validate`)
     identify   refuse a job that cannot run; the run's name, the checkpoint it resumes from, run.json;
                a run asked to resume that has already completed says so and ends here (phases/identify.py)
     build      data module, network and callbacks from the config (phases/build.py)
@@ -30,14 +30,14 @@ from pathlib import Path
 import lightning as L
 from omegaconf import DictConfig
 
-from trainer.alignment import check_alignment
+from trainer.measure.alignment import check_alignment
 from trainer.callbacks.graceful import SignalLatch
-from trainer.config import validate
-from trainer.distributed import LaunchRefused
-from trainer.errors import UserError, exception_line, exit_with, full_error_requested
-from trainer.sweeps import check_trial, in_multirun, job_failed, objective_value
-from trainer.library_logs import route_library_logs
-from trainer.logger import run_labels
+from trainer.configuration.spec import validate
+from trainer.infra.distributed import LaunchRefused
+from trainer.infra.errors import UserError, exception_line, exit_with, full_error_requested
+from trainer.groups.sweeps import check_trial, in_multirun, job_failed, objective_value
+from trainer.infra.library_logs import route_library_logs
+from trainer.groups.logger import run_labels
 from trainer.models.layers import count_parameters
 from trainer.modes.batch_finder import find_batch_size
 from trainer.modes.diagnosis import run_diagnosis
@@ -50,8 +50,8 @@ from trainer.phases.identify import already_completed, check_job, identify
 from trainer.phases.plan import resolve
 from trainer.phases.prepare import announce
 from trainer.phases.record import record_completion, record_failure, what_ran
-from trainer.resume import STOP_KEYS, check_fits, completed_run, default_name, requested
-from trainer.summary import RunRecord
+from trainer.infra.resume import STOP_KEYS, check_fits, completed_run, default_name, requested
+from trainer.infra.summary import RunRecord
 
 log = logging.getLogger("trainer")
 
@@ -64,7 +64,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
     `run_dir`, `group_choices` and `overrides` default to Hydra's for the current job. A mistake in
     the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1).
     In a multirun, a job that fails reports to the sweeper instead, so the sweep goes on
-    (`trainer.sweeps.job_failed`).
+    (`trainer.groups.sweeps.job_failed`).
     """
     try:
         objective = _run(Job.from_hydra(cfg, run_dir, group_choices, overrides))

@@ -12,11 +12,11 @@ from torch.profiler import record_function
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainer.config import RegularizationConfig
-from trainer.optimizer import OptimizerRecipe
-from trainer.profile import BACKWARD_RANGE, FORWARD_RANGE
-from trainer.regularization import BatchMixing, dominant_labels
-from trainer.scheduler import SchedulerConfig, build_scheduler
+from trainer.configuration.spec import RegularizationConfig
+from trainer.groups.optimizer import OptimizerRecipe
+from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
+from trainer.groups.regularization import BatchMixing, dominant_labels
+from trainer.groups.scheduler import SchedulerConfig, build_scheduler
 
 
 def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -86,7 +86,7 @@ class ClassificationTask(L.LightningModule):
         images, labels = batch
         if self.mixing is not None and self.mixing.active:
             images, labels = self.mixing(images, labels)
-        # Named ranges for profile=true (trainer/profile.py): Lightning runs this step and the
+        # Named ranges for profile=true (trainer/measure/profile.py): Lightning runs this step and the
         # backward inside the optimizer's step (its closure), so without them everything would be
         # the optimizer's. A range costs about a microsecond when no profiler records.
         with record_function(FORWARD_RANGE):
@@ -163,6 +163,6 @@ class ClassificationTask(L.LightningModule):
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
         if scheduler is None:
             return optimizer
-        # The name the loggers' lr curves get from LearningRateMonitor (trainer/logger.py): train/lr,
+        # The name the loggers' lr curves get from LearningRateMonitor (trainer/groups/logger.py): train/lr,
         # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups.
         return {"optimizer": optimizer, "lr_scheduler": {**scheduler, "name": "train/lr"}}

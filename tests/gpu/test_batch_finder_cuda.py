@@ -8,7 +8,7 @@ import contextlib
 import torch
 
 from tests.gpu.common import GPU
-from trainer.memory import largest_batch_that_runs
+from trainer.measure.memory import largest_batch_that_runs
 
 pytestmark = [*GPU]
 

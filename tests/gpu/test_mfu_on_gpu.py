@@ -22,7 +22,7 @@ FLOPS_PER_SAMPLE = 2 * CONV1 + 3 * CONV2 + 3 * LINEAR
 
 
 def test_mfu_for_a_known_gpu(auto_run):
-    from trainer.mfu import peak_flops
+    from trainer.measure.mfu import peak_flops
 
     name = torch.cuda.get_device_name()
     summary = auto_run.summary

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from tests.gpu.common import GPU
 from tests.helpers import run_in_process
-from trainer.config import RegularizationConfig
+from trainer.configuration.spec import RegularizationConfig
 from trainer.models.timm import build_timm
-from trainer.regularization import BatchMixing
+from trainer.groups.regularization import BatchMixing
 
 pytestmark = [*GPU]
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from tests.helpers import REPO
 from trainer.deploy.export import TOLERANCE, checked_eval, export_run, onnx_logits, program_logits
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 pytestmark = pytest.mark.run
 

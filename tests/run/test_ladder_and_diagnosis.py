@@ -1,7 +1,7 @@
 """The ladder as one multirun with its comparison, and the diagnosis of a composed config:
 `+ladder=resnet18_cpu` (shrunk by the command line) runs one job per stage in ladder order and
 its comparison, printed and saved as .md and .png, names every stage in order;
-`python -m trainer.comparison` rewrites it; `diagnose=true` writes its five timings, verdict and
+`python -m trainer.measure.comparison` rewrites it; `diagnose=true` writes its five timings, verdict and
 worker sweep (skipped with a note for data made on the device) and no summary.json."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_the_comparison_is_printed_and_saved_as_markdown_and_png(ladder):
 def test_the_report_command_rewrites_the_comparison(ladder):
     sweep, _ = ladder
     (sweep / "comparison.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(sweep)], cwd=REPO, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(sweep)], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "comparison.md").is_file() and "resnet50_compile" in proc.stdout

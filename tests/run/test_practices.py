@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import ON_CPU, train_forked
-from trainer.scaling import MEASURED_LIMITS
+from trainer.groups.scaling import MEASURED_LIMITS
 
 pytestmark = pytest.mark.run
 
@@ -47,7 +47,7 @@ def test_linear_rule_and_sgd(tmp_path):
 
 
 def test_a_global_batch_beyond_the_rule_s_measured_limit_is_warned_at_start(tmp_path):
-    """SGD's linear rule was measured to hold up to a limit (trainer/scaling.py MEASURED_LIMITS); a
+    """SGD's linear rule was measured to hold up to a limit (trainer/groups/scaling.py MEASURED_LIMITS); a
     run whose global batch (here by accumulation) is beyond it says so at start, quoting it, and runs."""
     limit = MEASURED_LIMITS["sgd", "linear"]
     result = train_forked(["optimizer=sgd", "data.batch_size=128", f"trainer.accumulate_grad_batches={limit.holds_to // 64}",

@@ -60,10 +60,10 @@ def test_a_stage_records_exactly_the_keys_it_changes_from_its_parent(tmp_path):
 
 
 def test_the_baseline_differs_from_optimized_by_the_practices_switched_off():
-    from trainer.recipes import differences, with_recipe
+    from trainer.configuration.recipes import differences, with_recipe
 
     from tests.helpers import compose
-    from trainer.config import to_plain
+    from trainer.configuration.spec import to_plain
 
     base = to_plain(compose(with_recipe(TINY, "resnet50_baseline")))
     optimized = to_plain(compose(with_recipe(TINY, "resnet50_optimized")))

@@ -27,7 +27,7 @@ from trainer.data.digits import DigitsDataModule
 from trainer.deploy.export import onnx_logits
 from trainer.deploy.load import ServerProcess, client_samples, load_run
 from trainer.deploy.export import export_folder
-from trainer.processes import descendants, free_port
+from trainer.infra.processes import descendants, free_port
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.processes import free_port
+from trainer.infra.processes import free_port
 
 PACKAGES = ("slurm-wlm",)
 DAEMONS = ("munged", "slurmctld", "slurmd")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 from trainer.models import activation_checkpointing as ac
 from trainer.models.activation_checkpointing import apply_activation_checkpointing, checkpointed_stages
 from trainer.models.resnet import build_resnet

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from torch import nn
 
-from trainer.alignment import Misalignment, alignment_report, format_report, report_applies
+from trainer.measure.alignment import Misalignment, alignment_report, format_report, report_applies
 from trainer.models.resnet import build_resnet
 from trainer.models.small_cnn import SmallCNN
 

@@ -19,12 +19,12 @@ from PIL import Image, ImageFile
 from torch.utils.data import DataLoader, Dataset
 
 from tests.helpers import compose, write_digit_pngs
-from trainer.config import validate
+from trainer.configuration.spec import validate
 from trainer.data.badfiles import (CORRUPT, EMPTY, NOT_AN_IMAGE, UNIDENTIFIED, BadImageError, BadShareError,
                                    check_files, load_rgb, read_list, to_rgb)
 from trainer.data.imagefolder import ImageFolderDataModule, list_split
 from trainer.data.loader import loader_failure
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 WORKER_TIMEOUT_S = 30  # a DataLoader that waits longer for a batch raises instead of hanging
 

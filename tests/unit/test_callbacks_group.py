@@ -23,8 +23,8 @@ from tests.helpers import ON_CPU, compose
 from trainer.callbacks.clipping import GradientClipping
 from trainer.callbacks.configured import AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
 from trainer.callbacks.steps import StepBoundary
-from trainer.config import validate
-from trainer.errors import UserError
+from trainer.configuration.spec import validate
+from trainer.infra.errors import UserError
 
 
 class TeamClipping(GradientClipping):
@@ -66,7 +66,7 @@ def test_a_teams_callback_is_added_by_its_target():
     ("trainer.callbacks.clipping.GradientClipping", "the clipping group"),
     ("tests.unit.test_callbacks_group.TeamClipping", "the clipping group"),
     ("trainer.callbacks.nonfinite.NonFiniteGuard", "the nonfinite group"),
-    ("trainer.checkpoint.PeriodicCheckpoint", "the checkpointing group"),
+    ("trainer.groups.checkpoint.PeriodicCheckpoint", "the checkpointing group"),
     ("trainer.callbacks.progress.PlainProgress", "the top-level key progress"),
     ("trainer.callbacks.throughput.ThroughputMeter", "remove the entry"),
 ])
@@ -80,7 +80,7 @@ def test_a_callback_the_framework_sets_is_refused_with_a_pointer_to_its_group(ta
 def _framework_callback_classes() -> list[type]:
     modules = [importlib.import_module(f"trainer.callbacks.{module.name}")
                for module in pkgutil.iter_modules(trainer.callbacks.__path__)]
-    modules += [importlib.import_module(name) for name in ("trainer.checkpoint", "trainer.logger")]
+    modules += [importlib.import_module(name) for name in ("trainer.groups.checkpoint", "trainer.groups.logger")]
     return [cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
             if issubclass(cls, Callback) and cls.__module__ == module.__name__ and cls is not StepBoundary]
 

@@ -1,7 +1,7 @@
 """The multirun comparison, on hand-written sweep folders (no training): jobs read in numeric
 order, stage names, the config keys each job changed, speed-ups over the first job, failed jobs
 and jobs without a summary as rows of their own, the Markdown table and details, the PNG chart,
-the `python -m trainer.comparison` command, and the Hydra callback (one line on a failure, a
+the `python -m trainer.measure.comparison` command, and the Hydra callback (one line on a failure, a
 non-zero exit after the table when no job completed, nothing for a single run)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from trainer.comparison import (
+from trainer.measure.comparison import (
     ComparisonCallback,
     SweepJob,
     comparison_rows,
@@ -26,8 +26,8 @@ from trainer.comparison import (
     to_markdown,
     write_comparison,
 )
-from trainer.config_diff import config_changes
-from trainer.errors import UserError
+from trainer.configuration.diff import config_changes
+from trainer.infra.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -226,7 +226,7 @@ def test_empty_or_missing_folder_is_a_user_error(tmp_path: Path):
 
 
 def test_cli_writes_and_prints(sweep: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(sweep)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(sweep)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x |" in proc.stdout
@@ -235,7 +235,7 @@ def test_cli_writes_and_prints(sweep: Path):
 
 
 def test_cli_on_an_empty_folder_exits_2_with_one_line(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.comparison", str(tmp_path)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import CONF, RECIPES, REPO, compose
-from trainer.config import (
+from trainer.configuration.spec import (
     DATACLASS_GROUPS,
     GROUP_MODULES,
     TopLevelKeys,
@@ -18,8 +18,8 @@ from trainer.config import (
     choice_config,
     validate,
 )
-from trainer.config_diff import flatten
-from trainer.schema import schema_of_dataclass
+from trainer.configuration.diff import flatten
+from trainer.configuration.schema import schema_of_dataclass
 
 GROUP_DIRS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 CHOICES = [(group.name, f.stem) for group in GROUP_DIRS for f in sorted(group.glob("*.yaml"))]

@@ -6,8 +6,8 @@ its full key; a team's model is checked against its own constructor signature.""
 import pytest
 
 from tests.helpers import compose
-from trainer.config import AdamWConfig, RunSpec, WarmupCosineConfig, validate
-from trainer.errors import UserError
+from trainer.configuration.spec import AdamWConfig, RunSpec, WarmupCosineConfig, validate
+from trainer.infra.errors import UserError
 
 
 def test_default_config_validates_to_the_documented_defaults():

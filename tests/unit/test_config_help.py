@@ -8,9 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import compose
-from trainer.config import GROUP_MODULES, choice_config
-from trainer.config_help import annotated_config, docstring_args
-from trainer.schema import schema_of_dataclass
+from trainer.configuration.spec import GROUP_MODULES, choice_config
+from trainer.configuration.help import annotated_config, docstring_args
+from trainer.configuration.schema import schema_of_dataclass
 
 
 @pytest.fixture(scope="module")

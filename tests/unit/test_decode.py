@@ -15,7 +15,7 @@ from trainer.data.badfiles import CORRUPT, BadImageError, read_list
 from trainer.data.decode import EncodedBatch, EncodedImage, Geometry, jpeg_header, random_crop_box
 from trainer.data.imagefolder import ImageFolderDataModule
 from trainer.data.resumable import SeededSamples, mix
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 MODES = ("pil", "fast", "device")
 CPU = torch.device("cpu")

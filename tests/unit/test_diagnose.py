@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.diagnose import Timings, median_ms, report_lines, shares, sweep_workers, verdict
+from trainer.measure.diagnose import Timings, median_ms, report_lines, shares, sweep_workers, verdict
 
 GPU = {"accelerator": "cuda", "precision": "32-true", "tf32": False, "channels_last": False, "compile": "off",
        "optimizer_implementation": "foreach", "num_workers": 2, "pin_memory": True, "device_normalize": True,
@@ -99,8 +99,8 @@ def test_a_verdict_within_the_noise_of_its_threshold_says_it_is_borderline():
 
 
 def test_memory_bound_operators_get_the_switches_that_shrink_them():
-    from trainer.diagnose import memory_bound_help, operator_lines
-    from trainer.profile import Op, breakdown
+    from trainer.measure.diagnose import memory_bound_help, operator_lines
+    from trainer.measure.profile import Op, breakdown
 
     ops = [Op("aten::mkldnn_convolution", 4000), Op("aten::native_batch_norm", 2000), Op("aten::relu", 1000),
            Op("aten::_foreach_add_", 2000, optimizer=True)]

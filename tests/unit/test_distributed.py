@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainer.data.base import EvalShare
-from trainer.distributed import (LaunchRefused, check_launch, is_rank_zero, launched_by, process_rank,
+from trainer.infra.distributed import (LaunchRefused, check_launch, is_rank_zero, launched_by, process_rank,
                                  quiet_hydra_outputs)
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 TORCHRUN_RANK1 = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
 SRUN_TASK2 = {"SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_JOB_NAME": "train"}
@@ -130,7 +130,7 @@ def test_sharded_gradients_are_clipped_by_the_norm_of_all_shares(tmp_path):
 def test_lightnings_child_processes_take_the_launch_time_of_rank_zero(monkeypatch):
     from datetime import datetime
 
-    from trainer.distributed import LAUNCH_TIME_ENV, shared_launch_time
+    from trainer.infra.distributed import LAUNCH_TIME_ENV, shared_launch_time
 
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_NTASKS", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)

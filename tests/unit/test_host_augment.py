@@ -10,7 +10,7 @@ import torch
 
 from tests.helpers import write_photo_jpegs
 from trainer.data.imagefolder import ImageFolderDataModule
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 
 def module(root, **kwargs) -> ImageFolderDataModule:

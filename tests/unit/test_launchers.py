@@ -6,7 +6,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tests.helpers import CONF
-from trainer.hydra_setup import install as install_hydra_setup
+from trainer.configuration.hydra_setup import install as install_hydra_setup
 
 
 def launcher(overrides: list[str]) -> dict:
@@ -29,7 +29,7 @@ def test_slurm_needs_a_count_of_devices_and_says_so_in_one_line():
     import pytest
     from omegaconf.errors import InterpolationResolutionError
 
-    from trainer.hydra_setup import describe_user_error
+    from trainer.configuration.hydra_setup import describe_user_error
 
     assert launcher(["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=[0,1,2]"])["tasks_per_node"] == 3
     with pytest.raises(InterpolationResolutionError) as caught:

@@ -1,4 +1,4 @@
-"""The `trainer` group made into the Lightning Trainer (trainer/lightning_trainer.py, build.build_trainer):
+"""The `trainer` group made into the Lightning Trainer (trainer/groups/lightning_trainer.py, build.build_trainer):
 an argument given as `{_target_: ...}` reaches Lightning as the object it names; a target that does
 not import, or whose constructor refuses its arguments, is one line naming the key; the person's
 plugins are added after the framework's, and precision and CheckpointIO plugins are refused; and
@@ -26,9 +26,9 @@ from omegaconf import OmegaConf
 
 from tests.helpers import ON_CPU, TINY, compose
 from trainer.phases.build import Built, Parts, _trainer_arguments, build_parts, build_trainer
-from trainer.checkpoint import SafeCheckpointIO
-from trainer.config import TRAINER_KEYS_OWNED_ELSEWHERE, choice_config, validate
-from trainer.errors import UserError
+from trainer.groups.checkpoint import SafeCheckpointIO
+from trainer.configuration.spec import TRAINER_KEYS_OWNED_ELSEWHERE, choice_config, validate
+from trainer.infra.errors import UserError
 from trainer.phases.plan import resolve
 
 

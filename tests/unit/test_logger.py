@@ -1,4 +1,4 @@
-"""What the loggers are told about a run (trainer/logger.py): a wandb run is named after the run,
+"""What the loggers are told about a run (trainer/groups/logger.py): a wandb run is named after the run,
 grouped by the multirun it belongs to and tagged with its recipe and group choices, unless the config
 says otherwise, and lands in the WANDB_PROJECT; the hyper-parameters are the resolved config and the
 plan's derived values, as plain values. wandb runs offline, its files under tmp_path."""
@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import compose
-from trainer.logger import RunLabels, build_loggers, finish_loggers, run_hyperparameters, run_labels
+from trainer.groups.logger import RunLabels, build_loggers, finish_loggers, run_hyperparameters, run_labels
 
 
 def test_labels_name_the_run_group_a_multirun_by_its_folder_and_tag_what_the_run_is(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.callbacks.loss_record import LossRecord
-from trainer.compile import resolve_compile_mode
+from trainer.groups.compile import resolve_compile_mode
 
 
 def feed(record, values):

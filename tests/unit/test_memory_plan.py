@@ -1,4 +1,4 @@
-"""The memory plan (trainer/memory.py) on a small ResNet on the CPU: its parts are the tensors'
+"""The memory plan (trainer/measure/memory.py) on a small ResNet on the CPU: its parts are the tensors'
 sizes, the activations grow linearly with the batch, the modelled peak is within 10% of the measured
 one, and each practice changes the part it should."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torchvision
 
-from trainer.memory import MIB, autocast_for, plan_memory, saved_activations
+from trainer.measure.memory import MIB, autocast_for, plan_memory, saved_activations
 
 
 def _batch(size):
@@ -63,7 +63,7 @@ def test_each_practice_changes_the_part_it_should(net):
 
 
 def test_the_cpu_batch_finder_takes_the_largest_multiple_of_8_within_the_budget():
-    from trainer.memory import Activations, MemoryPlan, largest_batch_within
+    from trainer.measure.memory import Activations, MemoryPlan, largest_batch_within
 
     plan = MemoryPlan(64, "cpu", weights=100 * MIB, gradients=100 * MIB, optimizer_state=200 * MIB,
                       activations=Activations(fixed=4 * MIB, per_sample=2 * MIB), optimizer_scratch=100 * MIB,

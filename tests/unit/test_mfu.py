@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.mfu import model_flops_utilization, peak_flops, training_flops_per_sample
+from trainer.measure.mfu import model_flops_utilization, peak_flops, training_flops_per_sample
 
 T = 10**12
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.config import choice_config
-from trainer.optimizer import build_optimizer, choose_implementation, one_dimensional, parameter_groups
+from trainer.configuration.spec import choice_config
+from trainer.groups.optimizer import build_optimizer, choose_implementation, one_dimensional, parameter_groups
 
 
 def _net():

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.config import choice_config
-from trainer.errors import UserError
-from trainer.precision import lightning_precision, resolve_channels_last, resolve_precision, resolve_tf32
+from trainer.configuration.spec import choice_config
+from trainer.infra.errors import UserError
+from trainer.groups.precision import lightning_precision, resolve_channels_last, resolve_precision, resolve_tf32
 
 
 def test_auto_precision_per_device(monkeypatch):

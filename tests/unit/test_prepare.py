@@ -16,7 +16,7 @@ from PIL import Image
 
 from trainer.data.badfiles import CORRUPT, EMPTY, LIST_NAME, NOT_AN_IMAGE, read_list
 from trainer.data.prepare import SETTINGS_NAME, main, prepare
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_SIDE = 300

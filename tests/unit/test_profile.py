@@ -1,4 +1,4 @@
-"""profile=true's tables (trainer/profile.py): known operators fall into their categories, the
+"""profile=true's tables (trainer/measure/profile.py): known operators fall into their categories, the
 categories and the time outside operators add up to the step, backward and optimizer work is told
 apart by where it was called from, and the roof's ridge point follows from peak and bandwidth."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from trainer.profile import (BACKWARD_RANGE, CATEGORIES, CONV_MATMUL, DATA_MOVEMENT, ELEMENTWISE, FORWARD_RANGE,
+from trainer.measure.profile import (BACKWARD_RANGE, CATEGORIES, CONV_MATMUL, DATA_MOVEMENT, ELEMENTWISE, FORWARD_RANGE,
                              NORMALIZATION, OPTIMIZER, OTHER, POOLING, REDUCTION, Op, breakdown, category_of,
                              measure_roof, ops_of, ridge_point, unusual)
 

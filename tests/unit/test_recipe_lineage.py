@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.recipes import differences, parent_of, recipe_file, with_recipe
+from trainer.configuration.recipes import differences, parent_of, recipe_file, with_recipe
 
 
 def test_parents_follow_the_ladder_and_the_top_recipes_have_none():

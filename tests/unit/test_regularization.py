@@ -1,4 +1,4 @@
-"""The `regularization` group (conf/regularization/, trainer/regularization.py): mixup and cutmix
+"""The `regularization` group (conf/regularization/, trainer/groups/regularization.py): mixup and cutmix
 turn a batch's labels into class probabilities that sum to 1 and weigh each image's share of the
 pixels; a batch left unmixed keeps its integer labels; label smoothing is the loss's, training
 only; the task measures a mixed batch's training accuracy against its dominant class; and a wrong
@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers import ON_CPU, compose
-from trainer.config import RegularizationConfig, choice_config, validate
-from trainer.errors import UserError
-from trainer.optimizer import OptimizerRecipe
-from trainer.regularization import BatchMixing, describe, dominant_labels
+from trainer.configuration.spec import RegularizationConfig, choice_config, validate
+from trainer.infra.errors import UserError
+from trainer.groups.optimizer import OptimizerRecipe
+from trainer.groups.regularization import BatchMixing, describe, dominant_labels
 from trainer.task import ClassificationTask, classification_loss
 
 CLASSES = 10

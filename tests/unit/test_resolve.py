@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import ON_CPU, compose, write_photo_jpegs
-from trainer.config import validate
+from trainer.configuration.spec import validate
 from trainer.phases.build import apply_to_data, build_parts
 from trainer.phases.plan import resolve
 

@@ -22,8 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainer.callbacks.rng import capture, restore
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
-from trainer.errors import UserError
-from trainer.resume import (check_fits, default_name, find_latest, read_resumable, resolve_resume,
+from trainer.infra.errors import UserError
+from trainer.infra.resume import (check_fits, default_name, find_latest, read_resumable, resolve_resume,
                             write_identity)
 
 

@@ -4,8 +4,8 @@ warmup then cosine down to the floor, and the torch scheduler applying that fact
 import pytest
 import torch
 
-from trainer.config import choice_config
-from trainer.scheduler import build_scheduler, warmup_cosine_factor, warmup_steps
+from trainer.configuration.spec import choice_config
+from trainer.groups.scheduler import build_scheduler, warmup_cosine_factor, warmup_steps
 
 
 def test_warmup_is_a_fraction_for_floats_and_a_count_for_integers():

@@ -7,8 +7,8 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 
 import pytest
 
-from trainer.errors import UserError
-from trainer.schema import (
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import (
     POSITIVE,
     Range,
     check_mapping,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.comparison import load_jobs, settings_of, comparison_rows, write_comparison
-from trainer.seed_groups import Spread, difference, setting_of
+from trainer.measure.comparison import load_jobs, settings_of, comparison_rows, write_comparison
+from trainer.measure.seed_groups import Spread, difference, setting_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,10 +10,10 @@ import signal
 
 import pytest
 
-from trainer import attempts
+from trainer.infra import attempts
 from trainer.callbacks.graceful import SignalLatch
 from trainer.data.loader import WorkerStart
-from trainer.signals import preemption_signal
+from trainer.infra.signals import preemption_signal
 
 
 @pytest.fixture

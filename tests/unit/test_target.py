@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from trainer.callbacks.target import TargetWatch
-from trainer.config import TargetConfig
-from trainer.errors import UserError
+from trainer.configuration.spec import TargetConfig
+from trainer.infra.errors import UserError
 
 
 def _validate(watch: TargetWatch, value: float, step: int, epoch: int) -> None:

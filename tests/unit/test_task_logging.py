@@ -12,8 +12,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer.config import choice_config
-from trainer.optimizer import OptimizerRecipe
+from trainer.configuration.spec import choice_config
+from trainer.groups.optimizer import OptimizerRecipe
 from trainer.task import ClassificationTask
 
 #: The other (fake) process's loss at every step.
@@ -93,7 +93,7 @@ def test_the_module_hyperparameters_stay_in_checkpoints_and_out_of_the_loggers()
     # Checkpoints carry these (plain values: they load with weights_only=True) ...
     assert dict(task.hparams) == {"num_classes": 10, "lr": 1e-3, "weight_decay": 0.0, "optimizer": "adamw",
                                   "scheduler": "constant"}
-    # ... and Lightning does not hand them to the loggers: those get the resolved config (trainer/logger.py).
+    # ... and Lightning does not hand them to the loggers: those get the resolved config (trainer/groups/logger.py).
     assert task._log_hyperparams is False
 
 

@@ -4,7 +4,7 @@ size; weights only from a local file, with the classifier adapted; mistakes are 
 import pytest
 import torch
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 from trainer.models.timm import build_timm
 
 

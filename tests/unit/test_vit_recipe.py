@@ -13,11 +13,11 @@ from torch import nn
 
 from tests.helpers import ON_CPU, compose
 from trainer.phases.build import build_model
-from trainer.config import choice_config, validate
+from trainer.configuration.spec import choice_config, validate
 from trainer.data.base import DataInfo
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 from trainer.models.timm import build_timm
-from trainer.optimizer import OptimizerRecipe, build_optimizer, layer_lr_scales, one_dimensional, parameter_groups
+from trainer.groups.optimizer import OptimizerRecipe, build_optimizer, layer_lr_scales, one_dimensional, parameter_groups
 from trainer.task import ClassificationTask
 
 

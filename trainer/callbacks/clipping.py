@@ -33,7 +33,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
-from trainer.schema import Doc
+from trainer.configuration.schema import Doc
 
 MODES = ("percentile", "fixed_norm", "value", "off")
 

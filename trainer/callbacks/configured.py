@@ -3,7 +3,7 @@
     callbacks=[early_stopping,ema]                  ready choices, one YAML each
     +callbacks.mine._target_=my_pkg.MyCallback      a team's own (+callbacks.mine.ARG=VALUE for its arguments)
 
-Each entry is checked when the config is validated (trainer/config.py: its keys against its
+Each entry is checked when the config is validated (trainer/configuration/spec.py: its keys against its
 constructor's signature; `check_callback` here: that it is a Lightning callback the framework does
 not set itself) and built by `build_callbacks`, after the framework's own callbacks, so Lightning
 calls it after them at every hook. A callback's `state_dict` goes into every checkpoint under its
@@ -31,9 +31,9 @@ from lightning.pytorch.callbacks import (
 )
 from torch.optim.swa_utils import AveragedModel
 
-from trainer.errors import UserError
-from trainer.instantiation import construct
-from trainer.schema import Schema, check_mapping, schema_of_callable
+from trainer.infra.errors import UserError
+from trainer.configuration.instantiation import construct
+from trainer.configuration.schema import Schema, check_mapping, schema_of_callable
 
 log = logging.getLogger("trainer")
 
@@ -49,8 +49,8 @@ OWNED_LIGHTNING_CALLBACKS: tuple[tuple[type, str], ...] = (
     (LearningRateMonitor, "the logger group: the learning rate is logged whenever a logger is on (logger=csv, ...)"),
 )
 
-#: The framework's own callbacks (trainer/callbacks/, trainer/checkpoint.py), by class name, and
-#: what sets each. Named rather than imported: trainer/checkpoint.py imports the config module,
+#: The framework's own callbacks (trainer/callbacks/, trainer/groups/checkpoint.py), by class name, and
+#: what sets each. Named rather than imported: trainer/groups/checkpoint.py imports the config module,
 #: which imports this one. Any other Callback class of this package is the framework's as well.
 OWNED_FRAMEWORK_CALLBACKS: dict[str, str] = {
     "GradientClipping": "the clipping group (clipping=percentile|autoclip|fixed_norm|value|off)",

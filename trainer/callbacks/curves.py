@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.figures import new_figure, save_png
+from trainer.measure.figures import new_figure, save_png
 from trainer.callbacks.steps import step_loss
-from trainer.errors import exception_line
+from trainer.infra.errors import exception_line
 
 log = logging.getLogger("trainer")
 

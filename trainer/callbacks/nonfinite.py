@@ -25,8 +25,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, Doc
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import AT_LEAST_ONE, Doc
 
 
 class NonFiniteTraining(UserError):

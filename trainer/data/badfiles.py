@@ -34,9 +34,9 @@ import numpy as np
 from PIL import Image, ImageFile
 from torch.utils.data import Dataset
 
-from trainer.atomic import write_text_atomic
+from trainer.infra.atomic import write_text_atomic
 from trainer.data.loader import usable_cpus
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
-from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
 
 DECODE_MODES = ("auto", "pil", "fast", "device")
 
@@ -88,7 +88,7 @@ class ImageClassificationData(L.LightningDataModule):
             raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
         self.device_normalize = device_normalize
         self.decode = decode
-        #: batch_size=auto: sized by trainer/memory.py's finder before the plan is resolved; until
+        #: batch_size=auto: sized by trainer/measure/memory.py's finder before the plan is resolved; until
         #: then the smallest batch it would choose stands in.
         self.batch_size_auto = batch_size == "auto"
         self.memory_budget_gb = memory_budget_gb

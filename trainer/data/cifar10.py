@@ -19,8 +19,8 @@ from torch.utils.data import TensorDataset
 
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import normalize, random_flip, random_translate
-from trainer.errors import UserError
-from trainer.schema import NON_NEGATIVE, Doc, Range
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import NON_NEGATIVE, Doc, Range
 
 FOLDER = "cifar-10-batches-py"
 MEAN = (0.4914, 0.4822, 0.4465)

@@ -12,8 +12,8 @@ from torch.utils.data import TensorDataset
 
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import random_translate
-from trainer.errors import UserError
-from trainer.schema import NON_NEGATIVE, Doc, Range
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import NON_NEGATIVE, Doc, Range
 
 Fraction = Annotated[float, Range(gt=0, lt=0.5)]
 

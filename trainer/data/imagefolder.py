@@ -26,8 +26,8 @@ from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.decode import (JPEG_EXTENSIONS, DecodedFiles, EncodedBatch, EncodedFiles, Geometry,
                                   decode_batch)
 from trainer.data.transforms import normalize, random_flip
-from trainer.errors import UserError
-from trainer.schema import AT_LEAST_ONE, FRACTION, Doc, Range
+from trainer.infra.errors import UserError
+from trainer.configuration.schema import AT_LEAST_ONE, FRACTION, Doc, Range
 
 log = logging.getLogger("trainer")
 

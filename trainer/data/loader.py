@@ -14,9 +14,9 @@ from typing import Literal, Union
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
-from trainer.errors import UserError
-from trainer.fingerprint import proc_kib
-from trainer.signals import preemption_signal
+from trainer.infra.errors import UserError
+from trainer.infra.fingerprint import proc_kib
+from trainer.infra.signals import preemption_signal
 
 Auto = Literal["auto"]
 

@@ -40,12 +40,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.infra.atomic import replace_atomic, write_text_atomic
 from trainer.data.badfiles import (CORRUPT, LIST_HEADER, LIST_NAME, UNSUPPORTED, BadFile, BadImageError, check_file,
                                    to_rgb)
 from trainer.data.imagefolder import list_split
 from trainer.data.loader import usable_cpus
-from trainer.errors import UserError, first_line, one_line_on_user_error
+from trainer.infra.errors import UserError, first_line, one_line_on_user_error
 
 RESIZED, COPIED, SKIPPED, BAD = "resized", "copied", "skipped", "bad"
 SETTINGS_NAME = ".prepare.json"

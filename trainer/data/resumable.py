@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 _MASK = (1 << 63) - 1
 

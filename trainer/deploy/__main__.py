@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
-from trainer.errors import UserError, one_line_on_user_error
+from trainer.infra.errors import UserError, one_line_on_user_error
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -21,8 +21,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from trainer.atomic import write_text_atomic
-from trainer.figures import new_figure, save_png
+from trainer.infra.atomic import write_text_atomic
+from trainer.measure.figures import new_figure, save_png
 from trainer.deploy.export import checked_eval, evaluation_images, export_folder, load_network, locate
 from trainer.models.fuse import fuse_for_inference
 

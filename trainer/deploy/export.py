@@ -33,11 +33,11 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from torch import nn
 
-from trainer.atomic import replace_atomic, write_text_atomic
+from trainer.infra.atomic import replace_atomic, write_text_atomic
 from trainer.phases.build import build_data, build_model
-from trainer.checkpoint import load_checkpoint
-from trainer.config import validate
-from trainer.errors import UserError
+from trainer.groups.checkpoint import load_checkpoint
+from trainer.configuration.spec import validate
+from trainer.infra.errors import UserError
 from trainer.models.fuse import fuse_for_inference
 
 CONFIG_NAME = "config_resolved.yaml"

@@ -30,11 +30,11 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from trainer.atomic import write_text_atomic
+from trainer.infra.atomic import write_text_atomic
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.deploy.bench import percentile
-from trainer.errors import UserError
-from trainer.processes import cpu_seconds, descendants, free_port
+from trainer.infra.errors import UserError
+from trainer.infra.processes import cpu_seconds, descendants, free_port
 
 DEFAULT_CONCURRENCIES = (1, 8, 32)
 
@@ -325,7 +325,7 @@ def ratios(rows: Sequence[LoadResult]) -> list[str]:
 def write_report(report: LoadReport, folder: Path, images: int) -> None:
     import torch
 
-    from trainer.fingerprint import cpu_name
+    from trainer.infra.fingerprint import cpu_name
 
     where = f"{cpu_name()}, {os.cpu_count()} CPUs, torch {torch.__version__}"
     lines = [f"# Serving under load: {folder}", "",

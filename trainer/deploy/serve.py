@@ -42,7 +42,7 @@ from litserve.server import RegularRequestHandler
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.deploy.export import export_folder, load_card
 from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 CONTENT_TYPES = ("image/jpeg", "image/png")
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024

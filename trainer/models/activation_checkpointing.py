@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.errors import UserError, choices
+from trainer.infra.errors import UserError, choices
 
 DEFAULT_KEY = "model.activation_checkpointing"
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from trainer.models.layers import ClassifierHead, ConvBNAct, init_weights
-from trainer.schema import AT_LEAST_ONE, Doc, Range
+from trainer.configuration.schema import AT_LEAST_ONE, Doc, Range
 
 
 class SmallCNN(nn.Module):

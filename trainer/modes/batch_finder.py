@@ -10,12 +10,12 @@ from pathlib import Path
 
 from trainer.phases.build import Parts
 from trainer.data.base import AUTO_BATCH_START
-from trainer.errors import UserError
-from trainer.memory import autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory
-from trainer.config import RunSpec
+from trainer.infra.errors import UserError
+from trainer.measure.memory import autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory
+from trainer.configuration.spec import RunSpec
 from trainer.modes.measuring import memory_inputs
 from trainer.phases.plan import Derived, resolve
-from trainer.atomic import write_json_atomic
+from trainer.infra.atomic import write_json_atomic
 from trainer.task import classification_loss
 
 #: data.batch_size=auto: rank 0 writes what it found here; the other ranks read it, so every rank

@@ -1,5 +1,5 @@
 """diagnose=true: time the parts of a step on the composed run instead of training (the timing and
-the verdict are trainer/diagnose.py's)."""
+the verdict are trainer/measure/diagnose.py's)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 
 from trainer.phases.build import Parts, build_trainer, device_of
 from trainer.callbacks.throughput import ThroughputMeter
-from trainer.config import RunSpec
+from trainer.configuration.spec import RunSpec
 from trainer.data.synthetic import SyntheticDataModule
-from trainer.diagnose import diagnose
-from trainer.library_logs import quiet_library_warnings
+from trainer.measure.diagnose import diagnose
+from trainer.infra.library_logs import quiet_library_warnings
 from trainer.modes.measuring import measuring
 from trainer.phases.plan import Plan
 from trainer.task import ClassificationTask

@@ -9,7 +9,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from trainer.phases.build import Parts, device_of
-from trainer.config import RunSpec
+from trainer.configuration.spec import RunSpec
 from trainer.phases.plan import Plan
 
 

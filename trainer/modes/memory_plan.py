@@ -1,5 +1,5 @@
 """memory_plan=true: where a step's memory goes at the run's batch (the measurement is
-trainer/memory.py's), drawn, and kept for the start-up lines and summary.json."""
+trainer/measure/memory.py's), drawn, and kept for the start-up lines and summary.json."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 
 from trainer.phases.build import Parts
-from trainer.config import RunSpec
-from trainer.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
+from trainer.configuration.spec import RunSpec
+from trainer.measure.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
 from trainer.modes.measuring import memory_inputs
 from trainer.phases.plan import Plan
-from trainer.precision import compute_dtype
+from trainer.groups.precision import compute_dtype
 from trainer.task import classification_loss
 
 

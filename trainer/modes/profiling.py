@@ -1,5 +1,5 @@
 """profile=true: a few steps of the real loop under torch.profiler instead of training (the
-recording and the report are trainer/profile.py's)."""
+recording and the report are trainer/measure/profile.py's)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import torch
 
 from trainer.phases.build import Parts, build_trainer, device_of
-from trainer.config import RunSpec
-from trainer.errors import UserError
-from trainer.library_logs import quiet_library_warnings
+from trainer.configuration.spec import RunSpec
+from trainer.infra.errors import UserError
+from trainer.infra.library_logs import quiet_library_warnings
 from trainer.modes.measuring import measuring
 from trainer.phases.plan import Plan
-from trainer.precision import compute_dtype
-from trainer.profile import StepProfiler, machine_roof, write_report
+from trainer.groups.precision import compute_dtype
+from trainer.measure.profile import StepProfiler, machine_roof, write_report
 from trainer.task import ClassificationTask
 
 log = logging.getLogger("trainer")

@@ -4,7 +4,7 @@
 callbacks) before anything is resolved; `apply_to_data` and `build_task` apply the frozen `Plan` to
 the data module and the network; `build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
 `lightning.Trainer` (the `trainer` group's arguments plus what the plan decided, made by
-trainer/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
+trainer/groups/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from trainer.callbacks.progress import PlainProgress
 from trainer.callbacks.rng import RNGState
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
-from trainer.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
-from trainer.compile import apply_compile
-from trainer.config import INJECTED_MODEL_ARGS, RunSpec, locate_target
+from trainer.groups.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
+from trainer.groups.compile import apply_compile
+from trainer.configuration.spec import INJECTED_MODEL_ARGS, RunSpec, locate_target
 from trainer.data.base import DataInfo, ImageClassificationData
-from trainer.errors import UserError
-from trainer.instantiation import construct
-from trainer.lightning_trainer import make_trainer
-from trainer.logger import RunLabels, build_loggers, logger_callbacks, run_hyperparameters
+from trainer.infra.errors import UserError
+from trainer.configuration.instantiation import construct
+from trainer.groups.lightning_trainer import make_trainer
+from trainer.groups.logger import RunLabels, build_loggers, logger_callbacks, run_hyperparameters
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
 from trainer.phases.plan import Plan
-from trainer.precision import apply_tf32, lightning_precision
+from trainer.groups.precision import apply_tf32, lightning_precision
 from trainer.task import ClassificationTask
 
 

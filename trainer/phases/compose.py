@@ -1,5 +1,5 @@
 """The compose phase: what Hydra composed for this job, and where it runs (its validation against
-every group's schema is `trainer.config.validate`)."""
+every group's schema is `trainer.configuration.spec.validate`)."""
 
 from __future__ import annotations
 

@@ -11,14 +11,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainer import attempts
-from trainer.errors import UserError
-from trainer.library_logs import quiet_library_warnings
+from trainer.infra import attempts
+from trainer.infra.errors import UserError
+from trainer.infra.library_logs import quiet_library_warnings
 from trainer.phases.build import Built, Parts
 from trainer.phases.identify import Identity
-from trainer.resume import Checkpoint, read_resumable
-from trainer.memory import peak_memory, reset_peak_memory
-from trainer.summary import split_metrics
+from trainer.infra.resume import Checkpoint, read_resumable
+from trainer.measure.memory import peak_memory, reset_peak_memory
+from trainer.infra.summary import split_metrics
 from trainer.task import ClassificationTask
 
 log = logging.getLogger("trainer")

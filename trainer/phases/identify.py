@@ -7,16 +7,16 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from trainer import attempts
-from trainer.config import RunSpec
-from trainer.devices import count_devices, resolve_accelerator
-from trainer.distributed import check_launch, is_rank_zero, process_count
-from trainer.errors import UserError
-from trainer.sweeps import objective_value
-from trainer.logger import logger_ids
+from trainer.infra import attempts
+from trainer.configuration.spec import RunSpec
+from trainer.infra.devices import count_devices, resolve_accelerator
+from trainer.infra.distributed import check_launch, is_rank_zero, process_count
+from trainer.infra.errors import UserError
+from trainer.groups.sweeps import objective_value
+from trainer.groups.logger import logger_ids
 from trainer.phases.compose import Job
-from trainer.resume import Checkpoint, Completed, identity_of, resolve_resume, write_identity
-from trainer.atomic import write_json_atomic
+from trainer.infra.resume import Checkpoint, Completed, identity_of, resolve_resume, write_identity
+from trainer.infra.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 

@@ -20,18 +20,18 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
-from trainer.compile import resolve_compile_mode
-from trainer.config import RunSpec
+from trainer.groups.compile import resolve_compile_mode
+from trainer.configuration.spec import RunSpec
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.loader import LoaderSettings
-from trainer.devices import count_devices, resolve_accelerator
-from trainer.errors import UserError
-from trainer.mfu import peak_flops, training_flops_per_sample
+from trainer.infra.devices import count_devices, resolve_accelerator
+from trainer.infra.errors import UserError
+from trainer.measure.mfu import peak_flops, training_flops_per_sample
 from trainer.models.activation_checkpointing import select_stages
-from trainer.optimizer import OptimizerRecipe, choose_implementation, named_by_model
-from trainer.precision import resolve_channels_last, resolve_precision, resolve_tf32
-from trainer.regularization import describe
-from trainer.scaling import measured_warnings, scale
+from trainer.groups.optimizer import OptimizerRecipe, choose_implementation, named_by_model
+from trainer.groups.precision import resolve_channels_last, resolve_precision, resolve_tf32
+from trainer.groups.regularization import describe
+from trainer.groups.scaling import measured_warnings, scale
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Plan:
     peak_flops: float | None
     peak_flops_note: str
     derived: Mapping[str, Derived]
-    #: What the studies say about this setting, to print at start (trainer/scaling.py).
+    #: What the studies say about this setting, to print at start (trainer/groups/scaling.py).
     warnings: tuple[str, ...] = ()
 
     @property
@@ -237,7 +237,7 @@ def _trainer_settings(spec: RunSpec, accelerator: str, tf32: bool,
 
 def _inside_slurm_job() -> bool:
     """Lightning's own test, without the srun hint it prints on any machine that has srun
-    (trainer/lightning_trainer.py drops that hint)."""
+    (trainer/groups/lightning_trainer.py drops that hint)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return SLURMEnvironment.detect()

@@ -8,13 +8,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from trainer.atomic import write_text_atomic
-from trainer.config import RunSpec
-from trainer.fingerprint import fingerprint
+from trainer.infra.atomic import write_text_atomic
+from trainer.configuration.spec import RunSpec
+from trainer.infra.fingerprint import fingerprint
 from trainer.phases.compose import Job
 from trainer.phases.identify import Identity
 from trainer.phases.plan import Plan
-from trainer.atomic import write_json_atomic
+from trainer.infra.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 

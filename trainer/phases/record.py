@@ -11,21 +11,21 @@ from typing import Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from trainer import attempts
+from trainer.infra import attempts
 from trainer.callbacks.graceful import StoppedBySignal
-from trainer.config import RunSpec
-from trainer.distributed import launched_by
-from trainer.errors import UserError, exception_line, full_error_requested
-from trainer.failures import ending_for, was_interrupted
-from trainer.logger import finish_loggers
+from trainer.configuration.spec import RunSpec
+from trainer.infra.distributed import launched_by
+from trainer.infra.errors import UserError, exception_line, full_error_requested
+from trainer.infra.failures import ending_for, was_interrupted
+from trainer.groups.logger import finish_loggers
 from trainer.phases.build import Built, Parts
 from trainer.phases.compose import Job
 from trainer.phases.fit import Fitted
 from trainer.phases.identify import Identity
 from trainer.phases.plan import Plan
-from trainer.recipes import lineage_record
-from trainer.signals import is_preemption
-from trainer.summary import RunRecord, log_result, optimizer_param_groups
+from trainer.configuration.recipes import lineage_record
+from trainer.infra.signals import is_preemption
+from trainer.infra.summary import RunRecord, log_result, optimizer_param_groups
 
 log = logging.getLogger("trainer")
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 
 def resolve_accelerator(requested: str) -> tuple[str, str]:

@@ -33,9 +33,9 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from trainer.figures import new_figure, save_png
-from trainer.fingerprint import proc_kib
-from trainer.precision import compute_dtype
+from trainer.measure.figures import new_figure, save_png
+from trainer.infra.fingerprint import proc_kib
+from trainer.groups.precision import compute_dtype
 
 MIB = 2**20
 #: The two small batches the activations per sample are measured at.

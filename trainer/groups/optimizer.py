@@ -13,8 +13,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from trainer.config import AdamWConfig, LambConfig, LarsConfig, OptimizerConfig, SGDConfig
-from trainer.errors import UserError
+from trainer.configuration.spec import AdamWConfig, LambConfig, LarsConfig, OptimizerConfig, SGDConfig
+from trainer.infra.errors import UserError
 
 #: Optimizers that torch has fused kernels for; LAMB and LARS (timm's) have foreach and for-loop ones.
 FUSED_OPTIMIZERS = ("sgd", "adamw")
@@ -120,7 +120,7 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool,
             return "foreach", f"fused -> foreach (no fused kernels for {device_type} in torch {torch.__version__})"
         return requested, f"{requested} (as configured)"
     if grad_scaler:
-        return "foreach", "auto -> foreach (fp16 GradScaler: fused steps unscale on their own; see trainer/optimizer.py)"
+        return "foreach", "auto -> foreach (fp16 GradScaler: fused steps unscale on their own; see trainer/groups/optimizer.py)"
     if device_type != "cuda":
         # torch has fused CPU kernels, but on the 2-core CPU of the README they were no faster than
         # foreach (0.88x and 0.99x in two sessions of benchmarks/practices.py): the default follows.

@@ -7,10 +7,10 @@ of samples/s, speed-up over the first stage, peak memory, loss and accuracy, the
 exact config and derived-value changes) and `SWEEP/comparison.png` (the same numbers as bars).
 Jobs that differ only in `seed` are one setting: the report then opens with a table of each
 setting's mean, spread and n, and its difference from the first with an interval
-(trainer/seed_groups.py), and the chart shows the settings with their spread.
+(trainer/measure/seed_groups.py), and the chart shows the settings with their spread.
 
 It reads files only, so it runs the same at the end of a sweep (`ComparisonCallback`, registered
-under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.comparison SWEEP_DIR`).
+under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.measure.comparison SWEEP_DIR`).
 A job that crashed, or never wrote its summary, shows up as such; it never stops the report.
 """
 
@@ -28,12 +28,12 @@ from typing import Any, Callable, Iterable, Sequence
 import yaml
 from hydra.experimental.callback import Callback
 
-from trainer.atomic import write_text_atomic
-from trainer.figures import new_figure, save_png
-from trainer.config_diff import MISSING, changes_marked, result_overrides, same
-from trainer.errors import UserError, exception_line, exit_with, one_line, one_line_on_user_error
-from trainer.seed_groups import Setting, group_by_setting, has_repeats, setting_of
-from trainer.seed_groups import markdown as settings_markdown
+from trainer.infra.atomic import write_text_atomic
+from trainer.measure.figures import new_figure, save_png
+from trainer.configuration.diff import MISSING, changes_marked, result_overrides, same
+from trainer.infra.errors import UserError, exception_line, exit_with, one_line, one_line_on_user_error
+from trainer.measure.seed_groups import Setting, group_by_setting, has_repeats, setting_of
+from trainer.measure.seed_groups import markdown as settings_markdown
 
 log = logging.getLogger("trainer")
 
@@ -565,7 +565,7 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row], list[Setting]]:
 class ComparisonCallback(Callback):
     """Writes the comparison when a multirun ends. Register it in the primary config:
 
-    ``hydra: {callbacks: {comparison: {_target_: trainer.comparison.ComparisonCallback}}}``
+    ``hydra: {callbacks: {comparison: {_target_: trainer.measure.comparison.ComparisonCallback}}}``
     """
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
@@ -602,7 +602,7 @@ def _get_config(config: Any, *keys: str) -> Any:
 
 def main(argv: Iterable[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.comparison",
+        prog="python -m trainer.measure.comparison",
         description="Compare the jobs of one multirun folder: writes comparison.md and comparison.png into it.")
     parser.add_argument("sweep_dir", type=Path, help="the multirun folder (e.g. outputs/multirun/DATE/TIME)")
     args = parser.parse_args(list(argv) if argv is not None else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from trainer.config import CompileConfig
+from trainer.configuration.spec import CompileConfig
 
 
 def resolve_compile_mode(mode: str, accelerator: str) -> tuple[str, str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.atomic import replace_atomic
+from trainer.infra.atomic import replace_atomic
 
 
 def new_figure(**kwargs: Any) -> Any:

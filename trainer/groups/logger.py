@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from trainer.errors import exception_line
+from trainer.infra.errors import exception_line
 
 log = logging.getLogger("trainer")
 

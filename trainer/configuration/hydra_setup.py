@@ -18,8 +18,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from trainer import recipes
-from trainer.errors import UserError, choices, exit_with, first_line, full_error_requested
+from trainer.configuration import recipes
+from trainer.infra.errors import UserError, choices, exit_with, first_line, full_error_requested
 
 _installed = False
 
@@ -72,7 +72,7 @@ def config_help(*, _root_: DictConfig) -> str:
     text (and Lightning's import) is only made when the command asks for help."""
     if not {"--help", "-h"} & set(sys.argv[1:]):
         return ""
-    from trainer.config_help import annotated_config  # imports Lightning: only when --help asks
+    from trainer.configuration.help import annotated_config  # imports Lightning: only when --help asks
 
     config = OmegaConf.to_container(_root_, resolve=False)
     runtime = config.get("hydra", {}).get("runtime", {})  # type: ignore[union-attr]
@@ -82,9 +82,9 @@ def config_help(*, _root_: DictConfig) -> str:
 
 def device_count(devices: Any) -> int:
     """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
-    GPUs per node, counted as the run counts them (`trainer.devices.count_devices`), except that
+    GPUs per node, counted as the run counts them (`trainer.infra.devices.count_devices`), except that
     `auto` cannot be counted where the job is submitted."""
-    from trainer.devices import count_devices  # imports torch: only for the SLURM launcher
+    from trainer.infra.devices import count_devices  # imports torch: only for the SLURM launcher
 
     if isinstance(devices, ListConfig):
         devices = list(devices)

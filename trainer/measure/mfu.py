@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.errors import exception_line
+from trainer.infra.errors import exception_line
 
 TFLOP = 10**12
 
@@ -57,7 +57,7 @@ _PEAKS_TFLOPS: dict[str, tuple[float, float, float]] = {
 _TENSOR16, _TF32, _FP32 = 0, 1, 2
 
 # Memory bandwidth in TB/s per GPU, from the same datasheets (the 80 GB A100; the 40 GB SXM4 part
-# has 1.555). The roofline's slope (trainer/profile.py).
+# has 1.555). The roofline's slope (trainer/measure/profile.py).
 _BANDWIDTH_TBS: dict[str, float] = {
     "A100 SXM": 2.039, "A100 PCIe": 1.935, "H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9,
     "H200 SXM": 4.8, "H200 NVL": 4.8,

@@ -32,14 +32,14 @@ import torch
 
 from torch.profiler import record_function
 
-from trainer.figures import new_figure, save_png
+from trainer.measure.figures import new_figure, save_png
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
-from trainer.precision import compute_dtype
-from trainer.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
+from trainer.groups.precision import compute_dtype
+from trainer.measure.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
                              Breakdown, breakdown, ops_of, unusual)
-from trainer.atomic import write_json_atomic
+from trainer.infra.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -181,7 +181,7 @@ def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, st
 def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
                    scaler: Any) -> tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]:
     """(forward, forward + backward, full step) on one resident batch, the forward and the backward
-    inside the ranges the profile tells apart (trainer/profile.py)."""
+    inside the ranges the profile tells apart (trainer/measure/profile.py)."""
     images, labels = batch
 
     def forward() -> torch.Tensor:

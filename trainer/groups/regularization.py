@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torchvision.transforms import v2
 
-from trainer.config import RegularizationConfig
+from trainer.configuration.spec import RegularizationConfig
 
 
 class BatchMixing:

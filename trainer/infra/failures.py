@@ -3,7 +3,7 @@
 A run stopped by a signal exits with the conventional status (128 + the signal) and one line on
 stderr; running out of device memory or a loader worker's failure becomes one line the person
 can act on; anything else keeps its traceback. How a failed job of a sweep reports to its sweeper
-is trainer/sweeps.py's.
+is trainer/groups/sweeps.py's.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainer.callbacks.graceful import StoppedBySignal
-from trainer.config import RunSpec
+from trainer.configuration.spec import RunSpec
 from trainer.data.loader import loader_failure
-from trainer.errors import UserError, first_line
+from trainer.infra.errors import UserError, first_line
 
 log = logging.getLogger("trainer")
 

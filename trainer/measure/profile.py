@@ -31,9 +31,9 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.atomic import write_json_atomic, write_text_atomic
-from trainer.figures import new_figure, save_png
-from trainer.mfu import peak_bandwidth, peak_flops
+from trainer.infra.atomic import write_json_atomic, write_text_atomic
+from trainer.measure.figures import new_figure, save_png
+from trainer.measure.mfu import peak_bandwidth, peak_flops
 
 CONV_MATMUL = "convolution/matmul"
 NORMALIZATION = "normalization"

@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from trainer.atomic import write_text_atomic
-from trainer.checkpoint import clean_state_dict, load_checkpoint
-from trainer.config_diff import result_overrides
-from trainer.errors import UserError
+from trainer.infra.atomic import write_text_atomic
+from trainer.groups.checkpoint import clean_state_dict, load_checkpoint
+from trainer.configuration.diff import result_overrides
+from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
 
@@ -87,7 +87,7 @@ def read_resumable(path: Path) -> Checkpoint:
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The .ckpt files in `folder`; hidden ones are temporaries of writes in progress (trainer/atomic.py)."""
+    """The .ckpt files in `folder`; hidden ones are temporaries of writes in progress (trainer/infra/atomic.py)."""
     return [p for p in folder.glob("*.ckpt") if not p.name.startswith(".") and p.is_file()]
 
 

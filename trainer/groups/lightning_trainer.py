@@ -2,7 +2,7 @@
 
 - An argument given as a mapping with `_target_` (``trainer.strategy``, ``trainer.profiler``, each
   entry of ``trainer.plugins``, any other) is instantiated here, so Lightning receives the object
-  and not a dict; trainer/config.py checked at validation that it imports and that its keys fit its
+  and not a dict; trainer/configuration/spec.py checked at validation that it imports and that its keys fit its
   constructor. Each Trainer made gets fresh objects: Lightning attaches its accelerator and
   environment to a strategy, so one instance cannot serve two Trainers.
 - Whatever Lightning rejects while the Trainer is built ends as one line naming the argument.
@@ -26,9 +26,9 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 
-from trainer.errors import UserError, first_line
-from trainer.instantiation import construct
-from trainer.schema import describe, matches, schema_of_callable
+from trainer.infra.errors import UserError, first_line
+from trainer.configuration.instantiation import construct
+from trainer.configuration.schema import describe, matches, schema_of_callable
 
 #: What each argument allows, where Lightning's own message does not say it.
 ALLOWED: dict[str, str] = {

@@ -22,8 +22,8 @@ from hydra.plugins.config_source import ConfigLoadError, ConfigResult, ConfigSou
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
 
-from trainer.config_diff import config_changes
-from trainer.errors import first_line
+from trainer.configuration.diff import config_changes
+from trainer.infra.errors import first_line
 
 log = logging.getLogger("trainer")
 

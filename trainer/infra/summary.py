@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import torch
 
-from trainer.atomic import write_json_atomic
+from trainer.infra.atomic import write_json_atomic
 
 log = logging.getLogger("trainer")
 
@@ -40,7 +40,7 @@ class RunRecord:
 
     def begin(self) -> None:
         """Written as the run starts: a run killed outright (SIGKILL, a lost node) leaves a summary
-        that says it was running, which the next attempt counts as killed (trainer/attempts.py)."""
+        that says it was running, which the next attempt counts as killed (trainer/infra/attempts.py)."""
         self._write()
 
     def enter(self, phase: str, **fields: Any) -> None:

@@ -21,7 +21,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Union
 
-from trainer.errors import UserError, choices
+from trainer.infra.errors import UserError, choices
 
 
 @dataclass(frozen=True)

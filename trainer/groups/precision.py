@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from trainer.config import PrecisionConfig
-from trainer.errors import UserError
+from trainer.configuration.spec import PrecisionConfig
+from trainer.infra.errors import UserError
 
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "fp16_mixed": "16-mixed"}
 

@@ -7,7 +7,7 @@ from typing import Any, Union
 
 import torch
 
-from trainer.config import ConstantConfig, StepConfig, WarmupCosineConfig
+from trainer.configuration.spec import ConstantConfig, StepConfig, WarmupCosineConfig
 
 SchedulerConfig = Union[WarmupCosineConfig, ConstantConfig, StepConfig]
 

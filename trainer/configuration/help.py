@@ -1,7 +1,7 @@
 """The composed config as `python train.py --help` shows it: every key with its one-line doc.
 
 The docs come from the schemas that check the keys: the `Doc` of a framework group's dataclass
-field (trainer/config.py), or of a `_target_`'s annotated parameter, else the first sentence of
+field (trainer/configuration/spec.py), or of a `_target_`'s annotated parameter, else the first sentence of
 that parameter in the callable's Google-style ``Args:`` docstring (Lightning's Trainer and
 loggers, torchvision). Nothing is written twice: a key without a doc is shown without one.
 """
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import lightning
 import yaml
 
-from trainer.config import (
+from trainer.configuration.spec import (
     DATACLASS_GROUPS,
     GROUP_MODULES,
     TRAINER_KEYS_OWNED_ELSEWHERE,
@@ -24,8 +24,8 @@ from trainer.config import (
     TargetConfig,
     locate_target,
 )
-from trainer.errors import UserError, first_line
-from trainer.schema import schema_of_callable, schema_of_dataclass
+from trainer.infra.errors import UserError, first_line
+from trainer.configuration.schema import schema_of_callable, schema_of_dataclass
 
 DOC_COLUMN = 40
 

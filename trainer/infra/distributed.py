@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
 

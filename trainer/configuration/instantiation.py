@@ -1,6 +1,6 @@
 """Objects from a config's `_target_` mappings, with their constructors' own refusals as one line.
 
-The config was checked against the target's signature when it was validated (trainer/config.py);
+The config was checked against the target's signature when it was validated (trainer/configuration/spec.py);
 what the constructor itself refuses (a value its checks reject, an argument clash) is known only
 when it runs, here.
 """
@@ -12,7 +12,7 @@ from typing import Any, Callable
 from hydra.errors import InstantiationException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 #: What a constructor raises when it refuses its arguments: Python's own kinds, and Lightning's
 #: (its callbacks and strategies raise MisconfigurationException, which subclasses neither).

@@ -27,10 +27,10 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import save_file
 
-from trainer.atomic import replace_atomic
+from trainer.infra.atomic import replace_atomic
 from trainer.callbacks.steps import StepBoundary
-from trainer.config import CheckpointingConfig
-from trainer.errors import UserError, first_line, one_line_on_user_error
+from trainer.configuration.spec import CheckpointingConfig
+from trainer.infra.errors import UserError, first_line, one_line_on_user_error
 
 COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
@@ -225,8 +225,8 @@ def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m trainer.checkpoint export CKPT OUT.safetensors``"""
-    parser = argparse.ArgumentParser(prog="python -m trainer.checkpoint")
+    """``python -m trainer.groups.checkpoint export CKPT OUT.safetensors``"""
+    parser = argparse.ArgumentParser(prog="python -m trainer.groups.checkpoint")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a checkpoint's model weights as safetensors")
     export.add_argument("checkpoint", type=Path)

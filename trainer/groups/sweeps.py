@@ -19,7 +19,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from trainer.errors import UserError
+from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
 

@@ -23,9 +23,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from trainer.callbacks.configured import check_callback
 from trainer.data.base import ImageClassificationData
-from trainer.errors import UserError, choices
-from trainer.recipes import CONF_DIR
-from trainer.schema import (
+from trainer.infra.errors import UserError, choices
+from trainer.configuration.recipes import CONF_DIR
+from trainer.configuration.schema import (
     AT_LEAST_ONE,
     Doc,
     FRACTION,
@@ -57,7 +57,7 @@ class _OptimizerCommon:
     """What every optimizer choice shares: the batch-scaling rules and the parameter groups.
 
     `lr` and `weight_decay` are given at `ref_batch_size`; the run moves them to its global batch
-    by `lr_scaling` and `wd_scaling` (see trainer/scaling.py).
+    by `lr_scaling` and `wd_scaling` (see trainer/groups/scaling.py).
     """
 
     lr: Annotated[float, POSITIVE, Doc("learning rate at ref_batch_size, moved to the global batch by lr_scaling")]
@@ -176,7 +176,7 @@ class CompileConfig:
 # --- regularization ------------------------------------------------------------------------------
 @dataclass
 class RegularizationConfig:
-    """The accuracy practices of the loss and the batch (trainer/regularization.py): label smoothing,
+    """The accuracy practices of the loss and the batch (trainer/groups/regularization.py): label smoothing,
     and mixup/cutmix of whole batches on the device, as torchvision's and timm's ImageNet recipes use them."""
 
     label_smoothing: Annotated[UnitInterval, Doc("share of the target spread evenly over all classes "
@@ -217,13 +217,13 @@ class TopLevelKeys:
     progress: Annotated[Literal["auto", "rich", "plain", "off"],
                         Doc("auto: a Rich bar on a terminal, plain lines in logs and pipes")]
     progress_every_s: Annotated[float, POSITIVE, Doc("plain progress: at most one line per this many seconds")]
-    diagnose: Annotated[bool, Doc("time the parts of a training step instead of training (trainer/diagnose.py)")]
+    diagnose: Annotated[bool, Doc("time the parts of a training step instead of training (trainer/measure/diagnose.py)")]
     diagnose_steps: Annotated[int, Range(ge=3), Doc("timed steps per measurement of the diagnosis")]
     profile: Annotated[bool, Doc("record a few training steps with torch.profiler instead of training: trace, "
-                                 "ops.md by category, roofline (trainer/profile.py)")]
+                                 "ops.md by category, roofline (trainer/measure/profile.py)")]
     profile_steps: Annotated[int, Range(ge=1, le=50), Doc("steps the profile keeps (after 3 skipped and 2 warm-up)")]
     memory_plan: Annotated[bool, Doc("measure where a step's memory goes and what each practice would change, "
-                                     "before training (trainer/memory.py)")]
+                                     "before training (trainer/measure/memory.py)")]
     ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
     resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
                                          "a path; null: fresh")]
@@ -343,21 +343,21 @@ GROUPS = ("data", "model", "optimizer", "scheduler", "precision", "compile", "ch
 GROUP_MODULES: dict[str, tuple[str, str]] = {
     "data": ("trainer/data/", "the data set and its loader (one module per choice)"),
     "model": ("trainer/models/", "the network; classes, channels and image size come from the data"),
-    "optimizer": ("trainer/optimizer.py", "the optimizer, its batch-scaling rules and kernel"),
-    "scheduler": ("trainer/scheduler.py", "the learning-rate schedule"),
-    "precision": ("trainer/precision.py", "numeric format, TF32, channels_last, the fp16 GradScaler"),
-    "compile": ("trainer/compile.py", "torch.compile of the network"),
-    "checkpointing": ("trainer/checkpoint.py", "last and best checkpoints, periodic ones inside epochs"),
+    "optimizer": ("trainer/groups/optimizer.py", "the optimizer, its batch-scaling rules and kernel"),
+    "scheduler": ("trainer/groups/scheduler.py", "the learning-rate schedule"),
+    "precision": ("trainer/groups/precision.py", "numeric format, TF32, channels_last, the fp16 GradScaler"),
+    "compile": ("trainer/groups/compile.py", "torch.compile of the network"),
+    "checkpointing": ("trainer/groups/checkpoint.py", "last and best checkpoints, periodic ones inside epochs"),
     "clipping": ("trainer/callbacks/clipping.py", "gradient clipping (95th percentile by default)"),
     "nonfinite": ("trainer/callbacks/nonfinite.py", "the guard that skips NaN/Inf steps"),
-    "regularization": ("trainer/regularization.py", "label smoothing, mixup and cutmix (accuracy practices)"),
-    "logger": ("trainer/logger.py", "Lightning loggers writing into the run folder"),
+    "regularization": ("trainer/groups/regularization.py", "label smoothing, mixup and cutmix (accuracy practices)"),
+    "logger": ("trainer/groups/logger.py", "Lightning loggers writing into the run folder"),
     "callbacks": ("trainer/callbacks/configured.py", "callbacks added after the framework's: early stopping, "
                   "EMA, a team's own (+callbacks.NAME._target_=...)"),
-    "trainer": ("trainer/lightning_trainer.py", "the lightning.Trainer's own arguments"),
-    "hparams_search": ("trainer/sweeps.py", "an Optuna study (Hydra's Optuna sweeper, its SQLite storage)"),
-    "ladder": ("trainer/comparison.py", "an optimization ladder: stages of one multirun, compared"),
-    "recipe": ("trainer/recipes.py", "a team-shared recipe from recipes/ (+recipe=NAME)"),
+    "trainer": ("trainer/groups/lightning_trainer.py", "the lightning.Trainer's own arguments"),
+    "hparams_search": ("trainer/groups/sweeps.py", "an Optuna study (Hydra's Optuna sweeper, its SQLite storage)"),
+    "ladder": ("trainer/measure/comparison.py", "an optimization ladder: stages of one multirun, compared"),
+    "recipe": ("trainer/configuration/recipes.py", "a team-shared recipe from recipes/ (+recipe=NAME)"),
 }
 
 #: The framework's own groups, checked by a dataclass (the others by their `_target_`'s signature).
@@ -485,7 +485,7 @@ def _trainer(values: dict[str, Any]) -> dict[str, Any]:
     checked = check_mapping("trainer", values, _trainer_schema(lightning.Trainer), "lightning.Trainer")
     given = {k: v for k, v in checked.items() if k in values}
     for key, value in given.items():
-        # An object argument given as {_target_: ...}: made by trainer/lightning_trainer.py.
+        # An object argument given as {_target_: ...}: made by trainer/groups/lightning_trainer.py.
         if key == "plugins":
             given[key] = _plugins(value)
         elif isinstance(value, dict) and "_target_" in value:
