@@ -28,8 +28,8 @@ from trainer.infra.errors import first_line
 log = logging.getLogger("trainer")
 
 GROUP = "recipe"
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 class RecipeConfigSource(ConfigSource):
