@@ -428,10 +428,11 @@ def kill_during_save(number: int) -> Callable[[], None]:
 def kill_writing_completed_summary() -> None:
     """From now on, writing the summary that says the run completed kills the job halfway through
     (the atomic write's temporary file is half written)."""
-    import trainer.infra.summary
+    import trainer.infra.atomic
     from trainer.infra.atomic import replace_atomic
 
-    real_write = trainer.infra.summary.write_text_atomic
+    # summary.json goes through write_json_atomic, which looks write_text_atomic up in its module
+    real_write = trainer.infra.atomic.write_text_atomic
 
     def torn_write(path: Path, text: str) -> None:
         if Path(path).name == "summary.json" and '"status": "completed"' in text:
@@ -441,7 +442,7 @@ def kill_writing_completed_summary() -> None:
             replace_atomic(Path(path), half)
         real_write(path, text)
 
-    trainer.infra.summary.write_text_atomic = torn_write  # type: ignore[assignment]
+    trainer.infra.atomic.write_text_atomic = torn_write  # type: ignore[assignment]
 
 
 class KillJobAt(Callback):

@@ -123,7 +123,8 @@ def test_the_persons_plugins_follow_the_fp16_precision_plugin_and_the_checkpoint
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     spec = types.SimpleNamespace(trainer={"plugins": [{"_target_": "x.Env"}], "benchmark": None},
                                  precision=choice_config("precision", "fp16_mixed"))
-    plan = types.SimpleNamespace(precision="16-mixed", accelerator="cuda", tf32=True)
+    plan = types.SimpleNamespace(precision="16-mixed", accelerator="cuda", tf32=True, cudnn_benchmark=True,
+                                 slurm_environment=False)
     plugins = _trainer_arguments(spec, plan)["plugins"]
     assert [type(p).__name__ for p in plugins[:2]] == ["MixedPrecision", "SafeCheckpointIO"]
     assert plugins[2] == {"_target_": "x.Env"}
