@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402 - after the repository is on the path
 
+from trainer.measure.figures import new_figure, save_png  # noqa: E402
 from trainer.measure.seed_groups import Spread, difference  # noqa: E402
 
 from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
@@ -400,12 +401,8 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     """Final val accuracy and steps to the target against the batch, mean ± sd over seeds: one panel
     per optimizer, a line per lr rule, and the warmup, weight-decay and large-batch optimizer arms
     dashed on their base optimizer's panel."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     optimizers = [o for o in ("adamw", "sgd") if any(j["optimizer"] == o for j in jobs)]
-    figure = Figure(figsize=(6.5 * max(len(optimizers), 1), 8), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(6.5 * max(len(optimizers), 1), 8), layout="constrained")
     axes = figure.subplots(2, max(len(optimizers), 1), squeeze=False)
     for column, optimizer in enumerate(optimizers):
         series = {}
@@ -436,7 +433,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7)
-    figure.savefig(path, dpi=110)
+    save_png(figure, path)
 
 
 def machines(jobs: list[dict[str, Any]]) -> str:

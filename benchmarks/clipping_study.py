@@ -40,6 +40,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from trainer.measure.figures import new_figure, save_png  # noqa: E402
 from trainer.measure.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
 
 from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
@@ -140,12 +141,8 @@ def verdicts(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
 
 def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     """Per setting: val accuracy and spikes a run for each arm, every seed a dot, the mean a bar."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]
-    figure = Figure(figsize=(7 * max(len(settings), 1), 7.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = new_figure(figsize=(7 * max(len(settings), 1), 7.5), layout="constrained")
     axes = figure.subplots(2, max(len(settings), 1), squeeze=False)
     for column, setting in enumerate(settings):
         for row_index, (measure, label) in enumerate((("val_acc", "final val accuracy"), ("spikes", "loss spikes a run"))):
@@ -160,7 +157,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
                           fontsize=8)
             ax.set(ylabel=label, title=f"{setting}: {label} (bar: mean; dots: seeds)")
             ax.grid(alpha=0.3, axis="y")
-    figure.savefig(path, dpi=110)
+    save_png(figure, path)
 
 
 def sweeps(arms: list[str]) -> list[tuple[str, list[str], list[str]]]:
