@@ -8,8 +8,8 @@ what it saw. During calibration each step is clipped to the percentile of the no
 unclipped there, the default did no better than no clipping at all where training was fragile
 (benchmarks/results/clipping_cpu.md). `clip_during_calibration=false` restores the unclipped
 recording. With `rolling_window` the threshold keeps following the last norms instead of staying
-frozen (AutoClip, Seetharaman et al. 2020). "fixed_norm", "value" and
-"off" are there so one callback covers every clipping choice of a run.
+frozen (AutoClip, Seetharaman et al. 2020). "fixed_norm", "value" and "off" are there so one
+callback covers every clipping choice of a run.
 
 Order of events in Lightning 2.x, which this relies on: the precision plugin runs the closure
 (forward + backward), then with fp16 AMP calls `scaler.unscale_(optimizer)`, then fires
@@ -149,9 +149,10 @@ class GradientClipping(Callback):
         """Observe the global gradient norm of `parameters`, record it and clip in place as the mode says.
 
         Returns (the pre-clip norm, the threshold in force after this step, None while an unclipped
-        calibration lasts, whether the gradients were changed). Parameters without a gradient are ignored. `sharded`:
-        each process holds a disjoint share of the gradients (FSDP), so the norms of the shares are
-        combined over the process group first, and every process clips with the same factor.
+        calibration lasts, whether the gradients were changed). Parameters without a gradient are
+        ignored. `sharded`: each process holds a disjoint share of the gradients (FSDP), so the norms
+        of the shares are combined over the process group first, and every process clips with the
+        same factor.
         """
         params = [p for p in parameters if p.grad is not None]
         grads = [p.grad for p in params]
@@ -320,7 +321,8 @@ class GradientClipping(Callback):
 
     def _settings(self) -> dict[str, Any]:
         return {"mode": self.mode, "percentile": self.percentile, "calibration_steps": self.calibration_steps,
-                "clip_during_calibration": self.clip_during_calibration, "rolling_window": self.rolling_window, "max_norm": self.max_norm, "clip_value": self.clip_value}
+                "clip_during_calibration": self.clip_during_calibration, "rolling_window": self.rolling_window,
+                "max_norm": self.max_norm, "clip_value": self.clip_value}
 
 
 def _positive_finite(value: Any) -> bool:

@@ -64,7 +64,7 @@ def layer_lr_scales(module: nn.Module, layer_decay: float) -> dict[str, float]:
 
 def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool,
                      no_decay_names: frozenset[str] | None = None,
-                     lr_scales: dict[str, float] | None = None) -> list[dict[str, Any]]:
+                     lr_scales: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Weights that decay, and 1-D parameters (norm weights, biases) that do not; with `lr_scales`
     (layer-wise lr decay) each of the two is split further by lr scale, and each group carries its
     ``lr_scale``.
@@ -154,12 +154,12 @@ class OptimizerRecipe:
         """The optimizer over `module` (the network, or a module holding it under any wrapper);
         `implementation` only where a measurement compares kernels."""
         return build_optimizer(module, self.cfg, self.lr, self.weight_decay, implementation or self.implementation,
-                               self.no_decay_names, dict(self.lr_scales) if self.lr_scales is not None else None)
+                               self.no_decay_names, self.lr_scales)
 
 
 def build_optimizer(module: nn.Module, cfg: OptimizerConfig, lr: float, weight_decay: float,
                     implementation: str = "foreach", no_decay_names: frozenset[str] | None = None,
-                    lr_scales: dict[str, float] | None = None) -> torch.optim.Optimizer:
+                    lr_scales: Mapping[str, float] | None = None) -> torch.optim.Optimizer:
     """`lr` and `weight_decay` are the effective values the run resolved (after batch scaling).
     A group with an ``lr_scale`` starts at ``lr x lr_scale``; the schedule then multiplies each
     group's own starting lr."""

@@ -2,9 +2,9 @@
 
 `build_parts` instantiates what the config names (data module, network, clipping and non-finite
 callbacks) before anything is resolved; `apply_to_data` and `build_task` apply the frozen `Plan` to
-the data module and the network; `build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers and
-`lightning.Trainer` (the `trainer` group's arguments plus what the plan decided, made by
-trainer/groups/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
+the data module and the network; `build_trainer` assembles the callbacks (the framework's, then the
+`callbacks` group's), loggers and `lightning.Trainer` (the `trainer` group's arguments plus what the
+plan decided, made by trainer/groups/lightning_trainer.py). Nothing here decides a setting: that is `trainer.phases.plan`.
 """
 
 from __future__ import annotations
