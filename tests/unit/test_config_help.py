@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from tests.helpers import compose
 from trainer.configuration.spec import GROUP_MODULES, choice_config
-from trainer.configuration.help import annotated_config, docstring_args
+from trainer.configuration.help import annotated_config
+from trainer.configuration.key_docs import docstring_args
 from trainer.configuration.schema import schema_of_dataclass
 
 
@@ -37,7 +38,8 @@ def test_a_group_line_names_its_choice_and_module(help_text):
 def test_target_parameters_and_lightning_arguments_have_docs(help_text):
     assert "per device" in _line(help_text, "  batch_size: 64")
     assert "percentile" in _line(help_text, "  percentile: 95.0")
-    assert _line(help_text, "  max_epochs:").split("# ", 1)[1].startswith("Stop training once")
+    assert _line(help_text, "  max_steps:").split("# ", 1)[1].startswith("Stop training after")  # Lightning's docstring
+    assert "-1: no limit" in _line(help_text, "  max_epochs:")  # the framework's doc of a Lightning argument
 
 
 def test_every_key_of_the_default_config_outside_the_trainer_group_is_documented():
