@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: train test install clean
+.PHONY: train test install docs clean
 
 train: $(VENV)/.installed
 	$(BIN)/python train.py $(ARGS)
@@ -14,6 +14,10 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 install: $(VENV)/.installed
+
+# Each key's doc, from its schema, into conf/'s comments and docs/keys.md (a unit test checks them).
+docs: $(VENV)/.installed
+	$(BIN)/python -m trainer.configuration.reference --write
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -152,8 +152,8 @@ PrecisionName = Literal["auto", "fp32", "bf16_mixed", "fp16_mixed"]
 class PrecisionConfig:
     """Numeric format and memory layout. GradScaler settings apply to fp16_mixed only."""
 
-    name: Annotated[PrecisionName, Doc("auto: bf16-mixed on GPUs with bf16, fp16-mixed + GradScaler on older GPUs, "
-                                       "fp32 elsewhere")]
+    name: Annotated[PrecisionName, Doc("auto, fp32, bf16_mixed or fp16_mixed; auto: bf16-mixed on GPUs with bf16, "
+                                       "fp16-mixed + GradScaler on older GPUs, fp32 elsewhere")]
     channels_last: Annotated[AutoBool, Doc("NHWC memory format; auto: on for convolutional models on CUDA")]
     tf32: Annotated[AutoBool, Doc("TF32 matmuls and cuDNN autotuning; auto: on with CUDA unless trainer.deterministic")]
     scaler_init_scale: Annotated[float, POSITIVE, Doc("fp16 GradScaler: the first loss scale")]

@@ -78,7 +78,7 @@ class CIFAR10DataModule(ImageClassificationData):
         root: Annotated[Optional[str], Doc("the folder holding cifar-10-batches-py/ (never downloaded)")] = None,
         val_fraction: Annotated[float, Range(gt=0, lt=0.5), Doc("stratified share of the training batches "
                                                                 "held out for validation")] = 0.1,
-        split_seed: Annotated[int, NON_NEGATIVE, Doc("seeds that split")] = 0,
+        split_seed: Annotated[int, NON_NEGATIVE, Doc("seeds the validation hold-out (independent of the run's seed)")] = 0,
         augment: Annotated[bool, Doc("random 4-pixel translation and horizontal flip, on the device")] = True,
         **loader: Any,
     ) -> None:

@@ -106,12 +106,13 @@ class ImageFolderDataModule(ImageClassificationData):
         mean: Annotated[Sequence[float], Doc("per-channel mean subtracted (0-1 scale)")] = (0.485, 0.456, 0.406),
         std: Annotated[Sequence[Annotated[float, Range(gt=0)]], Doc("per-channel std divided by")] = (0.229, 0.224,
                                                                                                        0.225),
-        bad_files: Annotated[Literal["skip", "error"], Doc("unreadable files: skip (listed in bad_files.tsv) or "
-                                                           "stop at the first")] = "skip",
+        bad_files: Annotated[Literal["skip", "error"], Doc("unreadable files (corrupt, truncated, not images): skip "
+                                                           "them and list them in bad_files.tsv, or error: stop at "
+                                                           "the first")] = "skip",
         max_bad_share: Annotated[float, FRACTION, Doc("more than this share of a split unreadable stops the "
                                                       "run")] = 0.01,
-        scan: Annotated[Literal["header", "full", "off"], Doc("checks before training: open each file, also "
-                                                              "decode it, or none")] = "header",
+        scan: Annotated[Literal["header", "full", "off"], Doc("checks before training: header (open each file), "
+                                                              "full (also decode it) or off (quoted in YAML)")] = "header",
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
