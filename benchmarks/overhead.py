@@ -20,7 +20,8 @@ samples/s per window, median window (the ThroughputMeter's own settings are read
 Gradient clipping and the lr schedule are switched off on purpose (`clipping=off
 scheduler=constant`, with batch scaling of lr and weight decay off too), so both sides do the same
 arithmetic. What the ratio measures is the framework's own cost: Lightning's loop and hooks, the
-callbacks, logging, torchmetrics accuracy and the throughput meter itself. It does not price the
+callbacks, logging, torchmetrics accuracy and the throughput meter itself (and the constant
+schedule's step, which keeps every lr and exists so that the lr curves have one name). It does not price the
 clipping or the schedule, which are work the plain loop would have to do as well.
 
 Before reporting, the script checks that the two sides really match (lr and weight decay of every

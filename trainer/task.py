@@ -161,8 +161,7 @@ class ClassificationTask(L.LightningModule):
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_recipe.build(self.net)
         scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
-        if scheduler is None:
-            return optimizer
         # The name the loggers' lr curves get from LearningRateMonitor (trainer/groups/logger.py): train/lr,
-        # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups.
+        # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups,
+        # whatever the scheduler.
         return {"optimizer": optimizer, "lr_scheduler": {**scheduler, "name": "train/lr"}}

@@ -68,6 +68,7 @@ def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_pat
     # csv's hparams.yaml: the whole resolved config and the derived values, not the module's five
     hparams = yaml.safe_load((run_dir / "csv" / "hparams.yaml").read_text())
     derived = hparams.pop("derived")
+    assert hparams.pop("choices")["scheduler"] == "warmup_cosine"  # the group choices, to filter runs by
     assert hparams == resolved
     assert hparams["optimizer"]["lr"] == resolved["optimizer"]["lr"] and hparams["data"]["batch_size"] == 4
     assert derived["optimizer.lr"] == lr and derived["global_batch_size"] == 4
@@ -94,3 +95,15 @@ def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_pat
     assert session["optimizer/lr"].number_value == pytest.approx(resolved["optimizer"]["lr"])
     assert session["derived/optimizer.lr"].number_value == pytest.approx(lr)
     assert session["data/batch_size"].number_value == 4
+    assert session["choices/scheduler"].string_value == "warmup_cosine"
+
+
+def test_the_lr_curves_have_the_same_names_with_a_constant_lr(tmp_path):
+    # Without a scheduler Lightning would name them after the optimizer (lr-AdamW/pg1).
+    overrides = [override for override in LR_RUN if not override.startswith("scheduler")]
+    summary = run_in_process([*overrides, "scheduler=constant"], tmp_path / "run")
+    lr = summary["derived"]["optimizer.lr"]["value"]
+    rows = list(csv.DictReader((tmp_path / "run" / "csv" / "metrics.csv").open()))
+    assert not [column for column in rows[0] if column.startswith("lr-")]
+    for group in ("train/lr/pg1", "train/lr/pg2"):
+        assert [float(r[group]) for r in rows if r.get(group)] == [pytest.approx(lr)] * 4

@@ -78,7 +78,7 @@ def test_a_key_whose_doc_differs_between_choices_gets_a_row_for_each():
 
 def test_a_library_argument_the_framework_gives_a_meaning_is_documented_by_the_framework():
     docs = callable_docs("lightning.pytorch.loggers.WandbLogger")
-    assert docs["tags"].startswith("null: recipe:NAME")  # passed to wandb.init as **kwargs
+    assert "recipe:NAME" in docs["tags"]  # passed to wandb.init as **kwargs
     assert "the run's name" in docs["name"]
     ema = callable_docs("lightning.pytorch.callbacks.EMAWeightAveraging")
     assert ema["decay"] and ema["use_buffers"]  # its own and its base class's arguments

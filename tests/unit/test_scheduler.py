@@ -31,3 +31,17 @@ def test_the_torch_scheduler_applies_the_factor():
         sched.step()
     assert lrs[0] == pytest.approx(0.25) and lrs[1] == pytest.approx(0.5) and lrs[2] == pytest.approx(0.5)
     assert lrs[-1] < 0.05
+
+
+def test_the_constant_schedule_keeps_each_lr_and_saves_as_plain_data(tmp_path):
+    # A real scheduler for a constant lr, so that the loggers name the lr curves alike for every
+    # scheduler (train/lr/pg1); its state must load from a weights-only checkpoint.
+    weights, bias = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([{"params": [weights], "lr": 0.3}, {"params": [bias], "lr": 0.1}])
+    config = build_scheduler(opt, choice_config("scheduler", "constant"), 100)
+    for _ in range(5):
+        opt.step()
+        config["scheduler"].step()
+    assert [group["lr"] for group in opt.param_groups] == [0.3, 0.1] and config["interval"] == "step"
+    torch.save(config["scheduler"].state_dict(), tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True)["last_epoch"] == 5

@@ -1,6 +1,6 @@
 """What `train.py` installs in Hydra before it starts: the recipe config source, the resolvers
 (``device_count`` for the SLURM launcher, ``config_help`` for `--help`) and the reporter that turns
-the person's mistakes into one line.
+the person's mistakes into one line; and the answer to `--version`, the project's own rather than Hydra's.
 
 Imported by every `python train.py`, so it imports neither torch nor Lightning at the top: a
 composition error or `--help` answers without paying for them.
@@ -24,9 +24,39 @@ from trainer.infra.errors import UserError, choices, exit_with, first_line, full
 _installed = False
 
 
+#: The distribution's name on the package index (pyproject.toml), and the libraries `--version` names.
+DISTRIBUTION = "gpu-practice-trainer"
+VERSIONED_LIBRARIES = ("torch", "torchvision", "lightning", "hydra-core", "timm")
+
+
+def version_line() -> str:
+    """The project's version and those of the libraries a run's behaviour depends on, read from the
+    installed packages' metadata (nothing is imported)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    libraries = ", ".join(f"{name} {of(name)}" for name in VERSIONED_LIBRARIES)
+    return f"{DISTRIBUTION} {of(DISTRIBUTION)} ({libraries}, python {platform.python_version()})"
+
+
+def answer_version(argv: list[str]) -> None:
+    """`--version` prints the project's version, not Hydra's (which Hydra's own flag would print)."""
+    if "--version" in argv[1:]:
+        print(version_line())
+        sys.exit(0)
+
+
 def install() -> None:
-    """Register the recipe config source and route user mistakes to one-line errors (idempotent)."""
+    """Answer `--version`, register the recipe config source and route user mistakes to one-line
+    errors (idempotent)."""
     global _installed
+    answer_version(sys.argv)
     if _installed:
         return
     recipes.register()

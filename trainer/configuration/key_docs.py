@@ -48,9 +48,9 @@ FRAMEWORK_ARG_DOCS: dict[Any, dict[str, str]] = {
     },
     WandbLogger: {
         "project": "the wandb project (WANDB_PROJECT when set, else trainer)",
-        "name": "the wandb run's name; null: the run's name (run.name or the one the framework gives it)",
-        "group": "null: the multirun's folder (the jobs of one sweep or ladder), none for a single run",
-        "tags": "null: recipe:NAME, ladder:NAME and the group choices (data:digits, model:small_cnn, ...)",
+        "name": "the wandb run's name; null: WANDB_NAME, else the run's name (run.name or the one given it)",
+        "group": "null: WANDB_RUN_GROUP, else the multirun's folder (the jobs of one sweep or ladder)",
+        "tags": "yours (and WANDB_TAGS'), plus recipe:NAME, ladder:NAME and the group choices (data:digits, ...)",
     },
     EMAWeightAveraging: {
         "decay": "averaged = decay x averaged + (1 - decay) x current, at each update",

@@ -7,13 +7,15 @@ run passes the id of the run it resumes, so wandb continues that run instead of 
 What every logger receives besides the task's metrics (`logger_callbacks`): the learning rate of
 each parameter group at every logged step, and once, as training starts, the run's
 hyper-parameters: the whole resolved config plus the values the plan derived
-(`run_hyperparameters`). A wandb run is also named after the run, grouped by the multirun it is a
-job of, and tagged with its recipe and group choices (`run_labels`), unless the config says otherwise.
+and the group choices (`run_hyperparameters`). A wandb run is also named after the run, grouped by
+the multirun it is a job of, and tagged with its recipe and group choices (`run_labels`), unless the
+config or wandb's own environment (`WANDB_NAME`, ...) says otherwise (`wandb_settings`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import string
 from dataclasses import dataclass
@@ -35,16 +37,17 @@ def _is_wandb(spec: Mapping[str, Any]) -> bool:
     return str(spec.get("_target_", "")).rsplit(".", 1)[-1] == "WandbLogger"
 
 
-def logger_ids(specs: Mapping[str, Mapping[str, Any]], previous: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The run id of each logger that has one (wandb): as configured (`logger.wandb.id`), else that of
-    the resumed run, else a new one (wandb's own form: 8 characters of a-z and 0-9)."""
+def logger_ids(specs: Mapping[str, Mapping[str, Any]], previous: Mapping[str, str] | None = None,
+               environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The run id of each logger that has one (wandb): as configured (`logger.wandb.id`), else
+    `WANDB_RUN_ID`, else that of the resumed run, else a new one (wandb's form: 8 of a-z and 0-9)."""
     previous = previous or {}
     ids = {}
     for name, spec in specs.items():
         if _is_wandb(spec):
             alphabet = string.ascii_lowercase + string.digits
-            ids[name] = str(spec.get("id") or spec.get("version") or previous.get(name)
-                            or "".join(secrets.choice(alphabet) for _ in range(8)))
+            ids[name] = str(spec.get("id") or spec.get("version") or environ.get("WANDB_RUN_ID")
+                            or previous.get(name) or "".join(secrets.choice(alphabet) for _ in range(8)))
     return ids
 
 
@@ -91,21 +94,49 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
             # resume="allow": wandb continues the run with this id if it exists, else starts it.
             kwargs.update(id=ids[name], resume="allow")
             spec = {k: v for k, v in spec.items() if k not in ("id", "version")}
-        if labels is not None and _is_wandb(spec):
-            # What the person set (logger.wandb.name=..., .group, .tags) wins over the run's own.
-            for key, value in (("name", labels.name), ("group", labels.group), ("tags", list(labels.tags))):
-                if value and spec.get(key) in (None, "", []):
-                    kwargs[key] = value
+        if _is_wandb(spec):
+            kwargs.update(wandb_settings(spec, labels or RunLabels(), str(run_dir)))
         loggers.append(instantiate(spec, **kwargs))
     return loggers
 
 
-def run_hyperparameters(resolved: Mapping[str, Any], derived: Mapping[str, Any]) -> dict[str, Any]:
-    """What the loggers record as the run's hyper-parameters: the whole resolved config, and under
-    ``derived`` each value the plan decided by its key (``optimizer.lr``: the effective lr,
-    ``global_batch_size``, ``precision``, ...). Plain values only; each logger flattens the nesting
-    its own way (csv: hparams.yaml as is; tensorboard: ``optimizer/lr``; wandb: its nested config)."""
-    return {**_plain(resolved), "derived": {str(key): _plain(value) for key, value in derived.items()}}
+#: What the framework fills in for a wandb run, and the wandb setting that wins over it when set.
+WANDB_ENVIRONMENT = {"name": "WANDB_NAME", "group": "WANDB_RUN_GROUP", "save_dir": "WANDB_DIR"}
+
+
+def wandb_settings(spec: Mapping[str, Any], labels: RunLabels, run_dir: str,
+                   environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The arguments the framework gives a WandbLogger: the run's name and group, the run folder to
+    write into, and its tags. What the person set wins: the config (`logger.wandb.name=...`), then
+    wandb's own environment (`WANDB_NAME`, `WANDB_RUN_GROUP`, `WANDB_DIR`; the other `WANDB_*`
+    settings the framework does not touch). Tags are added to the person's (`logger.wandb.tags`,
+    `WANDB_TAGS`), not put in their place."""
+    settings: dict[str, Any] = {}
+    for key, value in (("name", labels.name), ("group", labels.group), ("save_dir", run_dir)):
+        if environ.get(WANDB_ENVIRONMENT[key]):
+            # Passed on, not left to wandb: it reads its environment once a process, so the later
+            # jobs of an in-process multirun would miss a variable set after the first.
+            settings[key] = environ[WANDB_ENVIRONMENT[key]]
+        elif value and spec.get(key) in (None, "", []):
+            settings[key] = value
+    given = [str(tag) for tag in spec.get("tags") or []]
+    given += [tag.strip() for tag in environ.get("WANDB_TAGS", "").split(",") if tag.strip()]
+    tags = list(dict.fromkeys(given + list(labels.tags)))
+    if tags:
+        settings["tags"] = tags
+    return settings
+
+
+def run_hyperparameters(resolved: Mapping[str, Any], derived: Mapping[str, Any],
+                        choices: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the loggers record as the run's hyper-parameters: the whole resolved config; under
+    ``choices`` the group choices (``data: digits``, ``recipe: ...``), by which runs are filtered and
+    compared; and under ``derived`` each value the plan decided by its key (``optimizer.lr``: the
+    effective lr, ``global_batch_size``, ``precision``, ...). Plain values only; each logger flattens
+    the nesting its own way (csv: hparams.yaml as is; tensorboard: ``optimizer/lr``; wandb: its
+    nested config)."""
+    return {**_plain(resolved), "choices": {str(group): str(choice) for group, choice in (choices or {}).items()},
+            "derived": {str(key): _plain(value) for key, value in derived.items()}}
 
 
 def _plain(value: Any) -> Any:

@@ -27,10 +27,17 @@ def warmup_cosine_factor(step: int, warmup: int, total: int, min_ratio: float) -
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int) -> dict[str, Any] | None:
-    """A Lightning ``lr_scheduler`` dict, or None for a constant lr."""
+def unchanged(step: int) -> float:
+    """The constant schedule's factor (a module-level function: a checkpoint stores no lambda)."""
+    return 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int) -> dict[str, Any]:
+    """A Lightning ``lr_scheduler`` dict. The constant lr gets one too, a schedule that keeps every
+    lr as derived: without a scheduler, Lightning's LearningRateMonitor names the lr curves after
+    the optimizer (``lr-AdamW/pg1``), so runs with another scheduler could not be compared."""
     if isinstance(cfg, ConstantConfig):
-        return None
+        return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, unchanged), "interval": "step"}
     if isinstance(cfg, StepConfig):
         return {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, cfg.step_size, cfg.gamma), "interval": "epoch"}
     warmup = warmup_steps(cfg, total_steps)

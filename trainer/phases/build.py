@@ -144,7 +144,7 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     if loggers:
         # Every logger gets the lr per step and the resolved config with the plan's derived values.
         callbacks += logger_callbacks(run_hyperparameters(
-            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}))
+            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}, spec.choices))
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
