@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -44,19 +45,18 @@ class Timing:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation between the closest ranks."""
-    ordered = sorted(values)
-    if not ordered:
+    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's)."""
+    if len(values) == 0:
         raise ValueError("no values")
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="linear"))
 
 
 def time_calls(call: Callable[[], Any], synchronize: Callable[[], None], warmup: int, calls: int,
                budget_s: float) -> list[float]:
-    """Milliseconds of each of up to `calls` timed calls (fewer when `budget_s` runs out, at least 5)."""
+    """Milliseconds of each of up to `calls` timed calls (fewer when `budget_s` runs out, at least 5).
+
+    Not torch.utils.benchmark's Timer, deliberately: it times blocks of calls and reports their
+    means, while a serving latency table needs each call's own time for its p90 and p99 tails."""
     for _ in range(warmup):
         call()
     synchronize()

@@ -44,6 +44,13 @@ TFLOP = 10**12
 #         figures are used here. Re-check against the datasheet of the exact part before quoting.
 #   H200 SXM / NVL: "NVIDIA H200 Tensor Core GPU" datasheet: SXM has the H100 SXM compute
 #         (1979/989 sparse, FP32 67), NVL has the H100 NVL compute (1671/835 sparse, FP32 60).
+#
+# Not Lightning's `get_available_flops` (lightning/fabric/utilities/throughput.py), deliberately: in
+# the Lightning we pin (2.6) its H200 entries are the *sparse* tensor-core figures (bf16 2.0e15,
+# TF32 9.9e14: twice the dense peak, which would halve every MFU); "NVIDIA H200", the name torch
+# reports, matches none of its H200 keys (they need "sxm1" or "nvl1"); its substring matching takes
+# a MIG slice ("NVIDIA H100 80GB HBM3 MIG 1g.10gb") and an "A100X" for the whole chip; and it has no
+# bandwidths, which the roofline needs. Its H100 and A100 dense figures agree with the ones below.
 _PEAKS_TFLOPS: dict[str, tuple[float, float, float]] = {
     "A100 SXM": (312.0, 156.0, 19.5),
     "A100 PCIe": (312.0, 156.0, 19.5),
