@@ -5,13 +5,17 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: train test install docs clean
+.PHONY: train test lint install docs clean
 
 train: $(VENV)/.installed
 	$(BIN)/python train.py $(ARGS)
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# ruff and the other pre-commit hooks (.pre-commit-config.yaml) over every file; CI runs it first.
+lint: $(VENV)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 install: $(VENV)/.installed
 

@@ -247,13 +247,14 @@ def summary(results: Path) -> int:
     details: list[str] = []
     for s in steps:
         figures_file = results / s["step"] / "figures.md"
-        figure_lines = [l for l in figures_file.read_text().splitlines() if l.strip()] if figures_file.is_file() else []
+        figure_lines = ([line for line in figures_file.read_text().splitlines() if line.strip()]
+                        if figures_file.is_file() else [])
         first = figure_lines[0] if figure_lines else "-"
         limit = f" ({s['limit_s']} s)" if s["limit_s"] != "-" else ""
         lines.append(f"| {s['step']} | {s['status']} | {float(s['seconds']):.1f} s | {s['budget_s']} s{limit} | "
                      f"{first.replace('|', '/')} |")
         details += ["", f"## {s['step']}", "", f"- status: {s['status']} (exit {s['exit']}); files in `{s['step']}/`"]
-        details += [f"- {l}" for l in figure_lines[1:]]
+        details += [f"- {line}" for line in figure_lines[1:]]
     (results / "summary.md").write_text("\n".join(lines + details) + "\n")
     print("\n".join(lines))
     return 0

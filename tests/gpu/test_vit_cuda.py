@@ -5,7 +5,6 @@ stay there and sum to 1."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 

@@ -4,7 +4,7 @@ torchvision's format (>= 0.9) and a custom `_target_` model (>= 0.9)."""
 
 import pytest
 
-from tests.helpers import ON_CPU, train, train_forked, write_cifar_copy, write_digit_pngs
+from tests.helpers import ON_CPU, train_forked, write_cifar_copy, write_digit_pngs
 
 pytestmark = pytest.mark.run
 

@@ -17,7 +17,6 @@ does."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

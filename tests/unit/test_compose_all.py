@@ -3,7 +3,6 @@ the only source of the framework groups' values (their dataclasses hold types, b
 and no defaults); every config group has the module that consumes it."""
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf

@@ -80,8 +80,8 @@ def _install_error_reporter() -> None:
                 raise
             line = describe_user_error(ex)
             if line is None:
-                def reraise() -> Any:
-                    raise ex
+                def reraise(error: BaseException = ex) -> Any:
+                    raise error
                 return original(reraise)
             exit_with(line)
 

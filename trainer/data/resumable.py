@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, get_worker_info
+from torch.utils.data import Dataset, DistributedSampler, get_worker_info
 
 from trainer.infra.errors import UserError
 

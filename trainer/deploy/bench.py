@@ -107,7 +107,7 @@ def bench(runs: dict[str, Callable[[torch.Tensor], Any]], images: torch.Tensor, 
         repeats = -(-batch // len(images))
         inputs = images.repeat(repeats, *([1] * (images.dim() - 1)))[:batch].to(device)
         for name, run in runs.items():
-            ms = time_calls(lambda: run(inputs), synchronize, warmup, calls, budget_s)
+            ms = time_calls(lambda run=run, inputs=inputs: run(inputs), synchronize, warmup, calls, budget_s)
             timings.append(Timing(name, batch, percentile(ms, 50), percentile(ms, 90), percentile(ms, 99), len(ms)))
     return timings
 

@@ -35,7 +35,7 @@ def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
         if cuda:
             return "16-mixed", "auto -> 16-mixed with a GradScaler (the GPU has no bf16)"
         # Measured on a 2-core CPU (benchmarks/practices.py): bf16 autocast ran at 0.08x-0.09x of fp32.
-        return "32-true", f"auto -> 32-true (no CUDA device; bf16 autocast measured far slower on CPU)"
+        return "32-true", "auto -> 32-true (no CUDA device; bf16 autocast measured far slower on CPU)"
     if name == "fp16_mixed" and not cuda:
         # fp16 autocast with a GradScaler is a CUDA practice; a recipe written for a GPU still
         # runs here, in fp32, and says so.

@@ -219,9 +219,9 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
         found = find_latest(name, root, run_dir)
         if found is None:
             raise UserError("resume", f"auto found no readable checkpoint of run '{name}' under '{root}'",
-                            f"run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
-                            f"resume=PATH/TO/last.ckpt, resume=if_any (fresh when nothing is found), "
-                            f"or no resume to start fresh")
+                            "run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
+                            "resume=PATH/TO/last.ckpt, resume=if_any (fresh when nothing is found), "
+                            "or no resume to start fresh")
         return found
     path = Path(request).expanduser()
     if path.is_dir():  # a run folder: its newest checkpoint
