@@ -125,10 +125,12 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
     environment = announce(spec, plan, job, identity, rank_zero)
     for line in memory.lines() if memory is not None else []:
         log.info(line)
-    if spec.top.diagnose:
-        return run_diagnosis(spec, plan, parts, task, job.run_dir)
+    if spec.top.diagnose:  # a measurement, not a training run: no objective
+        run_diagnosis(spec, plan, parts, task, job.run_dir)
+        return None
     if spec.top.profile:
-        return run_profile(spec, plan, parts, task, job.run_dir, identity.name)
+        run_profile(spec, plan, parts, task, job.run_dir, identity.name)
+        return None
     # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
     # hydra.sweep.subdir puts each job one level below it); the recipe and group choices.
     labels = run_labels(identity.name, job.choices, job.run_dir.parent if job.multirun else None, spec.identity.root)

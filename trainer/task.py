@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -111,12 +111,14 @@ class ClassificationTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         progress = self.trainer.fit_loop.epoch_progress.current
-        if progress.processed > progress.completed:  # saved at the epoch's end
+        processed = progress.processed  # type: ignore[attr-defined]  # a _ProcessedTracker, typed as its base
+        if processed > progress.completed:  # saved at the epoch's end
             return
-        # Every process writes its part: all of them save together (a collective).
+        # Every process writes its part: all of them save together (a collective). Both metrics'
+        # states are tensors (torchmetrics types a state as a tensor or a list of them).
         checkpoint[self.TRAIN_METRICS_KEY] = {
             name: {"updates": int(metric._update_count),
-                   "states": {k: self._per_process(v) for k, v in metric.metric_state.items()}}
+                   "states": {k: self._per_process(cast(torch.Tensor, v)) for k, v in metric.metric_state.items()}}
             for name, metric in (("train_loss", self.train_loss), ("train_acc", self.train_acc))}
 
     def _per_process(self, tensor: torch.Tensor) -> list[torch.Tensor]:

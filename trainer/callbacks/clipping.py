@@ -155,7 +155,7 @@ class GradientClipping(Callback):
         same factor.
         """
         params = [p for p in parameters if p.grad is not None]
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]  # all of them; mypy forgets the filter above
         total = global_grad_norm(params)
         if sharded:
             total = _combine_shares(total, 2.0)
@@ -176,6 +176,7 @@ class GradientClipping(Callback):
         if self.mode == "off":
             return norm, None, False
         if self.mode == "value":
+            assert self.clip_value is not None  # mode 'value' is refused without it
             clipped = peak > self.clip_value
             if clipped:
                 torch.nn.utils.clip_grad_value_(params, self.clip_value)

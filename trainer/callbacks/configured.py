@@ -12,6 +12,7 @@ calls it after them at every hook. A callback's `state_dict` goes into every che
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import logging
@@ -93,9 +94,9 @@ def _refuse_owned(key: str, cls: type) -> None:
         if base.__module__.split(".")[0] == _PACKAGE and base.__name__ not in REUSABLE_BASES \
                 and issubclass(base, Callback):
             kind = "" if cls is base else f" (a {base.__name__})"
-            pointer = OWNED_FRAMEWORK_CALLBACKS.get(base.__name__)
-            if pointer:
-                raise UserError(key, f"{cls.__name__}{kind} is set by the framework", f"use {pointer}")
+            use = OWNED_FRAMEWORK_CALLBACKS.get(base.__name__)
+            if use:
+                raise UserError(key, f"{cls.__name__}{kind} is set by the framework", f"use {use}")
             raise UserError(key, f"{cls.__name__}{kind} is the framework's own, and every run has it already",
                             "remove the entry")
 
@@ -105,7 +106,7 @@ def build_callbacks(specs: Mapping[str, Mapping[str, Any]], has_logger: bool, ac
     callbacks = []
     for name, spec in specs.items():
         key = f"callbacks.{name}"
-        callback = construct(key, lambda spec=spec: instantiate(spec, _convert_="all"))
+        callback = construct(key, functools.partial(instantiate, spec, _convert_="all"))
         if not isinstance(callback, Callback):
             raise UserError(f"{key}._target_", f"'{spec['_target_']}' built a {type(callback).__name__}, "
                             "not a Lightning callback", "a subclass of lightning.pytorch.callbacks.Callback")

@@ -47,7 +47,7 @@ class LossRecord(Callback):
         self._recent: deque[float] = deque(maxlen=spike_window)
         self.steps = 0  # steps judged for spikes
         self.spikes = 0
-        self.first_spike = None  # the step (counted from 1) of the first spike
+        self.first_spike: int | None = None  # the step (counted from 1) of the first spike
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -84,7 +84,8 @@ class LossRecord(Callback):
                 "first_spike": self.first_spike}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._first = [float(v) for v in state_dict.get("first", [])][: self.first_steps]
+        first: list[torch.Tensor | float] = [float(v) for v in state_dict.get("first", [])]
+        self._first = first[: self.first_steps]
         self._last = deque((float(v) for v in state_dict.get("last", [])), maxlen=self.last_steps)
         self._recent = deque((float(v) for v in state_dict.get("recent", [])), maxlen=self.spike_window)
         self._pending = []

@@ -19,7 +19,7 @@ Costs one device synchronization per optimizer step (the check must be known bef
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Sequence
 
 import lightning as L
 import torch
@@ -61,7 +61,8 @@ class NonFiniteGuard(Callback):
         named = [(name, p) for name, p in pl_module.named_parameters() if p.grad is not None]
         if not named:
             return  # backward was skipped: nothing to check
-        finite = local_finite = self._all_finite([p.grad for _, p in named], self._loss)
+        grads = [p.grad for _, p in named if p.grad is not None]  # all of them; mypy forgets the filter above
+        finite = local_finite = self._all_finite(grads, self._loss)
         self._loss = None
         if trainer.world_size > 1:
             # Every process must skip (or stop) together: DDP's gradients agree after their
@@ -85,7 +86,7 @@ class NonFiniteGuard(Callback):
             for _, p in named:
                 p.grad = None  # the optimizer skips every parameter: weights and state untouched
         pl_module.log("nonfinite/skipped", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1)
-        if self.consecutive >= self.max_consecutive and (not scaled or scaler.get_scale() < 1.0):
+        if self.consecutive >= self.max_consecutive and (scaler is None or not scaled or scaler.get_scale() < 1.0):
             self._stop(trainer)
 
     @staticmethod
@@ -127,7 +128,7 @@ class NonFiniteGuard(Callback):
         self.skipped_at = [int(s) for s in state_dict["skipped_at"]]
 
 
-def _first_nonfinite(named: list[tuple[str, torch.Tensor]]) -> str:
+def _first_nonfinite(named: Sequence[tuple[str, torch.Tensor]]) -> str:
     """The first parameter, in module order, whose gradient holds a NaN or Inf."""
     for name, p in named:
         if p.grad is not None and not bool(torch.isfinite(p.grad).all()):

@@ -144,4 +144,5 @@ class ThroughputMeter(Callback):
         return result
 
     def _mfu(self, rate: float) -> float:
-        return rate * self.flops_per_sample / (self.peak_flops * self.processes)  # type: ignore[operator]
+        assert self.flops_per_sample is not None and self.peak_flops is not None  # callers check mfu_known
+        return rate * self.flops_per_sample / (self.peak_flops * self.processes)

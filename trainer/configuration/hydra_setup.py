@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from hydra._internal import utils as hydra_utils
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -104,10 +104,10 @@ def config_help(*, _root_: DictConfig) -> str:
         return ""
     from trainer.configuration.help import annotated_config  # imports Lightning: only when --help asks
 
-    config = OmegaConf.to_container(_root_, resolve=False)
-    runtime = config.get("hydra", {}).get("runtime", {})  # type: ignore[union-attr]
+    config = cast(dict[str, Any], OmegaConf.to_container(_root_, resolve=False))  # a DictConfig's: a dict
+    runtime = config.get("hydra", {}).get("runtime", {})
     choices_made = {k: v for k, v in (runtime.get("choices") or {}).items() if not k.startswith("hydra")}
-    return annotated_config(config, choices_made).replace("$", "$$")  # type: ignore[arg-type]
+    return annotated_config(config, choices_made).replace("$", "$$")
 
 
 def device_count(devices: Any) -> int:

@@ -150,7 +150,7 @@ def _class_docstring_args(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__[:-1]):
         docs.update(docstring_args(klass))
         if "__init__" in vars(klass):
-            docs.update(docstring_args(klass.__init__))
+            docs.update(docstring_args(vars(klass)["__init__"]))  # its own, as klass.__init__ reads it
     return docs
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence, cast
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_search_path import ConfigSearchPath
@@ -111,7 +111,8 @@ def parent_of(name: str, search_path: Sequence[str] = ()) -> Optional[str]:
     path = recipe_file(name, search_path)
     if path is None:
         return None
-    defaults = OmegaConf.to_container(OmegaConf.load(path)).get("defaults") or []  # type: ignore[union-attr]
+    recipe = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(path)))  # a config file's: a mapping
+    defaults = recipe.get("defaults") or []
     for entry in defaults:
         if isinstance(entry, str) and entry != "_self_" and "/" not in entry and recipe_file(entry, search_path):
             return entry
@@ -157,9 +158,9 @@ def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mappin
         else:  # called outside a Hydra app (tests, notebooks)
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose(config_name="train", overrides=parent_overrides)
-        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-        plain.pop("hydra", None)  # type: ignore[union-attr]
-        return plain  # type: ignore[return-value]
+        plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # a dict
+        plain.pop("hydra", None)
+        return plain
 
     try:
         return lineage(name, overrides, config, compose_plain, search_path)

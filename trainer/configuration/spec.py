@@ -12,7 +12,7 @@ import dataclasses
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union, cast
 
 import lightning
 from hydra import compose, initialize_config_dir
@@ -372,7 +372,8 @@ def choice_config(group: str, choice: str, **overrides: Any) -> Any:
     that choice gets, for use from Python (tests, benchmarks), from the same file a run composes."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         composed = compose(config_name=f"{group}/{choice}")
-    values = {**OmegaConf.to_container(composed[group], resolve=True), **overrides}  # type: ignore[dict-item]
+    group_values = cast(dict[str, Any], OmegaConf.to_container(composed[group], resolve=True))  # a DictConfig's
+    values = {**group_values, **overrides}
     schemas = DATACLASS_GROUPS[group]
     if "" in schemas:
         return _dataclass(group, values, schemas[""])
@@ -582,7 +583,7 @@ def _choice(group: str, values: dict[str, Any], schemas: Mapping[str, type]) -> 
     name = values.get("name")
     if name not in schemas:
         raise UserError(f"{group}.name", f"unknown {group} '{name}'", choices(schemas))
-    return _dataclass(group, values, schemas[name])
+    return _dataclass(group, values, schemas[cast(str, name)])  # one of its keys, as checked above
 
 
 def _dataclass(group: str, values: dict[str, Any], cls: type) -> Any:

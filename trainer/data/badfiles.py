@@ -139,8 +139,9 @@ def load_rgb(path: str | os.PathLike[str], data: Optional[bytes | bytearray] = N
     `before_decode`: called with the opened image before its pixels are decoded, when its size and
     format are known (the fast path picks its crop and a reduced JPEG decoding scale there).
     """
-    return _open(str(path), decode=True, convert=True, data=data,  # type: ignore[return-value]
-                 before_decode=before_decode)
+    image = _open(str(path), decode=True, convert=True, data=data, before_decode=before_decode)
+    assert image is not None  # only decode=False gives None
+    return image
 
 
 def check_file(path: str, decode: bool) -> tuple[str, str] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Optional, Union
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Optional, Sized, Union, cast
 
 import lightning as L
 import torch
@@ -180,15 +180,16 @@ class ImageClassificationData(L.LightningDataModule):
         replicas, rank = self._process_share()
         make_collate = getattr(dataset, "collate_fn", None)  # a data set that batches its own way
         collate = make_collate() if callable(make_collate) else None
+        sized = cast(Sized, dataset)  # Dataset's type has no __len__; map-style ones have it
         if not train:
-            share = EvalShare(len(dataset), replicas, rank) if replicas > 1 else None  # type: ignore[arg-type]
+            share = EvalShare(len(sized), replicas, rank) if replicas > 1 else None
             return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
                               generator=own_generator(self.run_seed), collate_fn=collate,
                               **loader.dataloader_kwargs(rank))
         # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
         # shuffle=True (see trainer/data/resumable.py for why).
         seeded = self.random_on_host or host_finishing
-        sampler = self.train_sampler(len(dataset), self.batch_size, seeded=seeded)  # type: ignore[arg-type]
+        sampler = self.train_sampler(len(sized), self.batch_size, seeded=seeded)
         return DataLoader(
             SeededSamples(dataset) if seeded else dataset,
             sampler=sampler,
@@ -278,7 +279,7 @@ class _FinishedOnHost(Dataset[Any]):
         self.training = training
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(cast(Sized, self.dataset))  # Dataset's type has no __len__; map-style ones have it
 
     def __getitem__(self, index: int) -> Any:
         image, label = self.dataset[index]

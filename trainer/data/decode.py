@@ -38,7 +38,7 @@ from PIL import Image
 from torch.utils.data import get_worker_info
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from trainer.data.badfiles import CORRUPT, BadImageError, ImageFiles, load_rgb, read_bytes
+from trainer.data.badfiles import CORRUPT, BadFileList, BadImageError, ImageFiles, Policy, load_rgb, read_bytes
 from trainer.data.transforms import normalize
 
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
@@ -231,7 +231,8 @@ def _decode_with_pil(path: str, data: bytearray, geometry: Geometry, box: Option
     image = load_rgb(path, data=data, before_decode=choose)
     # HWC, viewed as CHW: the channels-last layout torchvision's uint8 resize is fastest on.
     tensor = torch.from_numpy(np.array(image)).permute(2, 0, 1)
-    box = _scaled_box(drawn["box"], *drawn["size"], decoded=(image.height, image.width))
+    height, width = drawn["size"]
+    box = _scaled_box(drawn["box"], height, width, decoded=(image.height, image.width))
     return geometry.finish(tensor, box)
 
 
@@ -261,9 +262,10 @@ class DecodedFiles(ImageFiles):
 
     takes_seeds = True
 
-    def __init__(self, *args: Any, geometry: Geometry,
-                 augment: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, **kwargs: Any) -> None:
-        super().__init__(*args, transform=None, **kwargs)
+    def __init__(self, split: str, samples: Sequence[tuple[str, int]], classes: Sequence[str], *, policy: Policy,
+                 bad_list: BadFileList, geometry: Geometry,
+                 augment: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
+        super().__init__(split, samples, classes, None, policy, bad_list)
         self.geometry = geometry
         self.augment = augment
 
@@ -346,8 +348,9 @@ class EncodedFiles(ImageFiles):
 
     takes_seeds = True
 
-    def __init__(self, *args: Any, geometry: Geometry, **kwargs: Any) -> None:
-        super().__init__(*args, transform=None, **kwargs)
+    def __init__(self, split: str, samples: Sequence[tuple[str, int]], classes: Sequence[str], *, policy: Policy,
+                 bad_list: BadFileList, geometry: Geometry) -> None:
+        super().__init__(split, samples, classes, None, policy, bad_list)
         self.geometry = geometry
 
     def load(self, index: int, seed: Optional[int]) -> Union[EncodedImage, torch.Tensor]:

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence
+from typing import Annotated, Any, Literal, Optional, Sequence, cast
 
 import torch
 from torchvision.transforms import v2
@@ -212,7 +212,7 @@ class ImageFolderDataModule(ImageClassificationData):
             splits[split] = folder
         paths = [f for classes in listed.values() for files in classes.values() for f in files]
         started = time.perf_counter()
-        found = check_files(paths, self.scan)  # type: ignore[arg-type]
+        found = check_files(paths, self.scan)
         seconds = time.perf_counter() - started
         if self.scan != "off":
             log.info("data.scan=%s: %s checked in %.1f s (%d threads), %d unreadable", self.scan,
@@ -351,7 +351,8 @@ class ImageFolderDataModule(ImageClassificationData):
 
     def _geometry(self, train: bool) -> Geometry:
         finish = None if self.device_normalize else (self.hflip, tuple(self.mean), tuple(self.std))
-        return Geometry(self.image_size, train, scale=self.train_crop_scale, resize=self._eval_resize(),
+        scale = cast(tuple[float, float], self.train_crop_scale)  # a pair: inspect() checked it
+        return Geometry(self.image_size, train, scale=scale, resize=self._eval_resize(),
                         host_finish=finish)
 
     def _eval_resize(self) -> int:
@@ -362,7 +363,7 @@ class ImageFolderDataModule(ImageClassificationData):
         encoded bytes there, where nvjpeg does not read them); other batches as Lightning does."""
         if isinstance(batch, EncodedBatch):
             files = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[batch.split]
-            return decode_batch(batch, files, device)  # type: ignore[arg-type]
+            return decode_batch(batch, cast(EncodedFiles, files), device)  # only EncodedFiles make EncodedBatches
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def _transforms(self, train: bool) -> v2.Compose:

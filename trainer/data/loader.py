@@ -10,7 +10,7 @@ import shutil
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
@@ -29,8 +29,8 @@ class LoaderSettings:
     prefetch_factor: int | None
     reasons: dict[str, str]
 
-    def dataloader_kwargs(self, rank: int = 0) -> dict[str, object]:
-        kwargs: dict[str, object] = {
+    def dataloader_kwargs(self, rank: int = 0) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
             "num_workers": self.num_workers,
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,

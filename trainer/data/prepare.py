@@ -162,7 +162,7 @@ def _resized(path: str, image: Image.Image, target: tuple[int, int], fmt: str) -
     except Exception as ex:  # noqa: BLE001 - PIL's decoders raise OSError, SyntaxError, ValueError ...
         raise BadImageError(path, CORRUPT, first_line(ex) or type(ex).__name__) from None
     try:
-        return _resamplable(image, fmt).resize(target, Image.BILINEAR, reducing_gap=REDUCING_GAP)
+        return _resamplable(image, fmt).resize(target, Image.Resampling.BILINEAR, reducing_gap=REDUCING_GAP)
     except (ValueError, OSError, TypeError) as ex:
         raise BadImageError(path, UNSUPPORTED, f"mode {image.mode}: {ex}") from None
 

@@ -19,7 +19,7 @@ checkpoint cannot replay that. Here instead:
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sized, cast
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler, get_worker_info
@@ -144,7 +144,7 @@ class SeededSamples(Dataset[Any]):
         self.dataset = dataset
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(cast(Sized, self.dataset))  # Dataset's type has no __len__; map-style ones have it
 
     def __getitem__(self, item: Any) -> Any:
         if not isinstance(item, tuple):  # a plain index (an evaluation loader)

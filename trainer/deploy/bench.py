@@ -11,12 +11,13 @@ is the batch over the median. Written into the run folder as ``deploy_bench.md``
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 import torch
@@ -94,7 +95,8 @@ def variants(net: nn.Module, onnx_path: Path, device: torch.device) -> dict[str,
     folded = fuse_for_inference(net)
     found = {"eager": _torch_variant(net, device), "folded": _torch_variant(folded, device)}
     if device.type == "cuda":  # on the CPU this framework measured compile no faster; it stays a CUDA variant
-        found["compiled"] = _torch_variant(torch.compile(folded), device)
+        compiled = cast(nn.Module, torch.compile(folded))  # an OptimizedModule; torch types it a Callable
+        found["compiled"] = _torch_variant(compiled, device)
     found["onnxruntime"] = _onnx_variant(onnx_path)
     return found
 
@@ -107,7 +109,7 @@ def bench(runs: dict[str, Callable[[torch.Tensor], Any]], images: torch.Tensor, 
         repeats = -(-batch // len(images))
         inputs = images.repeat(repeats, *([1] * (images.dim() - 1)))[:batch].to(device)
         for name, run in runs.items():
-            ms = time_calls(lambda run=run, inputs=inputs: run(inputs), synchronize, warmup, calls, budget_s)
+            ms = time_calls(functools.partial(run, inputs), synchronize, warmup, calls, budget_s)
             timings.append(Timing(name, batch, percentile(ms, 50), percentile(ms, 90), percentile(ms, 99), len(ms)))
     return timings
 

@@ -26,10 +26,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, cast
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save_file
 from torch import nn
 
@@ -108,7 +108,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Module, Any, Any, Any]:
     """(network with the checkpoint's weights, run spec, data module, data info); the data module
     writes what it writes (a bad-file list) into `scratch`, never into the run folder."""
-    spec = validate(OmegaConf.load(run_dir / CONFIG_NAME))
+    spec = validate(cast(DictConfig, OmegaConf.load(run_dir / CONFIG_NAME)))  # a run's config: a mapping
     datamodule, info = build_data(spec, scratch)
     net = build_model(spec, info)
     state = load_checkpoint(checkpoint).get("state_dict")

@@ -98,9 +98,10 @@ class Preprocessing:
 
     def _resized(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.interpolation == "bilinear":
-            size = [self.resize] if isinstance(self.resize, int) else list(self.resize)
-            return TF.resize(tensor, size, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
-        size = _shorter_side(tuple(tensor.shape[-2:]), self.resize) if isinstance(self.resize, int) else self.resize
+            sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize)
+            return TF.resize(tensor, sizes, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
+        height, width = tensor.shape[-2:]
+        size = _shorter_side((height, width), self.resize) if isinstance(self.resize, int) else self.resize
         if tuple(tensor.shape[-2:]) == tuple(size):
             return tensor
         area = F.interpolate(tensor[None].float(), size=size, mode="area")[0]

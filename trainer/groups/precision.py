@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
@@ -79,7 +81,7 @@ def apply_tf32(enabled: bool, accelerator: str) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
-def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) -> dict[str, object]:
+def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) -> dict[str, Any]:
     """Trainer keyword arguments: a precision string, or for fp16 a plugin carrying our GradScaler."""
     if precision != "16-mixed" or accelerator != "cuda":
         return {"precision": precision}

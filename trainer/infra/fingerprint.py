@@ -53,7 +53,7 @@ def git_commit(root: Path = REPO_ROOT) -> dict[str, Any] | None:
 
 
 def fingerprint() -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for package in PACKAGES:
         try:
             versions[package] = importlib.metadata.version(package)

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from trainer.infra.atomic import write_text_atomic
 from trainer.groups.checkpoint import clean_state_dict, load_checkpoint
@@ -98,7 +98,7 @@ def newest_first(paths: list[Path]) -> list[Path]:
 
 def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]:
     """Run folders under `root` whose run.json carries `name`."""
-    found = []
+    found: list[Path] = []
     if not root.is_dir():
         return found
     for current, folders, files in os.walk(root):
@@ -199,7 +199,8 @@ def _stop_of(folder: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf  # the config library: imported where a resume asks
 
     try:
-        trainer = OmegaConf.to_container(OmegaConf.load(folder / RESOLVED_CONFIG)).get("trainer") or {}
+        config = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(folder / RESOLVED_CONFIG)))  # a mapping
+        trainer = config.get("trainer") or {}
     except Exception:  # noqa: BLE001 - a missing or torn file: nothing to compare against
         return {}
     return {k: trainer[k] for k in STOP_KEYS if k in trainer}

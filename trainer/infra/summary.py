@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -86,7 +86,7 @@ def log_result(summary: dict[str, Any]) -> None:
              Path(summary["run_dir"]) / "summary.json")
 
 
-def split_metrics(metrics: dict[str, Any]) -> dict[str, dict[str, float]]:
+def split_metrics(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """``{"val/acc": t, "train/loss_epoch": t}`` -> ``{"val": {"acc": ...}, "train": {"loss": ...}}``."""
     out: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():

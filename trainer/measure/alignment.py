@@ -109,7 +109,7 @@ def report_applies(device_type: str) -> bool:
     return device_type.split(":", 1)[0] == "cuda"
 
 
-def _layer_items(name: str, module: nn.Module, multiple: int, first: bool,
+def _layer_items(name: str, module: nn.Linear | nn.modules.conv._ConvNd, multiple: int, first: bool,
                  last: bool) -> list[Misalignment]:
     layer = type(module).__name__
     if isinstance(module, nn.Linear):

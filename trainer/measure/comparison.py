@@ -141,10 +141,10 @@ def settings_of(rows: Sequence[Row], jobs: Sequence[SweepJob]) -> list[Setting]:
     names = []
     for job, own in zip(jobs, overrides):
         recipe = _get(job.summary, "choices", "recipe")
-        own = setting_of(result_overrides(own))
-        shown = [o for o in own if o.partition("=")[0] in varying and "recipe" not in o.partition("=")[0]]
+        setting = setting_of(result_overrides(own))
+        shown = [o for o in setting if o.partition("=")[0] in varying and "recipe" not in o.partition("=")[0]]
         if not recipe and not shown:
-            shown = list(own)
+            shown = list(setting)
         names.append(" ".join([str(recipe)] * bool(recipe) + shown) or "(defaults)")
     return group_by_setting(rows, overrides, names)
 
@@ -231,7 +231,7 @@ def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
     rows = []
     for index, job in enumerate(jobs):
         status = _status(job)
-        numbers: dict[str, float | None] = dict.fromkeys(
+        numbers: dict[str, Any] = dict.fromkeys(  # float or None each, Row's fields of those names
             ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc", "test_acc"))
         if status == "completed":
             summary = job.summary or {}

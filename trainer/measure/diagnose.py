@@ -26,7 +26,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import torch
 
@@ -114,7 +114,7 @@ def half_iqr(samples: list[float]) -> float:
     return (q3 - q1) / 2
 
 
-def _batches(datamodule: ImageClassificationData, device: torch.device) -> Iterator[Any]:
+def _batches(datamodule: ImageClassificationData, device: torch.device) -> Generator[Any, None, None]:
     """Training batches as the step receives them: from the loader, on the device, finished."""
     while True:
         for batch in datamodule.train_dataloader():

@@ -96,7 +96,7 @@ class MemoryPlan:
                  f"{self.activations.per_sample / MIB:,.3f} per sample + {self.activations.fixed / MIB:,.1f} fixed",
                  f"  peak: modelled {self.modelled_peak() / MIB:,.1f}"
                  + (f", measured {self.measured_peak / MIB:,.1f} ({self.peak_how}); rest {self.rest / MIB:+,.1f}"
-                    if self.measured_peak is not None else f" ({self.peak_how})")]
+                    if self.measured_peak is not None and self.rest is not None else f" ({self.peak_how})")]
         for practice in self.practices:
             lines.append(f"  {practice['practice']}: peak {practice['peak'] / MIB:,.1f} "
                          f"({practice['peak'] / self.modelled_peak() - 1:+.0%}): {practice['how']}")
@@ -381,7 +381,7 @@ def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module]
             good = middle
         else:
             bad = middle
-    net = optimizer = None  # type: ignore[assignment]  # the copy goes before the cache is emptied
+    net = optimizer = None  # type: ignore[assignment]  # None: drops the unused copy before the cache is emptied
     torch.cuda.empty_cache()
     capped = " (capped by the training split)" if good == limit else ""
     return good, (f"auto -> {good}{capped}: the largest multiple of {multiple} whose training step ran on "

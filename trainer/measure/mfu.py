@@ -193,7 +193,8 @@ def model_flops_utilization(
     samples_per_s: float | None, flops_per_sample: int | None, peak: float | None
 ) -> float | None:
     """Achieved model FLOP/s over the peak, as a fraction; None unless every input is known and positive."""
-    values = (samples_per_s, flops_per_sample, peak)
-    if any(v is None or not math.isfinite(v) or v <= 0 for v in values):
+    if samples_per_s is None or flops_per_sample is None or peak is None:
         return None
-    return float(samples_per_s) * float(flops_per_sample) / float(peak)  # type: ignore[arg-type]
+    if any(not math.isfinite(v) or v <= 0 for v in (samples_per_s, flops_per_sample, peak)):
+        return None
+    return float(samples_per_s) * float(flops_per_sample) / float(peak)

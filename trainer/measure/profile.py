@@ -333,17 +333,17 @@ def machine_roof(device: torch.device, precision: str, tf32: bool, dtype: torch.
 
 
 def plot_roofline(result: Breakdown, roof: Roof, path: "Path", title: str) -> None:
-    points = [row for row in result.rows if row.intensity and row.flops_per_s]
-    low = min([0.1, *(row.intensity / 3 for row in points)])
-    high = max([roof.ridge * 10, *(row.intensity * 3 for row in points)])
+    points = [(row, intensity) for row in result.rows if (intensity := row.intensity) and row.flops_per_s]
+    low = min([0.1, *(intensity / 3 for _, intensity in points)])
+    high = max([roof.ridge * 10, *(intensity * 3 for _, intensity in points)])
     figure = new_figure(figsize=(7, 4.6))
     axis = figure.subplots()
     xs = [low * (high / low) ** (i / 200) for i in range(201)]
     axis.plot(xs, [min(roof.peak_flops, x * roof.bandwidth) for x in xs], color="black",
               label=f"roof: {roof.peak_flops / 1e9:,.0f} GFLOP/s, {roof.bandwidth / 1e9:,.0f} GB/s")
     axis.axvline(roof.ridge, color="grey", linestyle=":", label=f"ridge {roof.ridge:.1f} FLOPs/byte")
-    for row in points:
-        axis.scatter([row.intensity], [row.flops_per_s], s=40 + 400 * row.share, label=f"{row.category} "
+    for row, intensity in points:
+        axis.scatter([intensity], [row.flops_per_s], s=40 + 400 * row.share, label=f"{row.category} "
                      f"({row.share:.0%} of the step)")
     axis.set_xscale("log")
     axis.set_yscale("log")

@@ -17,6 +17,7 @@ not faster.
 from __future__ import annotations
 
 import copy
+from typing import TypeGuard, TypeVar, cast
 
 import torch
 from torch import nn
@@ -33,8 +34,12 @@ _RESNET_PAIRS: dict[type[nn.Module], tuple[tuple[str, str], ...]] = {
     Bottleneck: (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3")),
 }
 
+# A Conv2d's kernel size, stride and dilation: pairs, which torch types as _ConvNd's tuple[int, ...].
+_Pair = tuple[int, int]
+_M = TypeVar("_M", bound=nn.Module)
 
-def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
+
+def fold_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
     """A new Conv2d, with bias, computing ``bn(conv(x))`` as ``bn`` does in eval mode.
 
     The inputs are not modified. The arithmetic is done in float64 and rounded once to the conv's
@@ -72,11 +77,12 @@ def fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
         folded_b = bias + shift
 
         fused = nn.Conv2d(
-            conv.in_channels, conv.out_channels, conv.kernel_size,
-            stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups,
+            conv.in_channels, conv.out_channels, cast(_Pair, conv.kernel_size), stride=cast(_Pair, conv.stride),
+            padding=cast("str | _Pair", conv.padding), dilation=cast(_Pair, conv.dilation), groups=conv.groups,
             bias=True, padding_mode=conv.padding_mode, device=weight.device, dtype=weight.dtype,
         )
         fused.weight.copy_(folded_w.to(weight.dtype))
+        assert fused.bias is not None  # made with bias=True
         fused.bias.copy_(folded_b.to(weight.dtype))
     fused.train(conv.training)
     return fused
@@ -128,7 +134,7 @@ def _foldable(conv: nn.Module, bn: nn.Module, shared: set[int]) -> bool:
     )
 
 
-def _keeps_forward(module: nn.Module, base: type[nn.Module]) -> bool:
+def _keeps_forward(module: nn.Module, base: type[_M]) -> TypeGuard[_M]:
     """True when ``module`` runs ``base``'s forward, so ``base``'s data flow holds."""
     return isinstance(module, base) and type(module).forward is base.forward
 
@@ -142,8 +148,8 @@ def _fuse(module: nn.Module, shared: set[int]) -> nn.Module:
 
     if _keeps_forward(module, ConvBNAct):
         conv, bn, *rest = module.children()
-        if _foldable(conv, bn, shared):
-            return nn.Sequential(fold_conv_bn(conv, bn), *rest)
+        if _foldable(conv, bn, shared):  # a Conv2d and a BatchNorm
+            return nn.Sequential(fold_conv_bn(cast(nn.Conv2d, conv), cast(_BatchNorm, bn)), *rest)
         return module
 
     for cls, pairs in _RESNET_PAIRS.items():
@@ -167,12 +173,12 @@ def _fold_sequential(seq: nn.Sequential, shared: set[int]) -> None:
     and the names of the surviving children; Sequential indexes by position, so the gap left in
     the names does not matter to forward().
     """
-    prev_name: str | None = None
+    prev_name = ""  # the name of `prev`, once there is one
     prev: nn.Module | None = None
     for name, child in list(seq.named_children()):
-        if prev is not None and _foldable(prev, child, shared):
-            prev = fold_conv_bn(prev, child)  # type: ignore[arg-type]
-            setattr(seq, prev_name, prev)  # type: ignore[arg-type]
+        if prev is not None and _foldable(prev, child, shared):  # a Conv2d and a BatchNorm
+            prev = fold_conv_bn(cast(nn.Conv2d, prev), cast(_BatchNorm, child))
+            setattr(seq, prev_name, prev)
             delattr(seq, name)
             continue  # `prev` stays the conv, so a second BN in a row folds too
         prev_name, prev = name, child

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from torch import nn
@@ -31,11 +31,11 @@ class ConvBNAct(nn.Sequential):
 
     @property
     def conv(self) -> nn.Conv2d:
-        return self[0]  # type: ignore[return-value]
+        return cast(nn.Conv2d, self[0])  # as made in __init__; Sequential's items are typed Module
 
     @property
     def bn(self) -> nn.BatchNorm2d:
-        return self[1]  # type: ignore[return-value]
+        return cast(nn.BatchNorm2d, self[1])
 
 
 class ClassifierHead(nn.Sequential):

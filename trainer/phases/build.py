@@ -148,9 +148,10 @@ def build_trainer(spec: RunSpec, plan: Plan, run_dir: Path, parts: Parts,
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
-    target = (TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size)
-              if spec.target.metric is not None else None)
-    if target is not None:
+    target = None
+    if spec.target.metric is not None:
+        assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value
+        target = TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size)
         callbacks.append(target)
     trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>
         spec.trainer,
