@@ -16,13 +16,14 @@ def replace_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    # mkstemp makes the file private (0600); the result should have the permissions any new file
-    # gets here (0666 less the umask), as a plain open() would give it.
-    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(name)
     try:
         write(tmp)
+        # mkstemp makes the file private (0600), and a writer may make its own file in its place
+        # (safetensors' save_file does, 0600 again); the result gets the permissions any new file
+        # gets here (0666 less the umask, 0644 usually), as a plain open() would give it.
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
