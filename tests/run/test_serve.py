@@ -113,6 +113,48 @@ def test_bad_requests_are_a_one_line_4xx_and_the_server_keeps_serving(server, sa
     assert status == 200 and answer["top_k"][0]["index"] == samples[0].label
 
 
+def test_a_json_body_with_a_base64_image_is_classified_like_its_bytes(server, samples):
+    """LitServe's own clients send JSON: {"image": base64} (or "input") gets the raw body's answer,
+    k from the JSON; a body that is not base64 or has no image is a one-line 4xx."""
+    import base64
+
+    sample = samples[1]
+    _, raw = _post(server.url + "/predict?k=3", sample.body, sample.content_type)
+    encoded = base64.b64encode(sample.body).decode()
+    for key in ("image", "input"):
+        status, answer = _post(server.url + "/predict", json.dumps({key: encoded, "k": 3}).encode(),
+                               "application/json")
+        assert status == 200 and [c["index"] for c in answer["top_k"]] == [c["index"] for c in raw["top_k"]]
+    for body, status, says in [(b'{"image": "not base64!"}', 400, "not valid base64"),
+                               (b'{"picture": "abc"}', 422, 'no "image" string'), (b"{oops", 400, "not JSON")]:
+        got, answer = _post(server.url + "/predict", body, "application/json")
+        assert got == status and says in answer["detail"], (body, got, answer)
+
+
+def test_the_api_is_documented_and_counted(server, samples):
+    """/openapi.json names the project and its version and documents /predict's bodies (an image, or
+    JSON) and its answer; /metrics counts the requests by status, their latency and batch sizes."""
+    from importlib.metadata import version
+
+    with urllib.request.urlopen(server.url + "/openapi.json", timeout=10) as answer:
+        api = json.loads(answer.read())
+    assert api["info"]["title"] == "gpu-practice-trainer image classifier"
+    assert api["info"]["version"] == version("gpu-practice-trainer")
+    predict = api["paths"]["/predict"]["post"]
+    assert set(predict["requestBody"]["content"]) == {"image/jpeg", "image/png", "application/json"}
+    answer_schema = predict["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer_schema["$ref"].endswith("/Prediction") and "/metrics" in api["paths"]
+    _post(server.url + "/predict", samples[2].body, samples[2].content_type)
+    _post(server.url + "/predict", b"", "image/png")
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain")
+        text = answer.read().decode()
+    counts = {line.split("{")[1].split("}")[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith("predict_requests_total{")}
+    assert counts['status="200"'] >= 1 and counts['status="400"'] >= 1
+    assert "predict_latency_seconds_bucket" in text and "predict_batch_size_count" in text
+
+
 def test_concurrent_requests_are_served_in_batches(server, samples):
     """48 requests at once: the server answers each with its own label, in batches larger than one."""
     import aiohttp

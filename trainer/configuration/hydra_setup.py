@@ -8,6 +8,7 @@ composition error or `--help` answers without paying for them.
 
 from __future__ import annotations
 
+import platform
 import re
 import sys
 from typing import Any, Callable, cast
@@ -20,29 +21,20 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from trainer.configuration import recipes
 from trainer.infra.errors import UserError, choices, exit_with, first_line, full_error_requested
+from trainer.infra.versions import DISTRIBUTION, installed_version, project_version
 
 _installed = False
 
 
-#: The distribution's name on the package index (pyproject.toml), and the libraries `--version` names.
-DISTRIBUTION = "gpu-practice-trainer"
+#: The libraries `--version` names beside the project.
 VERSIONED_LIBRARIES = ("torch", "torchvision", "lightning", "hydra-core", "timm")
 
 
 def version_line() -> str:
     """The project's version and those of the libraries a run's behaviour depends on, read from the
     installed packages' metadata (nothing is imported)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    def of(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    libraries = ", ".join(f"{name} {of(name)}" for name in VERSIONED_LIBRARIES)
-    return f"{DISTRIBUTION} {of(DISTRIBUTION)} ({libraries}, python {platform.python_version()})"
+    libraries = ", ".join(f"{name} {installed_version(name)}" for name in VERSIONED_LIBRARIES)
+    return f"{DISTRIBUTION} {project_version()} ({libraries}, python {platform.python_version()})"
 
 
 def answer_version(argv: list[str]) -> None:

@@ -5,14 +5,17 @@ Built on LitServe (Lightning's serving library): its inference worker process, i
 (200 once the worker has loaded and warmed up the model) and its graceful shutdown.
 
 ``POST /predict`` takes the image's bytes as the body (``Content-Type: image/jpeg`` or
-``image/png``; ``?k=N`` for the top N) and answers
-``{"top_k": [{"class": ..., "index": ..., "probability": ...}, ...], "batch": n}``, ``batch`` being
-the size of the batch the request was served in.
+``image/png``; ``?k=N`` for the top N), or JSON with the image base64-encoded
+(``{"image": "<base64>", "k": 3}``; ``input`` for ``image`` as LitServe's generated client names it),
+and answers ``{"top_k": [{"class": ..., "index": ..., "probability": ...}, ...], "batch": n}``,
+``batch`` being the size of the batch the request was served in. ``/openapi.json`` (and ``/docs``)
+documents both bodies and the answer; ``GET /metrics`` gives Prometheus the requests by status, their
+latency and the batch sizes.
 
 Where this replaces LitServe's behaviour, deliberately:
 
 - LitServe reads every body that is not a form as JSON (LitServe issue #732), so the request
-  handler is ours: it reads the raw bytes, and it checks and preprocesses the image in the HTTP
+  handler is ours: it reads the raw bytes (or the JSON's base64), and it checks and preprocesses the image in the HTTP
   process, before the request is queued. A bad image is then a 4xx for that request alone; in
   LitServe's batched loop one request whose ``decode_request`` raises fails its whole batch. What
   crosses to the inference worker is the uint8 pixels, and the worker normalizes whole batches.
@@ -23,6 +26,9 @@ Where this replaces LitServe's behaviour, deliberately:
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import os
 import signal
 import socket
@@ -38,15 +44,76 @@ from fastapi import HTTPException, Request, Response
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.loops.simple_loops import BatchedLoop
 from litserve.server import RegularRequestHandler
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.deploy.export import export_folder, load_card
 from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing
 from trainer.infra.errors import UserError
+from trainer.infra.versions import project_version
 
 CONTENT_TYPES = ("image/jpeg", "image/png")
+JSON_TYPE = "application/json"
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 API_PATH = "/predict"
+METRICS_PATH = "/metrics"
+TITLE = "gpu-practice-trainer image classifier"
+
+
+# -- the API's documented shapes (/openapi.json) -----------------------------------------------------------
+class ImageJSON(BaseModel):
+    """The JSON body of /predict: the image's file bytes (JPEG or PNG), base64-encoded."""
+
+    image: str = Field(description="the JPEG or PNG file, base64-encoded (standard alphabet)")
+    k: Optional[int] = Field(None, ge=1, description="how many classes to answer (default: the server's --top-k)")
+
+
+class RankedClass(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    class_name: str = Field(alias="class", description="the class's name, as in the training data")
+    index: int = Field(description="the class's index in the model's output")
+    probability: float = Field(description="softmax probability, rounded to 6 digits")
+
+
+class Prediction(BaseModel):
+    """The answer of /predict."""
+
+    top_k: list[RankedClass] = Field(description="the k most probable classes, most probable first")
+    batch: int = Field(description="the size of the batch this request was served in")
+
+
+def _request_body_schema(max_bytes: int) -> dict[str, Any]:
+    """The OpenAPI requestBody of /predict: an image file as the body, or `ImageJSON`."""
+    binary = {"schema": {"type": "string", "format": "binary", "maxLength": max_bytes}}
+    return {"requestBody": {"required": True, "content": {
+        **{kind: binary for kind in CONTENT_TYPES}, JSON_TYPE: {"schema": ImageJSON.model_json_schema()}}}}
+
+
+class ServerMetrics:
+    """What `GET /metrics` tells Prometheus, counted in the HTTP process (where every request passes):
+    requests by status code, their latency from arrival to answer, and the batch each was served in."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.registry = CollectorRegistry()  # the server's own: a second server in a process starts at 0
+        self.requests = Counter("predict_requests", "requests to /predict, by HTTP status", ["status"],
+                                registry=self.registry)
+        self.latency = Histogram("predict_latency_seconds", "time from a request's arrival to its answer",
+                                 registry=self.registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} & set(range(1, max_batch_size + 1)) | {max_batch_size})
+        self.batch = Histogram("predict_batch_size", "the size of the batch each answered request was in",
+                               registry=self.registry, buckets=tuple(float(size) for size in sizes))
+
+    def observe(self, status: int, seconds: float, batch: Optional[int] = None) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.latency.observe(seconds)
+        if batch is not None:
+            self.batch.observe(batch)
+
+    def exposition(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- the model files ------------------------------------------------------------------------------------
@@ -193,27 +260,57 @@ class ImageRequestHandler(RegularRequestHandler):
 
     async def _prepare_request(self, request: Request, request_type: Any) -> dict[str, Any]:
         content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if content_type not in CONTENT_TYPES:
+        if content_type not in (*CONTENT_TYPES, JSON_TYPE):
             raise HTTPException(415, f"Content-Type '{content_type or 'none'}' is not an image; allowed: "
-                                     f"{', '.join(CONTENT_TYPES)} with the image's bytes as the body")
+                                     f"{', '.join(CONTENT_TYPES)} with the image's bytes as the body, or "
+                                     f"{JSON_TYPE} with the image base64-encoded as \"image\"")
+        is_json = content_type == JSON_TYPE
+        body = bytes(await self._body(request, self.max_bytes * 4 // 3 + 1024 if is_json else self.max_bytes))
+        k = self._k(request.query_params.get("k"))
+        if is_json:
+            body, k = self._from_json(body, k)
+        if not body:
+            raise HTTPException(400, "empty body; allowed: the bytes of a JPEG or PNG image")
+        if len(body) > self.max_bytes:
+            raise HTTPException(413, f"image of {len(body):,} bytes is over the limit of {self.max_bytes:,}")
+        try:
+            pixels = self.preprocessing.pixels(body)
+        except NotAnImage as ex:
+            raise HTTPException(400, str(ex)) from None
+        return {"pixels": pixels, "k": k}
+
+    @staticmethod
+    async def _body(request: Request, limit: int) -> bytearray:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            raise HTTPException(413, f"body of {int(declared):,} bytes is over the limit of {self.max_bytes:,}")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPException(413, f"body of {int(declared):,} bytes is over the limit of {limit:,}")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > self.max_bytes:
-                raise HTTPException(413, f"body is over the limit of {self.max_bytes:,} bytes")
-        if not body:
-            raise HTTPException(400, "empty body; allowed: the bytes of a JPEG or PNG image")
-        try:
-            pixels = self.preprocessing.pixels(bytes(body))
-        except NotAnImage as ex:
-            raise HTTPException(400, str(ex)) from None
-        return {"pixels": pixels, "k": self._k(request)}
+            if len(body) > limit:
+                raise HTTPException(413, f"body is over the limit of {limit:,} bytes")
+        return body
 
-    def _k(self, request: Request) -> int:
-        text = request.query_params.get("k")
+    def _from_json(self, body: bytes, k: int) -> tuple[bytes, int]:
+        """The image and k of a JSON body (`ImageJSON`; LitServe's client sends ``input``)."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise HTTPException(400, "the body is not JSON; allowed: {\"image\": \"<base64 of a JPEG or "
+                                     "PNG>\"}") from None
+        encoded = data.get("image", data.get("input")) if isinstance(data, dict) else None
+        if not isinstance(encoded, str):
+            raise HTTPException(422, "the JSON has no \"image\" string; allowed: {\"image\": \"<base64 of a "
+                                     "JPEG or PNG>\", \"k\": 3}")
+        try:
+            image = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise HTTPException(400, "\"image\" is not valid base64 (standard alphabet, padded)") from None
+        if "k" in data:
+            k = self._k(str(data["k"]))
+        return image, k
+
+    def _k(self, text: Optional[str]) -> int:
         if text is None:
             return self.default_k
         if not text.isdigit() or int(text) < 1:
@@ -222,22 +319,45 @@ class ImageRequestHandler(RegularRequestHandler):
 
 
 class ImageServer(ls.LitServer):
-    """LitServer whose predict endpoint is served by `ImageRequestHandler`."""
+    """LitServer whose predict endpoint is served by `ImageRequestHandler`, documented in /openapi.json
+    under the project's title and version, and counted for `GET /metrics`."""
 
     def __init__(self, api: ClassifierAPI, preprocessing: Preprocessing, max_bytes: int, default_k: int,
                  **kwargs: Any) -> None:
         self.preprocessing, self.max_bytes, self.default_k = preprocessing, max_bytes, default_k
+        self.metrics = ServerMetrics(api.max_batch_size)
         super().__init__(api, **kwargs)
+        # LitServe names its FastAPI app after FastAPI itself ("FastAPI 0.1.0" in /docs).
+        self.app.title, self.app.version = TITLE, project_version()
+        self.app.description = "Classifies an image with the exported model; POST /predict, GET /metrics."
+        self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], include_in_schema=True,
+                               summary="Prometheus metrics: requests by status, latency, batch sizes")
 
     # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject):
-    # the same route, served by our handler, with the raw Request as its one parameter.
+    # the same route, served by our handler, with the raw Request as its one parameter; its bodies and
+    # its answer are declared for /openapi.json, since FastAPI cannot see them in the raw Request.
     def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
         handler = ImageRequestHandler(lit_api, self)
+        metrics = self.metrics
 
-        async def predict(request: Request) -> Response:
-            return await handler.handle_request(request, Request)
+        async def predict(request: Request) -> Any:
+            started = time.perf_counter()
+            try:
+                answer = await handler.handle_request(request, Request)
+            except HTTPException as ex:
+                metrics.observe(ex.status_code, time.perf_counter() - started)
+                raise
+            except Exception:
+                metrics.observe(500, time.perf_counter() - started)
+                raise
+            metrics.observe(200, time.perf_counter() - started, answer.get("batch") if isinstance(answer, dict)
+                            else None)
+            return answer
 
-        self.app.add_api_route(lit_api.api_path, predict, methods=["POST"])
+        self.app.add_api_route(lit_api.api_path, predict, methods=["POST"], response_model=Prediction,
+                               response_model_by_alias=True, summary="Classify one image",
+                               openapi_extra=_request_body_schema(self.max_bytes))
+
 
 
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
