@@ -23,3 +23,13 @@ def test_train_py_answers_version_with_the_projects_line():
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == version_line() and "Hydra" not in done.stdout
+
+
+def test_a_second_distribution_in_the_trainer_import_package_is_named(monkeypatch):
+    import trainer.infra.versions as versions
+
+    monkeypatch.setattr(versions, "packages_distributions",
+                        lambda: {"trainer": ["gpu_practice_trainer", "trainer"], "torch": ["torch"]})
+    assert versions.import_name_clashes() == ["trainer"]
+    monkeypatch.setattr(versions, "packages_distributions", lambda: {"trainer": ["gpu-practice-trainer"]})
+    assert versions.import_name_clashes() == []

@@ -21,7 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from trainer.configuration import recipes
 from trainer.infra.errors import UserError, choices, exit_with, first_line, full_error_requested
-from trainer.infra.versions import DISTRIBUTION, installed_version, project_version
+from trainer.infra.versions import DISTRIBUTION, import_name_clashes, installed_version, project_version
 
 _installed = False
 
@@ -34,7 +34,12 @@ def version_line() -> str:
     """The project's version and those of the libraries a run's behaviour depends on, read from the
     installed packages' metadata (nothing is imported)."""
     libraries = ", ".join(f"{name} {installed_version(name)}" for name in VERSIONED_LIBRARIES)
-    return f"{DISTRIBUTION} {project_version()} ({libraries}, python {platform.python_version()})"
+    line = f"{DISTRIBUTION} {project_version()} ({libraries}, python {platform.python_version()})"
+    clashes = import_name_clashes()
+    if clashes:
+        line += (f"\nwarning: the import name 'trainer' is also installed by {', '.join(clashes)}; their files share "
+                 "one folder, so use a virtual environment without them (docs/install.md)")
+    return line
 
 
 def answer_version(argv: list[str]) -> None:

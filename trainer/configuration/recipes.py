@@ -28,8 +28,10 @@ from trainer.infra.errors import first_line
 log = logging.getLogger("trainer")
 
 GROUP = "recipe"
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# Inside the package, so that an installed wheel carries them; a checkout also shows them at its top
+# level (conf/ and recipes/ there are links to these).
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 class RecipeConfigSource(ConfigSource):

@@ -32,7 +32,7 @@ from trainer.configuration.key_docs import (
 from trainer.configuration.recipes import CONF_DIR
 from trainer.configuration.spec import GROUP_MODULES
 
-REPO = CONF_DIR.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: docs/ and README.md are not in the wheel
 KEYS_PAGE = REPO / "docs" / "keys.md"
 CONFIG_PAGE = REPO / "docs" / "config.md"
 COMMENT_COLUMN = 25  # where a key's comment starts when the key and its value are short enough
