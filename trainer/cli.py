@@ -1,9 +1,11 @@
 """The command line: `python train.py` in a checkout, `python -m trainer` or `gpu-practice-train`
 where the package is installed. All three are this one Hydra entry point, composing the configs the
-package carries (trainer/conf, trainer/recipes; a checkout shows them as conf/ and recipes/).
+package carries (trainer/conf, trainer/recipes; a checkout shows them as conf/ and recipes/) and a
+team folder's (trainer/configuration/recipes.py); `scaffold DIR` writes such a folder.
 """
 
 import gc
+import sys
 from pathlib import Path
 
 import hydra
@@ -17,7 +19,7 @@ install_hydra_setup()
 # An absolute folder, not "conf": from a module of a package Hydra would look for an importable
 # `trainer.conf` package, which the configs are not.
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent / "conf"), config_name="train")
-def main(cfg: DictConfig) -> float | None:
+def train(cfg: DictConfig) -> float | None:
     # Imported here, once Hydra has composed: `--help` and a mistake in the command line answer
     # without importing torch and Lightning (several seconds).
     from trainer.run import run
@@ -27,3 +29,13 @@ def main(cfg: DictConfig) -> float | None:
     # stops spending about a second traversing them (measured: docs/measured.md).
     gc.freeze()
     return run(cfg)
+
+
+def main() -> None:
+    """`scaffold DIR` writes a starter team folder (trainer/scaffold.py); anything else is a run."""
+    if sys.argv[1:2] == ["scaffold"]:
+        from trainer.scaffold import main as scaffold
+
+        scaffold(sys.argv[2:])
+        return
+    train()

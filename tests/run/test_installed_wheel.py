@@ -1,6 +1,7 @@
 """The package installs and runs without a checkout: the wheel built from this repository carries the
 configs and recipes; installed into a fresh virtual environment, `python -m trainer` and the
-`gpu-practice-train` script answer --version and train a recipe from an empty folder elsewhere.
+`gpu-practice-train` script answer --version and train a recipe from an empty folder elsewhere; a
+scaffolded team folder trains its own recipe, with its own network and data, and its test passes.
 
 The new environment borrows the libraries of the test's own (a path line, so that nothing is
 downloaded and torch is not installed twice); the project itself comes from the wheel alone."""
@@ -72,3 +73,17 @@ def test_an_installed_package_trains_a_recipe_in_an_empty_folder(installed, tmp_
     result = json.loads(summary.read_text())
     assert result["status"] == "completed" and result["recipe"]["name"] == "digits_quickstart", done.stdout[-2000:]
     assert (summary.parent / "train.log").is_file()
+
+
+def test_a_scaffolded_team_folder_trains_its_own_recipe_and_passes_its_test(installed, tmp_path):
+    python = str(installed / "bin" / "python")
+    _run([python, "-m", "trainer", "scaffold", "vision-team"], tmp_path)
+    team = tmp_path / "vision-team"
+    _run([str(installed / "bin" / "gpu-practice-train"), "+recipe=vision_team_digits", "trainer.max_epochs=1",
+          "trainer.limit_train_batches=4", "checkpointing=off", "progress=plain", "run.root=runs"], team)
+    [summary] = list((team / "runs").rglob("summary.json"))
+    recipe = json.loads(summary.read_text())["recipe"]
+    assert recipe["parent"] == "digits_quickstart"  # a team recipe on a shipped one
+    assert recipe["differs_from_parent"]["model._target_"][1] == "vision_team.models.TeamNet"
+    assert recipe["differs_from_parent"]["data._target_"][1] == "vision_team.data.NoisyDigits"
+    _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], team)

@@ -184,10 +184,14 @@ def _group_value_error() -> str:
 
 
 def _config_groups() -> dict[str, list[str]]:
-    groups = {d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in recipes.CONF_DIR.iterdir()
-              if d.is_dir() and d.name != "hydra"}
-    groups["recipe"] = sorted(f.stem for f in recipes.RECIPES_DIR.glob("*.yaml"))
-    return groups
+    """Each group's choices: the shipped ones and the team folders' (trainer/configuration/recipes.py)."""
+    teams = recipes.team_folders()
+    groups: dict[str, set[str]] = {}
+    for conf in [recipes.CONF_DIR, *(team / "conf" for team in teams)]:
+        for folder in (d for d in conf.iterdir() if d.is_dir() and d.name != "hydra") if conf.is_dir() else ():
+            groups.setdefault(folder.name, set()).update(f.stem for f in folder.glob("*.yaml"))
+    groups["recipe"] = {f.stem for folder in recipes.recipe_dirs() for f in folder.glob("*.yaml")}
+    return {group: sorted(names) for group, names in groups.items()}
 
 
 def _missing_config(ex: Any) -> str:

@@ -1,15 +1,23 @@
-"""Recipes live in the top-level `recipes/` folder and are used as ``+recipe=NAME``.
+"""Recipes live in the `recipes/` folder (trainer/recipes, shown at the top of a checkout) and are
+used as ``+recipe=NAME``.
 
 Hydra finds a config group only as a folder of that name on its search path, and the group is
 ``recipe`` while the folder is ``recipes/`` (one YAML per recipe, no second copy under ``conf/``).
-This config source maps the one to the other; a team can add its own folder of recipes with
-``hydra.searchpath=[recipes:///abs/path/to/recipes]``.
+This config source maps the one to the other.
+
+A team keeps its own recipes, config groups and code in its own folder, with no absolute path
+anywhere: the working directory when it holds ``recipes/`` or ``conf/``, and every folder of
+``TRAINER_TEAM_DIRS`` (separated by ``:``). Each such folder's ``recipes/`` and ``conf/`` are added
+to the search path after the shipped ones (a shipped name wins over a team's: give yours their
+own), and the folder itself to ``sys.path``, so that the ``_target_`` of its configs imports from
+its own packages. ``python -m trainer scaffold DIR`` writes a starter folder (trainer/scaffold.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, cast
 
@@ -77,9 +85,45 @@ class RecipeConfigSource(ConfigSource):
         return sorted(f[: -len(".yaml")] for f in os.listdir(self.path) if f.endswith(".yaml"))
 
 
+#: Folders of a team's own recipes and config groups, beside the working directory.
+TEAM_DIRS_VARIABLE = "TRAINER_TEAM_DIRS"
+
+
+def team_folders(cwd: Optional[Path] = None, environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """The team folders: the working directory when it holds ``recipes/`` or ``conf/`` (other than
+    the shipped ones, which a checkout shows at its top), then each folder of ``TRAINER_TEAM_DIRS``."""
+    candidates = [Path(cwd or os.getcwd())]
+    candidates += [Path(entry) for entry in environ.get(TEAM_DIRS_VARIABLE, "").split(os.pathsep) if entry]
+    folders: list[Path] = []
+    for folder in candidates:
+        folder = folder.resolve()
+        own = [sub for sub, shipped in (("recipes", RECIPES_DIR), ("conf", CONF_DIR))
+               if (folder / sub).is_dir() and (folder / sub).resolve() != shipped]
+        if own and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def team_search_path(folders: Sequence[Path]) -> list[str]:
+    """Hydra search-path entries of the team folders' ``recipes/`` and ``conf/``."""
+    entries = []
+    for folder in folders:
+        if (folder / "recipes").is_dir() and (folder / "recipes").resolve() != RECIPES_DIR:
+            entries.append(f"recipes://{folder / 'recipes'}")
+        if (folder / "conf").is_dir() and (folder / "conf").resolve() != CONF_DIR:
+            entries.append(f"file://{folder / 'conf'}")
+    return entries
+
+
 class RecipeSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="trainer-recipes", path=f"recipes://{RECIPES_DIR}")
+        folders = team_folders()
+        for entry in team_search_path(folders):
+            search_path.append(provider="trainer-team", path=entry)
+        for folder in folders:  # the team's own packages, for the _target_ of its configs
+            if str(folder) not in sys.path:
+                sys.path.append(str(folder))
 
 
 def register() -> None:
@@ -90,10 +134,11 @@ def register() -> None:
 
 # --- lineage: which recipe a recipe builds on, and what it changes ---------------------------------
 def recipe_dirs(search_path: Sequence[str] = ()) -> list[Path]:
-    """The shipped recipes folder plus any ``recipes://`` folder added to Hydra's search path."""
+    """The shipped recipes folder, the team folders' and any ``recipes://`` folder added to Hydra's
+    search path, in Hydra's order."""
     dirs = [RECIPES_DIR]
-    for entry in search_path:
-        if entry.startswith("recipes://"):
+    for entry in [*team_search_path(team_folders()), *search_path]:
+        if entry.startswith("recipes://") and Path(entry[len("recipes://"):]) not in dirs:
             dirs.append(Path(entry[len("recipes://"):]))
     return dirs
 
