@@ -34,7 +34,7 @@ NEEDS = [
          "nan_strategy='disable' (no per-step NaN check, so no host sync) came in 1.6.2 (torchmetrics#2943)"),
     Need("litserve", "0.2.19", "trainer/deploy/serve.py", "def get_batch_requests(",
          "the batch collection and the request handler that serve.py replaces were read in 0.2.19's source"),
-    Need("hydra-core", "1.3.0", "train.py", 'version_base="1.3"', "version_base 1.3 is known from hydra-core 1.3"),
+    Need("hydra-core", "1.3.0", "trainer/cli.py", 'version_base="1.3"', "version_base 1.3 is known from hydra-core 1.3"),
 ]
 
 #: Releases that must never be admitted whatever the bounds.
@@ -43,7 +43,8 @@ NEVER = {"lightning": ["2.6.2", "2.6.3"]}  # compromised releases
 
 def dependencies() -> dict[str, Requirement]:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    requirements = [Requirement(line) for line in project["dependencies"]]
+    lines = [*project["dependencies"], *(line for extra in project["optional-dependencies"].values() for line in extra)]
+    requirements = [Requirement(line) for line in lines if not line.startswith(project["name"] + "[")]
     return {r.name.lower(): r for r in requirements}
 
 

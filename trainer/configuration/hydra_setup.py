@@ -21,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from trainer.configuration import recipes
 from trainer.infra.errors import UserError, choices, exit_with, first_line, full_error_requested
+from trainer.infra.extras import missing_modules
 from trainer.infra.versions import DISTRIBUTION, import_name_clashes, installed_version, project_version
 
 _installed = False
@@ -201,6 +202,11 @@ def _missing_config(ex: Any) -> str:
     if match:
         missing = match.group(1)
     options = list(ex.options or [])
+    for plugin, extra, feature in (("hydra/sweeper/optuna", "sweeps", "hparams_search"),
+                                   ("hydra/launcher/submitit", "slurm", "hydra/launcher")):
+        if missing.startswith(plugin) and missing_modules(extra):
+            return UserError(feature, f"needs the '{extra}' extra (Hydra's plugin is not installed)",
+                             f"pip install '{DISTRIBUTION}[{extra}]'").line()
     if "/" in missing:
         group, name = missing.rsplit("/", 1)
         if options:

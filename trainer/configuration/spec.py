@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainer.callbacks.configured import check_callback
 from trainer.data.base import ImageClassificationData
 from trainer.infra.errors import UserError, choices
+from trainer.infra.extras import require
 from trainer.configuration.recipes import CONF_DIR
 from trainer.configuration.schema import (
     AT_LEAST_ONE,
@@ -385,6 +386,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     plain = to_plain(cfg)
     plain.pop("hydra", None)
     _check_layout(plain)
+    _require_extras(plain)
     stages, model = _model(plain["model"])
     return RunSpec(
         top=_top_level_keys(plain),
@@ -407,6 +409,23 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         target=_target_config(plain.get("target") or {}),
         resolved=plain,
     )
+
+
+def _require_extras(plain: Mapping[str, Any]) -> None:
+    """The optional parts the composed run uses are installed (trainer/infra/extras.py), else one line
+    with the pip command, before anything is built."""
+    optimizer = plain.get("optimizer") or {}
+    if optimizer.get("name") in ("lamb", "lars"):
+        require("timm", f"optimizer={optimizer['name']}")  # timm's LAMB and LARS
+    if optimizer.get("layer_decay") is not None:
+        require("timm", "optimizer.layer_decay")
+    if str((plain.get("model") or {}).get("_target_", "")).startswith("trainer.models.timm."):
+        require("timm", "model=timm")
+    for name, logger in (plain.get("logger") or {}).items():
+        target = str((logger or {}).get("_target_", "")) if isinstance(logger, Mapping) else ""
+        for suffix, extra in (("WandbLogger", "wandb"), ("TensorBoardLogger", "tensorboard")):
+            if target.endswith(suffix):
+                require(extra, f"logger.{name}")
 
 
 def _check_layout(plain: Mapping[str, Any]) -> None:

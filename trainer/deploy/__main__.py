@@ -8,6 +8,7 @@ from typing import Optional
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.infra.errors import UserError, one_line_on_user_error
+from trainer.infra.extras import require
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -55,6 +56,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _run(args: argparse.Namespace) -> list[str]:
     # torch and the exporters are imported only once the arguments are known (fast --help and errors)
+    require("deploy", f"python -m trainer.deploy {args.command}")
     if args.command == "export":
         from trainer.deploy.export import export_run
 
