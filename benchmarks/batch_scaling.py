@@ -18,7 +18,10 @@ images at 16 px: 25 steps an epoch even at batch 2,048), each job training the s
 Every other study runs with the calibration unclipped (`clipping.clip_during_calibration=false`),
 as all of them did before the clipping default changed: the rules are compared with nothing else
 moving (at batch 1,024 and above a run is almost all calibration, so it is hardly clipped), and the
-`calibration` study says what the clipping default does to them.
+`calibration` study says what the clipping default does to them. Likewise the rules: every study but
+`wd` runs AdamW's weight decay linear and every study but `lr` runs SGD's lr linear, the defaults
+when the studies began (`STUDY_WD_RULES`, `STUDY_LR_RULES`); the lr and wd studies moved both
+defaults to sqrt, and the other arms stay comparable with the jobs already measured.
 
 Every job's numbers go into a jobs file (`<out>_jobs.json`, merged by setting and seed, so a study
 run later adds to it), and the report is written from that file alone: the verdict lines (for each
@@ -72,6 +75,10 @@ WD_ALTERNATIVES = {"adamw": ("sqrt", "none"), "sgd": ("linear",)}
 #: began. AdamW's default became sqrt after the wd study (docs/practices.md); its other studies stay
 #: pinned to linear so that new runs remain comparable with the jobs already in the file.
 STUDY_WD_RULES = {"adamw": "linear"}
+#: The lr rule every study but `lr` runs with, likewise: SGD's default became sqrt after the lr study
+#: had every rule at every batch (docs/practices.md); its warmup, weight-decay, calibration and LARS
+#: arms ran (and run) with the linear rule they began with.
+STUDY_LR_RULES = {"sgd": "linear"}
 #: Warmup off, against the default (the lr study's own runs); --warmups adds others.
 WARMUP_ALTERNATIVES = ("0",)
 
@@ -79,6 +86,11 @@ WARMUP_ALTERNATIVES = ("0",)
 def optimizer_defaults(name: str) -> dict[str, Any]:
     """The optimizer's own config (conf/optimizer/NAME.yaml): its rules live there, not here."""
     return dict(OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "optimizer" / f"{name}.yaml")))
+
+
+def base_lr_rule(optimizer: str) -> str:
+    """The lr rule of every study but `lr` (`STUDY_LR_RULES`, else the optimizer's default)."""
+    return STUDY_LR_RULES.get(optimizer) or optimizer_defaults(optimizer)["lr_scaling"]
 
 
 def base_wd_rule(optimizer: str) -> str:
@@ -132,10 +144,12 @@ def plan_sweeps(studies: list[str], optimizers: list[str], batches: list[int], r
 
 def _pinned(sweep: Sweep) -> tuple[str, ...]:
     """What a sweep fixes to the studies' base: the calibration (but in `calibration`), the
-    weight-decay rule (but in `wd`)."""
+    weight-decay rule (but in `wd`), the lr rule (but in `lr`, which names its rules)."""
     pins = () if sweep.study == "calibration" else (CALIBRATION_OVERRIDE[BASE_CALIBRATION],)
     if sweep.study != "wd" and len(sweep.optimizers) == 1 and sweep.optimizers[0] in STUDY_WD_RULES:
         pins += (f"optimizer.wd_scaling={STUDY_WD_RULES[sweep.optimizers[0]]}",)
+    if sweep.study != "lr" and len(sweep.optimizers) == 1 and sweep.optimizers[0] in STUDY_LR_RULES:
+        pins += (f"optimizer.lr_scaling={STUDY_LR_RULES[sweep.optimizers[0]]}",)
     return pins
 
 
@@ -157,7 +171,8 @@ def job_of(summary: dict[str, Any]) -> dict[str, Any]:
     completed = summary.get("status") == "completed"
     metrics = summary.get("metrics") or {}
     reached = bool(target.get("reached"))
-    return {"optimizer": optimizer, "lr_rule": overrides.get("optimizer.lr_scaling", defaults["lr_scaling"]),
+    # A job that names no lr rule ran with its optimizer's default of the time: the studies' base.
+    return {"optimizer": optimizer, "lr_rule": overrides.get("optimizer.lr_scaling", base_lr_rule(optimizer)),
             "wd_rule": overrides.get("optimizer.wd_scaling", defaults["wd_scaling"]),
             "warmup": float(overrides.get("scheduler.warmup", DEFAULT_WARMUP)),
             "batch": int(overrides["data.batch_size"]), "seed": int(overrides.get("seed", 42)),
@@ -193,10 +208,9 @@ def key(job: dict[str, Any]) -> tuple:
 
 
 def is_default(job: dict[str, Any], *, but: str = "") -> bool:
-    """The job uses its optimizer's default rules and warmup and the study's base calibration, except
-    for the setting named in `but`."""
-    defaults = optimizer_defaults(job["optimizer"])
-    return ((but == "lr_rule" or job["lr_rule"] == defaults["lr_scaling"])
+    """The job uses the studies' base rules (each optimizer's default when the studies began), the
+    default warmup and the base calibration, except for the setting named in `but`."""
+    return ((but == "lr_rule" or job["lr_rule"] == base_lr_rule(job["optimizer"]))
             and (but == "wd_rule" or job["wd_rule"] == base_wd_rule(job["optimizer"]))
             and (but == "warmup" or job["warmup"] == DEFAULT_WARMUP)
             and (but == "calibration" or job["calibration"] == BASE_CALIBRATION))
@@ -248,35 +262,43 @@ def lr_table(optimizer: str, jobs: list[dict[str, Any]]) -> list[str]:
 
 
 def lr_verdicts(optimizer: str, jobs: list[dict[str, Any]]) -> list[str]:
-    """Each batch's difference from batch 64 under the default rule, with its interval; the largest
-    batch up to which every difference is within the noise (or positive); and where the default
-    rule is beyond the noise better or worse than the others."""
+    """For the default rule, and for the studies' base rule where it differs (SGD's linear): each
+    batch's difference from batch 64 under the rule, with its interval; the largest batch up to
+    which every difference is within the noise (or positive); and where the rule is beyond the noise
+    better or worse than the others."""
     default = optimizer_defaults(optimizer)["lr_scaling"]
     batches = sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer})
     if not batches:
         return []
+    lines = []
+    for rule in dict.fromkeys((default, base_lr_rule(optimizer))):
+        lines += _rule_verdicts(optimizer, rule, jobs, batches)
+    return lines
+
+
+def _rule_verdicts(optimizer: str, rule: str, jobs: list[dict[str, Any]], batches: list[int]) -> list[str]:
     base = REFERENCE_BATCH if REFERENCE_BATCH in batches else batches[0]
-    reference = select(jobs, optimizer, base, "lr_rule", default)
+    reference = select(jobs, optimizer, base, "lr_rule", rule)
     lines = []
     if reference:
         shown = []
         for batch in (b for b in batches if b != base):
-            found = difference(reference, select(jobs, optimizer, batch, "lr_rule", default))
+            found = difference(reference, select(jobs, optimizer, batch, "lr_rule", rule))
             if found is not None:
                 shown.append(f"{batch:,}: {found.text('{:.4f}')}")
-        holding = largest_holding(reference, jobs, optimizer, default, [b for b in batches if b > base])
-        lines.append(f"- {optimizer}, {default} rule, val accuracy against batch {base}: " + "; ".join(shown))
+        holding = largest_holding(reference, jobs, optimizer, rule, [b for b in batches if b > base])
+        lines.append(f"- {optimizer}, {rule} rule, val accuracy against batch {base}: " + "; ".join(shown))
         if not any(b > base for b in batches):
-            lines.append(f"- {optimizer}, {default} rule: no batch above {base} was measured")
+            lines.append(f"- {optimizer}, {rule} rule: no batch above {base} was measured")
         elif holding:
-            lines.append(f"- {optimizer}, {default} rule: within the noise of batch {base} (or above it) "
+            lines.append(f"- {optimizer}, {rule} rule: within the noise of batch {base} (or above it) "
                          f"up to batch {holding:,}")
         else:
-            lines.append(f"- {optimizer}, {default} rule: beyond the noise below batch {base} from the next batch on")
-    others = sorted({j["lr_rule"] for j in jobs if j["optimizer"] == optimizer and is_default(j, but="lr_rule")} - {default})
-    for rule in others:
-        lines.append(f"- {optimizer}, {default} against {rule}: "
-                     + better_worse(jobs, optimizer, batches, "lr_rule", default, rule))
+            lines.append(f"- {optimizer}, {rule} rule: beyond the noise below batch {base} from the next batch on")
+    others = sorted({j["lr_rule"] for j in jobs if j["optimizer"] == optimizer and is_default(j, but="lr_rule")} - {rule})
+    for other in others:
+        lines.append(f"- {optimizer}, {rule} against {other}: "
+                     + better_worse(jobs, optimizer, batches, "lr_rule", rule, other))
     return lines
 
 
@@ -357,7 +379,7 @@ def differences(jobs: list[dict[str, Any]], optimizer: str, batches: list[int], 
 
 
 def large_section(jobs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    table, verdicts = ["### LAMB and LARS against AdamW and SGD (default rules)", "",
+    table, verdicts = ["### LAMB and LARS against AdamW and SGD (the studies' base rules)", "",
                        HEADER[0].format(arm="optimizer"), HEADER[1]], []
     for optimizer, partner in PARTNER.items():
         batches = sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer})
@@ -366,12 +388,13 @@ def large_section(jobs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
             for name in (partner, optimizer):
                 runs = selected_jobs(jobs, name, batch)
                 if runs:
-                    table.append(row(batch, f"{name} ({optimizer_defaults(name)['lr_scaling']})", runs))
+                    table.append(row(batch, f"{name} ({base_lr_rule(name)})", runs))
             found = difference(select(jobs, partner, batch), select(jobs, optimizer, batch))
             if found is not None:
                 shown.append(f"{batch:,}: {found.text('{:.4f}')}")
         if shown:
-            verdicts.append(f"- {optimizer} against {partner}, val accuracy: " + "; ".join(shown))
+            verdicts.append(f"- {optimizer} against {partner} ({base_lr_rule(partner)} rule), val accuracy: "
+                            + "; ".join(shown))
     return table, verdicts
 
 
@@ -408,7 +431,8 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
         series = {}
         for job in jobs:
             if job["optimizer"] == optimizer and is_default(job, but="lr_rule"):
-                series.setdefault((job["lr_rule"] + (" (default)" if is_default(job) else ""), "-"), []).append(job)
+                default = job["lr_rule"] == optimizer_defaults(optimizer)["lr_scaling"]
+                series.setdefault((job["lr_rule"] + (" (default)" if default else ""), "-"), []).append(job)
             elif job["optimizer"] == optimizer and not is_default(job, but="lr_rule"):
                 changed = (f"wd {job['wd_rule']}" if job["wd_rule"] != base_wd_rule(optimizer)
                            else f"calibration {job['calibration']}" if job["calibration"] != BASE_CALIBRATION

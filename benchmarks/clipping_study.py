@@ -4,7 +4,7 @@ final accuracy and the time to an accuracy, where training is fragile and where 
 Two settings, each one Hydra multirun of `train.py` crossing the clipping arm with the seed:
 
 - `fragile`: the default network without its BatchNorm layers (`model.norm=none`), SGD with Nesterov
-  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by SGD's linear rule)
+  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by SGD's lr rule)
   and no warmup. This is what users meet: a plain network (many research and older production
   models have no normalization), an lr raised to finish sooner, and the warmup off because the
   recipe they copied had none. Such runs spike early and some diverge.

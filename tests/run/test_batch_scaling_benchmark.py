@@ -37,8 +37,9 @@ def test_the_quick_study_writes_its_verdicts_table_jobs_and_plot(tmp_path):
 
 
 def test_the_studies_pin_their_base_settings_and_each_variant_study_changes_one():
-    """Every study but `calibration` runs with the calibration unclipped, and AdamW's studies but `wd`
-    with the linear weight-decay rule they began with; `calibration` clips it, `wd` varies the rule."""
+    """Every study but `calibration` runs with the calibration unclipped, AdamW's studies but `wd` with
+    the linear weight-decay rule and SGD's but `lr` with the linear lr rule they began with;
+    `calibration` clips it, `wd` and `lr` vary their rule."""
     batch_scaling = benchmark("batch_scaling")
     sweeps = batch_scaling.plan_sweeps(["lr", "large", "calibration", "wd"], ["adamw", "sgd"], [32, 64, 2048],
                                        ["sqrt", "none"], [1024, 2048])
@@ -51,7 +52,10 @@ def test_the_studies_pin_their_base_settings_and_each_variant_study_changes_one(
         assert ("optimizer.wd_scaling=linear" in sweep.overrides) == (sweep.optimizers == ("adamw",))
     assert [(s.optimizers, s.batches, s.overrides) for s in by_study["calibration"]] == [
         (("adamw",), (64, 2048), ("clipping.clip_during_calibration=true", "optimizer.wd_scaling=linear")),
-        (("sgd",), (64, 2048), ("clipping.clip_during_calibration=true",))]
+        (("sgd",), (64, 2048), ("clipping.clip_during_calibration=true", "optimizer.lr_scaling=linear"))]
+    for sweep in sweeps:
+        pinned = "optimizer.lr_scaling=linear" in sweep.overrides
+        assert pinned == (sweep.optimizers == ("sgd",) and sweep.study != "lr"), sweep
     assert by_study["wd"][0].overrides == ("optimizer.wd_scaling=sqrt,none", "clipping.clip_during_calibration=false")
 
     def job(calibration: str, seed: int, acc: float) -> dict:

@@ -40,11 +40,15 @@ def test_the_default_run_on_a_cpu(tmp_path):
     assert plan.derived["clipping"].value == "percentile"
 
 
-def test_sgd_with_accumulation_scales_linearly_with_the_global_batch(tmp_path):
+def test_sgd_with_accumulation_scales_with_the_global_batch(tmp_path):
     plan = plan_for(["optimizer=sgd", "data.batch_size=32", "trainer.accumulate_grad_batches=4"], tmp_path)
     assert plan.global_batch_size == 128
     assert plan.derived["global_batch_size"].how == "32 per device x 1 devices x 1 nodes x 4 accumulation"
-    assert "linear rule, x0.5" in plan.derived["optimizer.lr"].how
+    assert "sqrt rule" in plan.derived["optimizer.lr"].how and plan.derived["optimizer.lr"].value == pytest.approx(
+        0.1 * (128 / 256) ** 0.5)
+    linear = plan_for(["optimizer=sgd", "optimizer.lr_scaling=linear", "data.batch_size=32",
+                       "trainer.accumulate_grad_batches=4"], tmp_path)
+    assert "linear rule, x0.5" in linear.derived["optimizer.lr"].how
 
 
 def test_sgd_beyond_its_measured_limit_is_warned_by_the_plan_not_by_resolving(tmp_path, caplog):

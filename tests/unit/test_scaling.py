@@ -48,11 +48,20 @@ def test_a_batch_beyond_the_measured_limit_of_a_rule_is_warned_with_the_limit():
 
 
 def test_a_batch_where_a_large_batch_optimizer_did_better_suggests_it():
-    alternative = MEASURED_ALTERNATIVES["sgd"]
-    assert not any("consider" in w for w in measured_warnings("sgd", "linear", alternative.batch // 2))
-    [warning] = [w for w in measured_warnings("sgd", "none", alternative.batch) if "consider" in w]
+    alternative = MEASURED_ALTERNATIVES["adamw"]
+    assert not any("consider" in w for w in measured_warnings("adamw", "none", alternative.batch // 2))
+    [warning] = [w for w in measured_warnings("adamw", "none", alternative.batch) if "consider" in w]
     assert f"optimizer={alternative.optimizer}" in warning and f"{alternative.accuracy:.3f}" in warning
     assert measured_warnings("adamw", "linear", 1024) == []  # neither a limit nor LAMB's lead measured there
+    # LARS beat SGD's old linear default, not its sqrt one: no suggestion for SGD
+    assert not any("consider" in w for w in measured_warnings("sgd", "sqrt", 2048))
+
+
+def test_sgd_s_default_sqrt_rule_is_warned_beyond_where_it_held():
+    limit = MEASURED_LIMITS["sgd", "sqrt"]
+    assert measured_warnings("sgd", "sqrt", limit.holds_to) == []
+    [warning] = measured_warnings("sgd", "sqrt", limit.next_batch)
+    assert f"up to batch {limit.holds_to:,}" in warning and "or optimizer.lr_scaling" not in warning
 
 
 def test_adamw_beyond_its_measured_limit_is_told_the_limit_and_lamb():
@@ -86,6 +95,7 @@ def test_the_measured_figures_are_the_study_s_own_verdicts():
             worse = re.search(rf"worse at [^;]*\b{limit.better_at:,} \(([-+]\d\.\d+)\)", against_better).group(1)
             assert float(worse) == pytest.approx(-limit.better_by, abs=5e-4), (optimizer, rule)
     for optimizer, alternative in MEASURED_ALTERNATIVES.items():
-        against = _verdict(study, f"- {alternative.optimizer} against {optimizer}, val accuracy: ")
+        against = _verdict(study, f"- {alternative.optimizer} against {optimizer} (")
+        against = against.split("val accuracy: ", 1)[1]
         assert _difference_at(against, alternative.batch) == pytest.approx(
             alternative.accuracy - alternative.default_accuracy, abs=1e-3), optimizer
