@@ -4,7 +4,7 @@ final accuracy and the time to an accuracy, where training is fragile and where 
 Two settings, each one Hydra multirun of `train.py` crossing the clipping arm with the seed:
 
 - `fragile`: the default network without its BatchNorm layers (`model.norm=none`), SGD with Nesterov
-  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by SGD's lr rule)
+  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by the linear rule)
   and no warmup. This is what users meet: a plain network (many research and older production
   models have no normalization), an lr raised to finish sooner, and the warmup off because the
   recipe they copied had none. Such runs spike early and some diverge.
@@ -59,7 +59,9 @@ PER_JOB = ("clipping", "clipping.clip_during_calibration", "seed", "run.root", "
 
 def setting_overrides(setting: str, fragile_lr: float) -> list[str]:
     if setting == "fragile":
-        return ["model.norm=none", "optimizer=sgd", f"optimizer.lr={fragile_lr:g}", "scheduler.warmup=0"]
+        # The linear rule pinned: the setting the study measured (SGD's default then; sqrt since).
+        return ["model.norm=none", "optimizer=sgd", f"optimizer.lr={fragile_lr:g}", "optimizer.lr_scaling=linear",
+                "scheduler.warmup=0"]
     return []
 
 
