@@ -15,19 +15,17 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence, cast
+from typing import Annotated, Any, Literal, Optional, Sequence
 
 import torch
-from torchvision.transforms import v2
 
 from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError,
                                    ImageFiles, check_files, is_image_name, scan_threads, truncated_images_accepted)
-from trainer.data.base import DataInfo, ImageClassificationData
-from trainer.data.decode import (JPEG_EXTENSIONS, DecodedFiles, EncodedBatch, EncodedFiles, Geometry,
-                                  decode_batch)
-from trainer.data.transforms import normalize, random_flip
+from trainer.data.base import DataInfo
+from trainer.data.images import EncodedImagesData
+from trainer.data.decode import JPEG_EXTENSIONS, DecodedFiles, EncodedFiles
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import AT_LEAST_ONE, FRACTION, Doc, Range
+from trainer.configuration.schema import FRACTION, Doc
 
 log = logging.getLogger("trainer")
 
@@ -71,41 +69,18 @@ def _names(names: Sequence[str], limit: int = 5) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-class ImageFolderDataModule(ImageClassificationData):
-    """Decoded and cropped on the host by loader workers (RandomResizedCrop for training, resize and
-    centre crop for evaluation). Every image mode is converted to 8-bit RGB (`badfiles.to_rgb`).
-
-    With `device_normalize` (default) batches travel as uint8, a quarter of the bytes of float32
-    over PCIe and through the workers' shared memory, and are flipped and normalized on the device
-    (timm's PrefetchLoader idea); otherwise the workers do it in float32.
+class ImageFolderDataModule(EncodedImagesData):
+    """An image folder, decoded and cropped as `EncodedImagesData` says.
 
     Bad files: `bad_files` (skip | error), `max_bad_share` and `scan` (header | full | off); see
     ``conf/data/imagefolder.yaml``. Set `run_dir` before `inspect` to get ``bad_files.tsv`` there;
     `bad_files_summary` reports what was found, including files found later by loader workers.
     """
 
-    finishes_on_host_itself = True  # torchvision transforms v2 in the workers, in float32
-    random_on_host = True  # RandomResizedCrop in the workers: a seed per sample (trainer/data/resumable.py)
-
     def __init__(
         self,
         root: Annotated[Optional[str], Doc("the folder holding train/<class>/ and val/<class>/ "
                                            "(optionally test/)")] = None,
-        image_size: Annotated[int, AT_LEAST_ONE, Doc("side of the square training crop and evaluation "
-                                                     "image")] = 224,
-        train_crop_scale: Annotated[Sequence[Annotated[float, Range(gt=0, le=1)]],
-                                    Doc("RandomResizedCrop's range of the crop's share of the image area")] = (0.08, 1.0),
-        hflip: Annotated[bool, Doc("random horizontal flip in training")] = True,
-        augment: Annotated[Literal["none", "randaugment", "trivialaugment"],
-                           Doc("a policy of random photometric and geometric ops per training image, in the "
-                               "loader workers (torchvision's RandAugment or TrivialAugmentWide)")] = "none",
-        augment_ops: Annotated[int, AT_LEAST_ONE, Doc("randaugment: ops applied to each image")] = 2,
-        augment_magnitude: Annotated[int, Range(ge=0, le=30), Doc("randaugment: strength of each op (0-30)")] = 9,
-        eval_crop_fraction: Annotated[float, Range(gt=0, le=1),
-                                      Doc("evaluation: resize to image_size / this, then centre crop")] = 0.875,
-        mean: Annotated[Sequence[float], Doc("per-channel mean subtracted (0-1 scale)")] = (0.485, 0.456, 0.406),
-        std: Annotated[Sequence[Annotated[float, Range(gt=0)]], Doc("per-channel std divided by")] = (0.229, 0.224,
-                                                                                                       0.225),
         bad_files: Annotated[Literal["skip", "error"], Doc("unreadable files (corrupt, truncated, not images): skip "
                                                            "them and list them in bad_files.tsv, or error: stop at "
                                                            "the first")] = "skip",
@@ -113,19 +88,9 @@ class ImageFolderDataModule(ImageClassificationData):
                                                       "run")] = 0.01,
         scan: Annotated[Literal["header", "full", "off"], Doc("checks before training: header (open each file), "
                                                               "full (also decode it) or off (quoted in YAML)")] = "header",
-        **loader: Any,
+        **images: Any,
     ) -> None:
-        super().__init__(**loader)
-        if self.decode == "device" and not self.device_normalize:
-            raise UserError("data.decode", "device decodes, crops, flips and normalizes batches on the device, "
-                            "which data.device_normalize=false turns off", "data.decode=fast (or pil) with "
-                            "data.device_normalize=false, or data.device_normalize=true")
-        if augment not in ("none", "randaugment", "trivialaugment"):
-            raise UserError("data.augment", f"'{augment}' is not a policy", "none, randaugment, trivialaugment")
-        if augment != "none" and self.decode == "device":
-            raise UserError("data.augment", f"{augment} runs per image in the loader workers, and data.decode=device "
-                            "decodes whole batches on the device", "data.decode=fast (or pil, or auto) with "
-                            "data.augment, or data.augment=none")
+        super().__init__(**images)
         if bad_files not in ("skip", "error"):
             raise UserError("data.bad_files", f"'{bad_files}' is not a policy", "skip, error")
         if scan not in ("header", "full", "off"):
@@ -133,14 +98,6 @@ class ImageFolderDataModule(ImageClassificationData):
         if not 0.0 <= float(max_bad_share) <= 1.0:
             raise UserError("data.max_bad_share", f"{max_bad_share} is not a share", "a number in [0, 1]")
         self.root = root
-        self.image_size = image_size
-        self.train_crop_scale = tuple(train_crop_scale)
-        self.hflip = hflip
-        self.augment = augment
-        self.augment_ops = augment_ops
-        self.augment_magnitude = augment_magnitude
-        self.eval_crop_fraction = eval_crop_fraction
-        self.mean, self.std = list(mean), list(std)
         self.bad_files = bad_files
         self.max_bad_share = float(max_bad_share)
         self.scan = scan
@@ -151,8 +108,6 @@ class ImageFolderDataModule(ImageClassificationData):
         self._scanned: Optional[_Scanned] = None
         self._bad_list: Optional[BadFileList] = None
         self._notes: list[str] = []
-        #: The decode mode in use once resolved for the device (`resolve_decode`): pil, fast or device.
-        self.decode_in_use: Optional[str] = None
 
     # -- before training ----------------------------------------------------------------------------
     def inspect(self) -> DataInfo:
@@ -163,11 +118,7 @@ class ImageFolderDataModule(ImageClassificationData):
         if not root.is_dir():
             raise UserError("data.root", f"'{root}' does not exist or is not a folder",
                             "a folder holding train/ and val/ class folders")
-        if len(self.train_crop_scale) != 2 or self.train_crop_scale[0] > self.train_crop_scale[1]:
-            raise UserError("data.train_crop_scale", f"{list(self.train_crop_scale)} is not [low, high]",
-                            "two numbers in (0, 1], low <= high")
-        if len(self.mean) != 3 or len(self.std) != 3:
-            raise UserError("data.mean", "mean and std need one value per RGB channel", "lists of 3 numbers")
+        self.check_image_settings()
         scanned = self._scanned
         if scanned is None or scanned.root != root or scanned.scan != self.scan:
             scanned = self._scan_folder(root)
@@ -190,9 +141,8 @@ class ImageFolderDataModule(ImageClassificationData):
             sizes["test"] = sizes["val"]
         if scanned.bad:
             notes.append(self._bad_note(scanned.bad))
-        pixel_bytes = 1 if self.device_normalize else 4
         return DataInfo(len(train_classes), 3, (self.image_size, self.image_size), sizes, notes, train_classes,
-                        sample_bytes=3 * self.image_size**2 * pixel_bytes)
+                        sample_bytes=self.sample_bytes())
 
     def _scan_folder(self, root: Path) -> _Scanned:
         """List every split, check its files as `scan` says; stop on missing folders or no images."""
@@ -301,95 +251,11 @@ class ImageFolderDataModule(ImageClassificationData):
             summary["scan_seconds"] = round(self._scanned.seconds, 3)
         return summary
 
-    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        """auto: device on CUDA when most files are JPEGs (nvjpeg's format), else fast."""
-        if self.decode != "auto":
-            how = f"{self.decode} (as configured)"
-            if self.decode == "device" and not cuda:
-                how = "device (as configured; no CUDA: the same batched path decodes on the CPU, in the training process)"
-            return self.decode, how
-        share = self._jpeg_share()
-        if cuda and not self.device_normalize:
-            return "fast", "auto -> fast (data.device_normalize=false finishes samples on the host)"
-        if cuda and self.augment != "none":
-            return "fast", f"auto -> fast (data.augment={self.augment} runs per image on the host)"
-        if cuda and share >= 0.5:
-            return "device", f"auto -> device (CUDA, {share:.0%} of the files are JPEGs)"
-        if cuda:
-            return "fast", f"auto -> fast (only {share:.0%} of the files are JPEGs, nvjpeg's format)"
-        return "fast", "auto -> fast (no CUDA: decoded on the host)"
-
-    def apply_decode(self, mode: str) -> None:
-        self.decode_in_use = mode
-
-    def inference_preprocessing(self) -> dict[str, Any]:
-        return {"image": "any format PIL reads, converted to 8-bit RGB", "color": "RGB", "resize": self._eval_resize(),
-                "interpolation": "bilinear", "center_crop": [self.image_size, self.image_size], "scale": 1 / 255,
-                "mean": list(self.mean), "std": list(self.std), "layout": "NCHW float32"}
-
-    def decode_choices(self) -> tuple[str, ...]:
-        return ("pil", "fast", "device") if self.device_normalize and self.augment == "none" else ("pil", "fast")
-
-    def host_augment(self) -> Optional[v2.Transform]:
-        """The training images' augmentation policy, run on each uint8 crop in the loader workers."""
-        if self.augment == "randaugment":
-            return v2.RandAugment(num_ops=self.augment_ops, magnitude=self.augment_magnitude)
-        if self.augment == "trivialaugment":
-            return v2.TrivialAugmentWide()
-        return None
-
-    def use_decode(self, mode: str) -> None:
-        self.decode_in_use = mode
-        self.train_set = self.val_set = self.test_set = None
-        self.setup("fit")
-
     def _jpeg_share(self) -> float:
         if self._scanned is None:
             return 0.0
         files = [f for classes in self._scanned.good.values() for names in classes.values() for f in names]
         return sum(f.lower().endswith(JPEG_EXTENSIONS) for f in files) / max(1, len(files))
-
-    def _geometry(self, train: bool) -> Geometry:
-        finish = None if self.device_normalize else (self.hflip, tuple(self.mean), tuple(self.std))
-        scale = cast(tuple[float, float], self.train_crop_scale)  # a pair: inspect() checked it
-        return Geometry(self.image_size, train, scale=scale, resize=self._eval_resize(),
-                        host_finish=finish)
-
-    def _eval_resize(self) -> int:
-        return max(self.image_size, int(round(self.image_size / self.eval_crop_fraction)))
-
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Device-path batches are decoded on `device` here (Lightning's default would copy the
-        encoded bytes there, where nvjpeg does not read them); other batches as Lightning does."""
-        if isinstance(batch, EncodedBatch):
-            files = {"train": self.train_set, "val": self.val_set, "test": self.test_set}[batch.split]
-            return decode_batch(batch, cast(EncodedFiles, files), device)  # only EncodedFiles make EncodedBatches
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
-    def _transforms(self, train: bool) -> v2.Compose:
-        if train:
-            geometry = [v2.RandomResizedCrop(self.image_size, scale=self.train_crop_scale, antialias=True)]
-            if self.hflip and not self.device_normalize:
-                geometry.append(v2.RandomHorizontalFlip())
-            augment = self.host_augment()
-            if augment is not None:
-                geometry.append(augment)
-        else:
-            geometry = [v2.Resize(self._eval_resize(), antialias=True), v2.CenterCrop(self.image_size)]
-        steps = [v2.ToImage(), *geometry]
-        if self.device_normalize:
-            # uint8 leaves the worker; `device_transform` finishes the job on the device.
-            steps.append(v2.ToPureTensor())
-        else:
-            steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(self.mean, self.std)]
-        return v2.Compose(steps)
-
-    def device_transform(self, images: torch.Tensor, training: bool) -> torch.Tensor:
-        if not self.device_normalize:
-            return images
-        if training and self.hflip:
-            images = random_flip(images)
-        return normalize(images, self.mean, self.std)
 
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:
@@ -414,12 +280,12 @@ class ImageFolderDataModule(ImageClassificationData):
             samples = [(path, self._classes[name]) for name, files in self._scanned.good[split].items()
                        if name in self._classes for path in files]
             if self.decode_in_use == "pil":
-                return ImageFiles(split, samples, classes, self._transforms(train), self.bad_files, self._bad_list)
+                return ImageFiles(split, samples, classes, self.pil_transforms(train), self.bad_files, self._bad_list)
             if self.decode_in_use == "fast":
                 return DecodedFiles(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
-                                    geometry=self._geometry(train), augment=self.host_augment() if train else None)
+                                    geometry=self.geometry(train), augment=self.host_augment() if train else None)
             return EncodedFiles(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
-                                geometry=self._geometry(train))
+                                geometry=self.geometry(train))
 
         self.train_set = make("train", True)
         self.val_set = make("val", False)
