@@ -421,6 +421,8 @@ def _require_extras(plain: Mapping[str, Any]) -> None:
         require("timm", "optimizer.layer_decay")
     if str((plain.get("model") or {}).get("_target_", "")).startswith("trainer.models.timm."):
         require("timm", "model=timm")
+    if str((plain.get("data") or {}).get("_target_", "")) == "trainer.data.shards.ShardsDataModule":
+        require("shards", "data=shards")  # LitData and boto3
     for name, logger in (plain.get("logger") or {}).items():
         target = str((logger or {}).get("_target_", "")) if isinstance(logger, Mapping) else ""
         for suffix, extra in (("WandbLogger", "wandb"), ("TensorBoardLogger", "tensorboard")):

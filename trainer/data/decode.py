@@ -379,9 +379,10 @@ class EncodedFiles(ImageFiles):
         return image, label
 
 
-def decode_batch(batch: EncodedBatch, files: EncodedFiles, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_batch(batch: EncodedBatch, files: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 NCHW images, labels) on `device`: the JPEGs decoded there in one batched call, each
-    cropped and resized there; refused files and host-decoded ones put in their places."""
+    cropped and resized there; refused files and host-decoded ones put in their places. `files` is
+    the split's data set: its `geometry`, and `on_host` for a JPEG the device refused."""
     size = files.geometry.size
     images = torch.empty((len(batch), 3, size, size), dtype=torch.uint8, device=device)
     labels = batch.labels.clone()
@@ -389,7 +390,9 @@ def decode_batch(batch: EncodedBatch, files: EncodedFiles, device: torch.device)
     decoded = _decode_all([item.data for _, item in encoded], device)
     for (at, item), image in zip(encoded, decoded):
         if image is None:
-            host, labels[at] = files.on_host(item)
+            host, label = files.on_host(item)  # label None: the batch's own (no replacement sample)
+            if label is not None:
+                labels[at] = label
             images[at] = host.to(device, non_blocking=True)
         else:
             images[at] = files.geometry.finish(image, item.box)

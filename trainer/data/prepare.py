@@ -1,4 +1,5 @@
-"""A resized copy of an image folder: ``python -m trainer.data.prepare SRC DST --max-side 500``.
+"""A resized copy of an image folder: ``python -m trainer.data.prepare SRC DST --max-side 500``
+(``--format shards`` writes LitData shards instead: trainer/data/prepare_shards.py).
 
 Decoding costs grow with the pixels, and JPEG decoding in the loader workers is often what keeps a
 run waiting. ImageNet's photos average about 400x350, but a raw photo folder holds 12-megapixel
@@ -27,7 +28,6 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -111,24 +111,33 @@ class PrepareReport:
 # -- one file (runs in a pool worker) ------------------------------------------------------------------
 def prepare_file(task: _Task, max_side: int, quality: int) -> _Done:
     """Resize, copy, or find `task`'s file bad. Top-level so a process pool can send it to workers."""
-    problem = check_file(task.src, decode=False)  # cheap first: non-images, empty files, wrong content
-    if problem is not None:
-        return _bad(task, *problem)
-    try:
-        with Image.open(task.src) as image:
-            target = _target_size(image.size, max_side)
-            if target is None:
-                return _copy(task)
-            fmt = _format(task.dst)  # by extension, so name and content agree (a PNG named .jpg becomes a JPEG)
-            data = _encoded(_resized(task.src, image, target, fmt), fmt, quality)
-    except BadImageError as ex:
-        return _bad(task, ex.reason, ex.detail)
+    made = image_bytes(task.split, task.src, max_side, quality)
+    if isinstance(made, BadFile):
+        return _Done(BAD, bad=made)
+    outcome, data = made
     replace_atomic(Path(task.dst), lambda tmp: tmp.write_bytes(data))
-    return _Done(RESIZED, os.path.getsize(task.src), len(data))
+    return _Done(outcome, os.path.getsize(task.src), len(data))
 
 
-def _bad(task: _Task, reason: str, detail: str) -> _Done:
-    return _Done(BAD, bad=BadFile(task.split, task.src, reason, detail))
+def image_bytes(split: str, src: str, max_side: int | None, quality: int) -> tuple[str, bytes] | BadFile:
+    """(RESIZED or COPIED, the image's bytes): resized when its longer side exceeds `max_side`
+    (None: never), else the file's bytes as they are; a `BadFile` when training could not read it."""
+    problem = check_file(src, decode=False)  # cheap first: non-images, empty files, wrong content
+    if problem is not None:
+        return BadFile(split, src, *problem)
+    try:
+        with Image.open(src) as image:
+            target = _target_size(image.size, max_side) if max_side is not None else None
+            if target is None:
+                # The full decode training does: a small truncated JPEG has a valid header too.
+                problem = check_file(src, decode=True)
+                if problem is not None:
+                    return BadFile(split, src, *problem)
+                return COPIED, Path(src).read_bytes()
+            fmt = _format(src)  # by extension, so name and content agree (a PNG named .jpg becomes a JPEG)
+            return RESIZED, _encoded(_resized(src, image, target, fmt), fmt, quality)
+    except BadImageError as ex:
+        return BadFile(split, src, ex.reason, ex.detail)
 
 
 def _target_size(size: tuple[int, int], max_side: int) -> tuple[int, int] | None:
@@ -138,16 +147,6 @@ def _target_size(size: tuple[int, int], max_side: int) -> tuple[int, int] | None
     if longer <= max_side:
         return None
     return max(1, round(width * max_side / longer)), max(1, round(height * max_side / longer))
-
-
-def _copy(task: _Task) -> _Done:
-    # The full decode training does: a small truncated JPEG has a valid header too.
-    problem = check_file(task.src, decode=True)
-    if problem is not None:
-        return _bad(task, *problem)
-    replace_atomic(Path(task.dst), lambda tmp: shutil.copyfile(task.src, tmp))
-    size = os.path.getsize(task.dst)
-    return _Done(COPIED, size, size)
 
 
 def _format(path: str) -> str:
@@ -317,12 +316,20 @@ def _bar(enabled: bool) -> Progress:
 # -- the command -----------------------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer.data.prepare",
-                                     description="Write a copy of an image folder with smaller images.")
+                                     description="Write a copy of an image folder with smaller images, or as shards.")
     parser.add_argument("src", type=Path, metavar="SRC", help="the image folder (train/<class>/..., val/<class>/...)")
-    parser.add_argument("dst", type=Path, metavar="DST", help="the folder to write (rerun to finish an interrupted run)")
-    parser.add_argument("--max-side", type=int, required=True, help="longer side in pixels of resized images (e.g. 500)")
+    parser.add_argument("dst", metavar="DST", help="the folder to write, or for shards also s3://bucket/prefix "
+                        "(rerun to finish an interrupted run)")
+    parser.add_argument("--format", choices=("folder", "shards"), default="folder",
+                        help="folder: an image folder of the same layout (default); shards: LitData shards for "
+                        "data=shards (trainer/data/prepare_shards.py)")
+    parser.add_argument("--max-side", type=int, default=None, help="longer side in pixels of resized images (e.g. "
+                        "500); required for a folder, optional for shards (default: the bytes as they are)")
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality of resized JPEGs (default 90)")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: the usable CPUs)")
+    parser.add_argument("--chunk-mb", type=int, default=64, help="shards: the size of one chunk (default 64 MB)")
+    parser.add_argument("--endpoint-url", default=None, help="shards on an S3-compatible store that is not AWS "
+                        "(default: AWS_ENDPOINT_URL, else AWS)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -330,7 +337,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(argv) if argv is not None else None)
     with one_line_on_user_error():
-        report = prepare(args.src, args.dst, args.max_side, args.quality, args.workers, progress=not args.quiet)
+        if args.format == "shards":
+            from trainer.data.prepare_shards import prepare_shards
+
+            shards = prepare_shards(args.src, args.dst, args.max_side, args.quality, args.workers, args.chunk_mb,
+                                    args.endpoint_url, progress=not args.quiet)
+            print(shards.summary())
+            return 0
+        if args.max_side is None:
+            raise UserError("--max-side", "not given", "the longer side in pixels of the copy, e.g. --max-side 500")
+        if str(args.dst).startswith("s3://"):
+            raise UserError("DST", f"'{args.dst}' is on object storage, where a folder copy is not written",
+                            "a local folder, or --format shards")
+        report = prepare(args.src, Path(args.dst), args.max_side, args.quality, args.workers, progress=not args.quiet)
     print(report.summary())
     print(report.bad_line())
     return 0

@@ -18,6 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sweeps": ("optuna", "hydra_plugins.hydra_optuna_sweeper"),
     "slurm": ("submitit", "hydra_plugins.hydra_submitit_launcher"),
     "timm": ("timm",),
+    "shards": ("litdata", "boto3"),
     "wandb": ("wandb",),
     "tensorboard": ("tensorboard",),
 }
