@@ -74,7 +74,7 @@ def test_the_core_trains_the_default_run(core_only, tmp_path):
 
 @pytest.mark.parametrize("args, extra", [
     (["model=timm"], "timm"), (["optimizer=lamb"], "timm"), (["logger=wandb"], "wandb"),
-    (["logger=[csv,tensorboard]"], "tensorboard"),
+    (["logger=[csv,tensorboard]"], "tensorboard"), (["data=shards", "data.source=/nowhere"], "shards"),
 ])
 def test_a_feature_without_its_extra_is_one_line_with_the_pip_command(core_only, tmp_path, args, extra):
     done = _train([*args, "trainer.max_epochs=1", f"run.root={tmp_path}"], core_only, tmp_path)

@@ -36,7 +36,7 @@ from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment
 from trainer.data.images import EncodedImagesData
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, store_error
 from trainer.data.prepare_shards import DATASET_NAME, FORMAT
-from trainer.data.resumable import mix
+from trainer.data.resumable import mix, own_generator
 from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
@@ -240,8 +240,10 @@ class ShardsDataModule(EncodedImagesData):
         # the crops' seeds follow it); persistent workers would keep the first epoch's copy.
         kwargs["persistent_workers"] = False
         collate = CollateEncoded(dataset.split) if self.decode_in_use == "device" else None
+        # Its own generator: making an iterator then never draws from the global RNG that the
+        # device-side flips use (trainer/data/resumable.py says why).
         return ShardLoader(dataset, batch_size=self.batch_size if train else self.eval_batch_size,
-                               drop_last=train, collate_fn=collate, **kwargs)
+                           drop_last=train, collate_fn=collate, generator=own_generator(self.run_seed), **kwargs)
 
     # -- the place in the epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,181 @@
+"""Training from shards, local and on a real S3-compatible server (tests/s3_server.py).
+
+A photo folder becomes shards in a folder and, through the command line, in the test bucket. A run
+trains from the local shards with every decode mode, and from the bucket through a size-limited
+cache. Killed with SIGKILL two batches into its second epoch and resumed with resume=auto, a run from
+shards ends with the weights of the uninterrupted run, tensor for tensor. Two processes reading the
+shards see disjoint shares that together cover the training split. Wrong credentials, a missing
+bucket, a store that cannot be reached and a damaged shard each end the run in one line naming the
+source, with no checkpoint written.
+
+Real processes (a server, forked runs, two ranks): marked slow; CI runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import ON_CPU, REPO, train_forked, write_photo_jpegs
+from tests.run.test_resume import kill_at_step, weights
+
+pytest.importorskip("litdata")
+pytest.importorskip("moto")
+
+pytestmark = [pytest.mark.run, pytest.mark.slow]
+
+# 3 classes x 12 photos: 36 training images, 9 steps of 4 an epoch, 2 epochs.
+RUN = [*ON_CPU, "data=shards", "data.image_size=32", "data.batch_size=4", "data.num_workers=1", "model=small_cnn",
+       "trainer.max_epochs=2", "trainer.deterministic=true", "checkpointing.every_n_steps=2", "progress=off",
+       "trainer.log_every_n_steps=1",
+       "logger=csv"]
+STEPS = 18
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("photos")
+    write_photo_jpegs(root, {"train": 12, "val": 4}, classes=3, size=(96, 72))
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_shards(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.data.prepare_shards import prepare_shards
+
+    dst = tmp_path_factory.mktemp("local") / "shards"
+    prepare_shards(folder, str(dst), workers=1, chunk_mb=1, progress=False)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def s3(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests import s3_server
+
+    server = s3_server.start(tmp_path_factory.mktemp("s3"))
+    try:
+        env = {**os.environ, **server.env()}
+        written = subprocess.run([sys.executable, "-m", "trainer.data.prepare", str(folder),
+                                  f"s3://{s3_server.BUCKET}/photos", "--format", "shards", "--chunk-mb", "1",
+                                  "--workers", "2", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True,
+                                 timeout=300)
+        assert written.returncode == 0, written.stderr[-3000:]
+        assert "wrote shards of 48 images" in written.stdout
+        yield server
+    finally:
+        server.stop()
+
+
+def _one_line(result, where: str) -> str:  # type: ignore[no-untyped-def]
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {where}"), result
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (result.run_dir / "checkpoints").exists() or not any((result.run_dir / "checkpoints").iterdir())
+    return lines[0]
+
+
+@pytest.mark.parametrize("decode", ["pil", "fast", "device"])
+def test_trains_from_local_shards_with_every_decode_mode(local_shards, tmp_path, decode):
+    result = train_forked([*RUN, f"data.source={local_shards}", f"data.decode={decode}", "trainer.max_epochs=1",
+                           f"run.root={tmp_path}"], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["steps"] == STEPS // 2 and summary["data"]["sizes"]["train"] == 36
+    assert summary["metrics"]["test"]["acc"] > 0  # evaluated on the val split's 12 images
+
+
+def test_killed_mid_epoch_and_resumed_from_shards_equals_the_uninterrupted_run(local_shards, tmp_path):
+    args = [*RUN, f"data.source={local_shards}", f"run.root={tmp_path}", "run.name=shards"]
+    reference = train_forked(args, tmp_path / "reference")
+    assert reference.returncode == 0 and reference.summary["steps"] == STEPS, reference
+    # killed at step 12: last.ckpt of step 10, one batch into the second epoch
+    killed = train_forked(args, tmp_path / "killed", setup=kill_at_step(12))
+    assert killed.returncode == -signal.SIGKILL, killed
+    position = torch.load(tmp_path / "killed" / "checkpoints" / "last.ckpt", map_location="cpu",
+                          weights_only=False)["ShardsDataModule"]["stream_position"]
+    assert position["taken"] == 1 and position["litdata"]["current_epoch"] == 2
+    resumed = train_forked([*args, "resume=auto"], tmp_path / "killed")
+    assert resumed.returncode == 0, resumed
+    assert resumed.summary["resumed_from"]["global_step"] == 10 and resumed.summary["resumed_from"]["mid_epoch"]
+    expected = weights(tmp_path / "reference" / "checkpoints" / "last.ckpt")
+    got = weights(tmp_path / "killed" / "checkpoints" / "last.ckpt")
+    different = [k for k in expected if not torch.equal(expected[k], got[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+SHARE_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+from trainer.data.shards import ShardsDataModule, ShardStream
+ShardStream.decoded = lambda self, item: int(item["index"])  # each sample's place in the folder, not its image
+data = ShardsDataModule(source=sys.argv[1], decode="fast", image_size=32, batch_size=4, num_workers=1)
+data.setup()
+seen = [index for index, _ in data.train_set]
+print(json.dumps({"rank": dist.get_rank(), "seen": seen}))
+"""
+
+
+def test_two_processes_read_disjoint_shares_that_cover_the_training_split(local_shards, tmp_path):
+    script = tmp_path / "share.py"
+    script.write_text(SHARE_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(script), str(local_shards)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    shares = {row["rank"]: row["seen"] for row in rows}
+    assert set(shares) == {0, 1} and len(shares[0]) == len(shares[1]) == 18
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == list(range(36))
+
+
+def test_trains_from_the_bucket_through_a_size_limited_cache(s3, tmp_path, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    cache = tmp_path / "cache"
+    result = train_forked([*RUN, "data.source=s3://training-data/photos", f"data.cache_dir={cache}",
+                           "data.cache_limit_gb=0.05", "trainer.max_epochs=1", f"run.root={tmp_path}"],
+                          tmp_path / "run")
+    assert result.returncode == 0, result
+    assert result.summary["steps"] == STEPS // 2 and result.summary["data"]["sizes"] == {"train": 36, "val": 12,
+                                                                                          "test": 12}
+    assert list(cache.rglob("*.bin")), "no chunk was cached"
+
+
+def test_store_failures_are_one_line_naming_the_source(s3, local_shards, tmp_path, monkeypatch):
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    source = "data.source=s3://training-data/photos"
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    line = _one_line(train_forked([*RUN, source, f"run.root={tmp_path}"], tmp_path / "creds"),
+                     "s3://training-data/photos")
+    assert "refused the credentials" in line
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+
+    line = _one_line(train_forked([*RUN, "data.source=s3://no-such-bucket/photos", f"run.root={tmp_path}"],
+                                  tmp_path / "bucket"), "s3://no-such-bucket/photos")
+    assert "bucket 'no-such-bucket' does not exist" in line
+
+    line = _one_line(train_forked([*RUN, source, "data.endpoint_url=https://127.0.0.1:9", f"run.root={tmp_path}"],
+                                  tmp_path / "gone"), "s3://training-data/photos")
+    assert "cannot be reached" in line
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(local_shards, damaged)
+    chunk = next((damaged / "train").glob("chunk-*.bin"))
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 3])
+    line = _one_line(train_forked([*RUN, f"data.source={damaged}", f"run.root={tmp_path}"], tmp_path / "cut"),
+                     str(damaged))
+    assert "cannot be read" in line or "damaged" in line
