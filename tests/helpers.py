@@ -471,6 +471,19 @@ class KillJobAt(Callback):
             kill_job()
 
 
+class KillNodeAt(Callback):
+    """A callback that SIGKILLs its own process group (the rank and its loader workers; under
+    torchrun also the launcher when they share a group) as training step `step` ends, on whichever
+    process has it: given to one node's launch only, it is a lost node."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            kill_job()
+
+
 def benchmark(name: str) -> ModuleType:
     """The script benchmarks/NAME.py as a module (it imports its neighbours, such as sweep_jobs)."""
     sys.path.insert(0, str(REPO / "benchmarks"))

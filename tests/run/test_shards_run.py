@@ -140,6 +140,76 @@ def test_two_processes_read_disjoint_shares_that_cover_the_training_split(local_
     assert sorted(shares[0] + shares[1]) == list(range(36))
 
 
+TWO_NODES = ["trainer=ddp", "trainer.devices=1", "trainer.num_nodes=2", "run.name=two_nodes"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(args: list[str], root: Path, node1: tuple[str, ...] = (), timeout: float = 300) -> list[tuple]:
+    """Two launches of one process each, node ranks 0 and 1, meeting on the loopback address as two
+    hosts would (torchrun's static rendezvous: MASTER_ADDR, NODE_RANK, WORLD_SIZE); (rc, stderr) each."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["OMP_NUM_THREADS"] = "1"
+    launches = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+                                  "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+                                  str(REPO / "train.py"), *args, *(node1 if node == 1 else ()), f"run.root={root}"],
+                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True) for node in (0, 1)]
+    done = []
+    for launch in launches:
+        try:
+            _, err = launch.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(launch.pid, signal.SIGKILL)
+            _, err = launch.communicate()
+        done.append((launch.returncode, err))
+    return done
+
+
+def _the_run_folder(root: Path) -> Path:
+    folders = [p for p in (root / "runs").glob("*/*") if p.is_dir()]
+    assert len(folders) == 1, f"one run folder for both nodes, found {folders}"
+    return folders[0]
+
+
+def test_two_nodes_train_one_run_and_survive_losing_one_node(local_shards, tmp_path):
+    args = [*RUN, f"data.source={local_shards}", *TWO_NODES]
+    done = _two_nodes(args, tmp_path / "reference")
+    assert [rc for rc, _ in done] == [0, 0], done[0][1][-3000:] + done[1][1][-3000:]
+    reference = _the_run_folder(tmp_path / "reference")
+    summary = json.loads((reference / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["processes"] == {"count": 2, "strategy": "DDPStrategy", "launched_by": "torchrun"}
+    # 4 per process on 2 nodes: a global batch of 8; 36 images dealt to 2 ranks, 4 steps an epoch
+    assert summary["hyperparameters"]["global_batch_size"] == 8 and summary["steps"] == 8
+
+    # node 1 lost (SIGKILL to its rank and loader worker) as step 7 ends; last.ckpt is of step 6, two
+    # batches into the second epoch; node 0 fails on the broken connection
+    lost = _two_nodes([*args, "checkpointing.every_n_steps=2"], tmp_path / "lost",
+                      node1=("+callbacks.kill._target_=tests.helpers.KillNodeAt", "+callbacks.kill.step=7"))
+    # torchrun starts its rank in a session of its own: the agent outlives it and reports the kill
+    assert lost[1][0] != 0 and "Signal 9 (SIGKILL)" in lost[1][1], lost[1][1][-3000:]
+    assert lost[0][0] != 0, lost[0][1][-3000:]
+    folder = _the_run_folder(tmp_path / "lost")
+    position = torch.load(folder / "checkpoints" / "last.ckpt", map_location="cpu",
+                          weights_only=False)["ShardsDataModule"]["stream_position"]
+    assert position["taken"] == 2 and position["litdata"]["dataset"]["world_size"] == 2
+    resumed = _two_nodes([*args, "checkpointing.every_n_steps=2", "resume=auto"], tmp_path / "lost")
+    assert [rc for rc, _ in resumed] == [0, 0], resumed[0][1][-3000:] + resumed[1][1][-3000:]
+    summaries = sorted((tmp_path / "lost").glob("runs/*/*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
+    final = json.loads(summaries[-1].read_text())
+    assert final["status"] == "completed" and final["resumed_from"]["global_step"] == 6 and final["steps"] == 8
+    expected, got = weights(reference / "checkpoints" / "last.ckpt"), weights(Path(final["final_checkpoint"]))
+    assert all(torch.equal(expected[k], got[k]) for k in expected), "resumed weights differ from the reference"
+
+
 def test_trains_from_the_bucket_through_a_size_limited_cache(s3, tmp_path, monkeypatch):
     for key, value in s3.env().items():
         monkeypatch.setenv(key, value)

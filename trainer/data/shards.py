@@ -5,7 +5,8 @@ prepare_shards.py). LitData's `StreamingDataset` reads them, downloading chunks 
 cache of at most ``data.cache_limit_gb`` (evicting chunks it has read), and its
 `StreamingDataLoader` deals the chunks out over ranks, nodes and loader workers: over an epoch each
 rank reads its own share, no sample twice (``drop_last`` evens the shares, as DistributedSampler
-does).
+does). Validation and test read each process's block of the split by index (`EvalBlocks`): every
+image once, shares that differ by one image at most.
 
 The images are decoded and cropped by the same code as the image folder's (trainer/data/images.py):
 the three ``data.decode`` paths and the augmentations. A sample's random crop is drawn from
@@ -23,14 +24,15 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
+from torch.utils.data import DataLoader, Dataset
 
 from trainer.configuration.schema import Doc, Range
 from trainer.data.badfiles import BadImageError, WorkerSafeUserError, load_rgb
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, EvalShare
 from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment_seeded, decode_on_host,
                                   finish_on_host, jpeg_header)
 from trainer.data.images import EncodedImagesData
@@ -142,6 +144,33 @@ class ShardLoader(StreamingDataLoader):
         super().load_state_dict(position["litdata"])
         return int(position["taken"])
 
+class _Indexed(Dataset[Any]):
+    """A split of the shards read by index (LitData's random access), for evaluation."""
+
+    def __init__(self, stream: ShardStream, size: int) -> None:
+        self.stream, self.size, self.split = stream, size, stream.split
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.stream[index]
+
+
+class EvalBlocks(EvalShare):
+    """One process's contiguous block of an evaluation split: every sample once over all processes,
+    and each process reads only the chunks of its block."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._block())
+
+    def __len__(self) -> int:
+        return len(self._block())
+
+    def _block(self) -> range:
+        return range(self.rank * self.size // self.num_replicas, (self.rank + 1) * self.size // self.num_replicas)
+
+
 class ShardsDataModule(EncodedImagesData):
     """Images from shards (see the module docstring); every image option is the image folder's."""
 
@@ -234,8 +263,18 @@ class ShardsDataModule(EncodedImagesData):
         if dataset is None:
             raise RuntimeError("ShardsDataModule.setup() did not build this split")
         settings = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
-        _, rank = self._process_share()
+        replicas, rank = self._process_share()
         kwargs = settings.dataloader_kwargs(rank)
+        if not train:
+            # Evaluation reads each process's block of the split by index, every sample once, as the
+            # image folder's EvalShare does. LitData's own split of a small split can give one rank
+            # twice the batches of another, and the ranks' epoch-end collectives then fall out of step.
+            assert self._described is not None
+            size = int(self._described["sizes"][dataset.split])
+            return DataLoader(_Indexed(dataset, size), batch_size=self.eval_batch_size, shuffle=False,
+                              sampler=EvalBlocks(size, replicas, rank) if replicas > 1 else None,
+                              collate_fn=CollateEncoded(dataset.split) if self.decode_in_use == "device" else None,
+                              generator=own_generator(self.run_seed), **kwargs)
         # Each epoch's workers get the dataset with that epoch's number (LitData shuffles by it and
         # the crops' seeds follow it); persistent workers would keep the first epoch's copy.
         kwargs["persistent_workers"] = False
