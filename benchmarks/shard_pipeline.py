@@ -80,26 +80,46 @@ def shard_loader(source: str, batch: int, cache: Path | None = None) -> Any:
     return module.train_dataloader()
 
 
-def measure(loader: Any) -> dict[str, float]:
+def loader_workers(parent: int, exclude: set[int]) -> list[int]:
+    """The processes `parent` started, but for those in `exclude` (the S3 server): its loader workers.
+    Read from /proc, because LitData's loader iterates through a generator that hides torch's
+    iterator and its ``_workers``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        if int(fields[1]) == parent and pid not in exclude:
+            found.append(pid)
+    return found
+
+
+def measure(loader: Any, exclude: set[int]) -> dict[str, float]:
     """One epoch: the time to its first batch, then images per host-CPU second over the rest."""
     started = time.perf_counter()
     iterator = iter(loader)
     first = next(iterator)
     to_first = time.perf_counter() - started
-    pids = [w.pid for w in getattr(iterator, "_workers", [])]
     me = os.getpid()
+    pids = loader_workers(me, exclude)
     start_cpu, start = sum(cpu_seconds(p) for p in [me, *pids]), time.perf_counter()
-    images = 0
-    for batch in iterator:
+    images, batches = 0, len(loader)
+    for taken, batch in enumerate(iterator, start=2):
         images += len(batch[1])
+        if taken == batches:  # before the iterator ends the epoch and its workers with it
+            break
     cpu = sum(cpu_seconds(p) for p in [me, *pids]) - start_cpu
     wall = time.perf_counter() - start
+    for _ in iterator:  # anything left (none: the epoch's length is known)
+        pass
     del first
     return {"first_batch_s": to_first, "per_core": images / max(cpu, 1e-9), "wall": images / max(wall, 1e-9)}
 
 
 def run(root: Path, shards: Path, s3_source: str, work: Path, rounds: int, batch: int,
-        cold: bool) -> tuple[dict[str, list[dict[str, float]]], bool]:
+        cold: bool, exclude: set[int]) -> tuple[dict[str, list[dict[str, float]]], bool]:
     torch.set_num_threads(1)
     results: dict[str, list[dict[str, float]]] = {name: [] for name in PIPELINES}
     dropped = True
@@ -117,7 +137,7 @@ def run(root: Path, shards: Path, s3_source: str, work: Path, rounds: int, batch
         for name in order:
             if cold:
                 dropped = drop_page_cache() and dropped
-            results[name].append(measure(makers[name]()))
+            results[name].append(measure(makers[name](), exclude))
             row = results[name][-1]
             print(f"round {r + 1}/{rounds} {name:<24} {row['per_core']:6.0f} img/s per core, first batch "
                   f"{row['first_batch_s']:.2f} s", flush=True)
@@ -145,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mb", type=int, default=4, help="shard chunk size (several chunks per epoch)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each pipeline")
     parser.add_argument("--write", action="store_true", help=f"write {RESULTS.relative_to(REPO)}")
+    parser.add_argument("--out", type=Path, help="write the report to this file as well")
     args = parser.parse_args(argv)
     command = "python benchmarks/shard_pipeline.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     from tests import s3_server
@@ -154,14 +175,18 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(temp)
         root = make_folder(work / "photos", args.images)
         server = s3_server.start(work)
+        saved = dict(os.environ)
         try:
             os.environ.update(server.env())
             prepare_shards(root, str(work / "shards"), chunk_mb=args.chunk_mb, progress=False)
             s3_source = f"s3://{s3_server.BUCKET}/photos"
             prepare_shards(root, s3_source, chunk_mb=args.chunk_mb, progress=False)
-            results, cold = run(root, work / "shards", s3_source, work, args.rounds, args.batch, args.cold)
+            results, cold = run(root, work / "shards", s3_source, work, args.rounds, args.batch, args.cold,
+                               {server.process.pid})
         finally:
             server.stop()
+            os.environ.clear()
+            os.environ.update(saved)
     page_cache = ("cold page cache before each pipeline" if cold else
                   "warm page cache (dropping it was refused here)" if args.cold else "warm page cache")
     text = "\n".join([f"Measured {time.strftime('%Y-%m-%d')} on {machine()}: {args.images} photos 500x375/375x500 "
@@ -169,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"chunks of {args.chunk_mb} MB, one epoch per pipeline per round, {args.rounds} interleaved "
                       f"rounds, {page_cache}.", "", *table(results), "", f"`{command.strip()}`"])
     print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
     if args.write:
         RESULTS.write_text("# Shards against an image folder: images per host core, time to first batch\n\n"
                            + text + "\n")
