@@ -484,6 +484,18 @@ class KillNodeAt(Callback):
             kill_job()
 
 
+class StopProcessAt(Callback):
+    """A callback that SIGKILLs another process (`pid`, e.g. a storage server) as training step
+    `step` ends: a store that goes away mid-epoch."""
+
+    def __init__(self, step: int, pid: int) -> None:
+        self.step, self.pid = step, pid
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(self.pid, signal.SIGKILL)
+
+
 def benchmark(name: str) -> ModuleType:
     """The script benchmarks/NAME.py as a module (it imports its neighbours, such as sweep_jobs)."""
     sys.path.insert(0, str(REPO / "benchmarks"))

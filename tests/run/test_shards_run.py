@@ -74,12 +74,16 @@ def s3(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[
         server.stop()
 
 
-def _one_line(result, where: str) -> str:  # type: ignore[no-untyped-def]
+def _one_line(result, where: str, trained: bool = False) -> str:  # type: ignore[no-untyped-def]
+    """The run's one error line; no checkpoint unless it `trained` first, and then only whole ones."""
     assert result.returncode == 2, result
     lines = [line for line in result.stderr.splitlines() if line.strip() and "Warning" not in line]
     assert len(lines) == 1 and lines[0].startswith(f"error: {where}"), result
     assert "Traceback" not in result.stderr + result.stdout
-    assert not (result.run_dir / "checkpoints").exists() or not any((result.run_dir / "checkpoints").iterdir())
+    saved = sorted((result.run_dir / "checkpoints").glob("*")) if (result.run_dir / "checkpoints").exists() else []
+    assert bool(saved) == trained, saved
+    for path in saved:  # every file there is a whole checkpoint: none half-written, no temporary left
+        assert path.suffix == ".ckpt" and "state_dict" in torch.load(path, map_location="cpu", weights_only=False)
     return lines[0]
 
 
@@ -249,3 +253,27 @@ def test_store_failures_are_one_line_naming_the_source(s3, local_shards, tmp_pat
     line = _one_line(train_forked([*RUN, f"data.source={damaged}", f"run.root={tmp_path}"], tmp_path / "cut"),
                      str(damaged))
     assert "cannot be read" in line or "damaged" in line
+
+
+def test_a_store_that_goes_away_mid_run_is_retried_then_one_line_and_the_run_exits(tmp_path, monkeypatch):
+    # A server of its own (the module's serves the other tests), killed as step 1 ends; the
+    # photos are the decode benchmark's, in chunks of 1 MB, so the run still has chunks to fetch.
+    from tests import s3_server
+    from tests.helpers import benchmark
+    from trainer.data.prepare_shards import prepare_shards
+
+    root = benchmark("input_pipeline").make_folder(tmp_path / "photos", 120)
+    server = s3_server.start(tmp_path)
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        prepare_shards(root, f"s3://{s3_server.BUCKET}/big", chunk_mb=1, progress=False)
+        result = train_forked([*RUN, f"data.source=s3://{s3_server.BUCKET}/big", f"data.cache_dir={tmp_path / 'cache'}",
+                               "trainer.max_epochs=1", "+callbacks.stop._target_=tests.helpers.StopProcessAt",
+                               "+callbacks.stop.step=1", f"+callbacks.stop.pid={server.process.pid}",
+                               f"run.root={tmp_path}"], tmp_path / "run", timeout=240)
+    finally:
+        server.stop()
+    line = _one_line(result, f"s3://{s3_server.BUCKET}/big/", trained=True)
+    assert "cannot be reached (after retries)" in line
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"

@@ -39,18 +39,30 @@ def join(source: str, *parts: str) -> str:
     return str(Path(source).joinpath(*parts))
 
 
-def storage_options(endpoint_url: Optional[str]) -> dict[str, Any]:
-    """LitData's ``storage_options`` (boto3 client arguments) for the store."""
+#: boto3's retries: 5 attempts with its standard backoff, then the one line. LitData's own client
+#: makes 1,000 adaptive attempts, which leaves a run waiting for a store that has gone for good.
+RETRY_ATTEMPTS = 5
+
+
+def _endpoint(endpoint_url: Optional[str]) -> dict[str, Any]:
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
     return {"endpoint_url": endpoint} if endpoint else {}
 
 
-def _client(endpoint_url: Optional[str]) -> Any:
-    import boto3
+def storage_options(endpoint_url: Optional[str]) -> dict[str, Any]:
+    """LitData's ``storage_options`` (boto3 client arguments) for the store: its endpoint, and
+    retries that end (`RETRY_ATTEMPTS`)."""
     from botocore.config import Config
 
-    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5,
-                                            read_timeout=30), **storage_options(endpoint_url))
+    retries = Config(retries={"mode": "standard", "max_attempts": RETRY_ATTEMPTS}, connect_timeout=5,
+                     read_timeout=30)
+    return {**_endpoint(endpoint_url), "config": retries}
+
+
+def _client(endpoint_url: Optional[str]) -> Any:
+    import boto3
+
+    return boto3.client("s3", **storage_options(endpoint_url))
 
 
 def _bucket_key(url: str) -> tuple[str, str]:
@@ -63,7 +75,7 @@ def store_error(source: str, ex: BaseException, endpoint_url: Optional[str] = No
     from botocore.exceptions import (ClientError, EndpointConnectionError, NoCredentialsError,
                                      ConnectTimeoutError, ReadTimeoutError, SSLError)
 
-    endpoint = storage_options(endpoint_url).get("endpoint_url", "AWS's endpoint")
+    endpoint = _endpoint(endpoint_url).get("endpoint_url", "AWS's endpoint")
     if isinstance(ex, NoCredentialsError):
         return UserError(source, "no credentials for the store", "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                          "(or AWS_PROFILE) in the environment")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
@@ -61,15 +62,14 @@ class ShardStream(StreamingDataset):
                          max_cache_size=cache_bytes, storage_options=storage_options(endpoint_url))
         self.source, self.split, self.train, self.mode = source, split, train, mode
         self.geometry, self.pil, self.augment, self.run_seed = geometry, pil, augment, seed
+        self.endpoint_url = endpoint_url
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
         try:
             item = super().__getitem__(index)
         except Exception as ex:  # noqa: BLE001 - LitData's reader raises whatever a damaged chunk gives
-            raise ShardSampleError(join(self.source, self.split), f"a chunk cannot be read ({type(ex).__name__}: "
-                                   f"{str(ex).splitlines()[0] if str(ex) else ''})",
-                                   "shards written whole by python -m trainer.data.prepare (rerun it into a "
-                                   "new DST)") from None
+            failure = _as_user_error(join(self.source, self.split), ex, self.endpoint_url)
+            raise ShardSampleError(failure.where, failure.problem, failure.allowed) from None
         return self.decoded(item), int(item["label"])
 
     def sample_seed(self, place: int) -> Optional[int]:
@@ -115,6 +115,23 @@ class ShardLoader(StreamingDataLoader):
     """LitData's loader, whose position travels with the data module's state instead of Lightning's
     loader states: Lightning saves a loader's state as it stands, one prefetched batch ahead of the
     steps taken, and would restore it so (the batch fetched but not trained on would be lost)."""
+
+    def _get_iterator(self) -> Any:
+        # LitData iterates torch's iterator inside a generator, out of Lightning's reach: kept here so
+        # that `close` can stop its workers when the run fails (they ignore SIGTERM, see
+        # trainer/data/loader.py, so the interpreter's exit would otherwise wait for them forever).
+        # A weak reference: an iterator nobody holds any more still shuts its workers down when
+        # it is collected, as torch's do.
+        iterator = super()._get_iterator()
+        self.live: Optional[weakref.ref[Any]] = weakref.ref(iterator)
+        return iterator
+
+    def close(self) -> None:
+        live = getattr(self, "live", None)
+        iterator = live() if live is not None else None
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self.live = None
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -293,6 +310,15 @@ class ShardsDataModule(EncodedImagesData):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = state_dict.get("stream_position")
 
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed run stops the training loader's workers (see `ShardLoader.close`)."""
+        if self._loader is not None:
+            self._loader.close()
+
+    def teardown(self, stage: str) -> None:
+        if self._loader is not None:
+            self._loader.close()
+
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         training = bool(self.trainer is not None and self.trainer.training)
         if training and self._loader is not None:
@@ -303,13 +329,23 @@ class ShardsDataModule(EncodedImagesData):
         return self.finish_batch(batch, training=training)
 
 
+#: How obstore (LitData's chunk reader) words a store it cannot reach, after its own retries.
+_UNREACHABLE_WORDS = ("error sending request", "connection refused", "connect error", "timed out", "dns error")
+
+
 def _as_user_error(source: str, ex: BaseException, endpoint_url: Optional[str]) -> UserError:
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:  # a local source without boto3
-        return UserError(source, f"{type(ex).__name__}: {ex}", _SOURCE_ALLOWED)
+    """A failure to open or read the shards, as one line: the store's refusals (boto3's errors, or
+    obstore's words for an unreachable store) as `store_error` says them; anything else is a chunk
+    that cannot be read."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     if isinstance(ex, (ClientError, BotoCoreError)):
         return store_error(source, ex, endpoint_url)
     text = str(ex).splitlines()[0] if str(ex) else type(ex).__name__
-    return UserError(source, f"the shards cannot be opened ({type(ex).__name__}: {text})", _SOURCE_ALLOWED)
+    if is_remote(source) and any(words in str(ex).lower() for words in _UNREACHABLE_WORDS):
+        endpoint = storage_options(endpoint_url).get("endpoint_url", "AWS's endpoint")
+        return UserError(source, f"the store at {endpoint} cannot be reached (after retries)",
+                         "a running store: data.endpoint_url (or AWS_ENDPOINT_URL) naming it")
+    return UserError(source, f"a chunk cannot be read ({type(ex).__name__}: {text})",
+                     "shards written whole by python -m trainer.data.prepare (rerun it into a new DST)")
 
