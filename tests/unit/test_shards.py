@@ -11,6 +11,7 @@ carries on. A source with no complete shards is one line.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,42 @@ def test_a_killed_write_carries_on_and_a_source_without_complete_shards_is_one_l
     assert report.skipped_splits == ["train", "val"] and (dst / "dataset.json").is_file()
     with pytest.raises(UserError, match="was written with"):
         prepare_shards(folder, str(dst), max_side=50, workers=1, chunk_mb=1, progress=False)
+
+
+KILLED_WRITE = """
+import os, signal, sys
+from pathlib import Path
+import trainer.data.prepare_shards as shards
+real, done = shards.image_bytes, {"n": 0}
+
+def dying(*args):
+    done["n"] += 1
+    if done["n"] == int(sys.argv[3]):  # this worker has written its first chunks: the whole job dies
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    return real(*args)
+
+shards.image_bytes = dying
+shards.prepare_shards(Path(sys.argv[1]), sys.argv[2], workers=1, chunk_mb=1, progress=False)
+"""
+
+
+def test_a_write_killed_mid_split_carries_on_from_its_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, benchmark
+
+    root = benchmark("input_pipeline").make_folder(tmp_path / "photos", 60)  # 500x375 JPEGs: 3 chunks of 1 MB
+    dst, script = tmp_path / "shards", tmp_path / "killed.py"
+    script.write_text(KILLED_WRITE)
+    killed = subprocess.run([sys.executable, str(script), str(root), str(dst), "45"], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True, timeout=300)
+    assert killed.returncode == -9
+    before = {p.name: p.stat().st_mtime_ns for p in (dst / "train").glob("chunk-*.bin")}
+    assert before and (dst / "train" / ".checkpoints").is_dir() and not (dst / "dataset.json").exists()
+    report = prepare_shards(root, str(dst), workers=1, chunk_mb=1, progress=False)
+    after = {p.name: p.stat().st_mtime_ns for p in (dst / "train").glob("chunk-*.bin")}
+    assert all(after[name] == stamp for name, stamp in before.items())  # carried on: kept what was written
+    data = ShardsDataModule(source=str(dst), decode="fast", **IMAGES)
+    data.setup()
+    assert sorted(int(item["index"]) for item in _raw_items(data.train_set)) == list(range(report.sizes["train"]))
