@@ -62,7 +62,9 @@ def storage_options(endpoint_url: Optional[str]) -> dict[str, Any]:
 def _client(endpoint_url: Optional[str]) -> Any:
     import boto3
 
-    return boto3.client("s3", **storage_options(endpoint_url))
+    # A session of its own: boto3's default session resolves the credentials once per process and
+    # keeps them, so credentials changed since (or a forked run's new ones) would not be used.
+    return boto3.session.Session().client("s3", **storage_options(endpoint_url))
 
 
 def _bucket_key(url: str) -> tuple[str, str]:
