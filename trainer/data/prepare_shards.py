@@ -38,6 +38,7 @@ from trainer.data.imagefolder import SPLITS, list_split
 from trainer.data.loader import usable_cpus
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, write_json
 from trainer.data.prepare import image_bytes
+from trainer.infra.atomic import write_text_atomic
 from trainer.infra.errors import UserError
 
 DATASET_NAME = "dataset.json"
@@ -112,7 +113,7 @@ def prepare_shards(src: Path, dst: str, max_side: Optional[int] = None, quality:
                                    "jpeg_share": round(jpegs / max(1, total), 4), "bad_files": len(bad)},
                endpoint_url)
     if not is_remote(dst):
-        (Path(dst) / "bad_files.tsv").write_text(LIST_HEADER + "".join(record.tsv_line() for record in bad))
+        write_text_atomic(Path(dst) / "bad_files.tsv", LIST_HEADER + "".join(record.tsv_line() for record in bad))
     report.seconds = time.perf_counter() - started
     return report
 
