@@ -27,6 +27,14 @@ def batch_size_of(batch: Any) -> int:
     raise TypeError(f"cannot tell the batch size of {type(batch).__name__}")
 
 
+def image_side(batch: Any) -> int | None:
+    """The side of a batch's images (NCHW first element), None for other batches."""
+    images = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if isinstance(images, torch.Tensor) and images.ndim == 4:
+        return int(images.shape[-1])
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -47,8 +55,13 @@ class ThroughputMeter(Callback):
         self.peak_flops = peak_flops
         self.mfu_note = mfu_note
         self.window_rates: list[float] = []
+        #: The image side of each window (progressive resizing changes it per epoch; None: not images).
+        self.window_sides: list[int | None] = []
+        #: The image side of each epoch's first batch, by epoch (what progressive resizing trained at).
+        self.side_by_epoch: dict[int, int] = {}
         self._partial: list[tuple[int, float]] = []
-        self._steps_seen = 0
+        self._warmup_left = warmup_steps
+        self._side: int | None = None
         # (clock at the window's start, samples and steps since); the clock is read only after a
         # device synchronize, at the start and the end of a window: syncing every step would stop
         # the host from queueing the next step while the device finishes this one.
@@ -69,8 +82,18 @@ class ThroughputMeter(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        self._steps_seen += 1
-        if self._steps_seen <= self.warmup_steps:
+        side = image_side(batch)
+        if side is not None and trainer.current_epoch not in self.side_by_epoch:
+            self.side_by_epoch[trainer.current_epoch] = side
+        if side != self._side:
+            if self._side is not None:
+                # A new image size: its first steps pick new kernels (cuDNN autotuning) or compile
+                # another graph, so it gets a warm-up of its own.
+                self._warmup_left = self.warmup_steps
+                self._anchor = None
+            self._side = side
+        if self._warmup_left > 0:
+            self._warmup_left -= 1
             return
         if self._anchor is None:
             synchronize(pl_module.device)
@@ -86,6 +109,7 @@ class ThroughputMeter(Callback):
         now = time.perf_counter()
         rate = samples / (now - start)
         self.window_rates.append(rate)
+        self.window_sides.append(self._side)
         pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
         if self.mfu_known:
             pl_module.log("perf/mfu", self._mfu(rate),
@@ -115,10 +139,14 @@ class ThroughputMeter(Callback):
         """The windows measured so far go into every checkpoint: a resumed run's rate is the median
         over the windows of all its attempts (each attempt skips its own warm-up again), and a run
         resumed after its training ended reports the rate its training had."""
-        return {"window_rates": list(self.window_rates), "partial": [list(p) for p in self._partial]}
+        return {"window_rates": list(self.window_rates), "window_sides": list(self.window_sides),
+                "side_by_epoch": {str(k): v for k, v in self.side_by_epoch.items()},
+                "partial": [list(p) for p in self._partial]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.window_rates = [float(r) for r in state_dict.get("window_rates", [])]
+        self.window_sides = list(state_dict.get("window_sides", [None] * len(self.window_rates)))
+        self.side_by_epoch = {int(k): int(v) for k, v in state_dict.get("side_by_epoch", {}).items()}
         self._partial = [(int(s), float(t)) for s, t in state_dict.get("partial", [])]
 
     def summary(self) -> dict[str, Any]:
@@ -137,11 +165,25 @@ class ThroughputMeter(Callback):
                           method="run too short for a full window: all post-warm-up steps pooled")
         else:
             result.update(samples_per_s=None, windows=0, method="run too short: no step after warm-up")
+        by_side = self.samples_per_s_by_side()
+        if len(by_side) > 1:
+            result["samples_per_s_by_side"] = {str(side): rate for side, rate in by_side.items()}
+            result["method"] += "; the sizes of progressive resizing pooled (by size: samples_per_s_by_side)"
+        if self.side_by_epoch:
+            result["side_by_epoch"] = [self.side_by_epoch[e] for e in sorted(self.side_by_epoch)]
         rate = result["samples_per_s"]
+        # The FLOPs per sample are counted at the final size, so MFU is that size's.
+        full_rate = by_side[max(by_side)] if len(by_side) > 1 else rate
         result.update(flops_per_sample=self.flops_per_sample, peak_flops=self.peak_flops,
-                      mfu=self._mfu(rate) if rate and self.mfu_known else None,
+                      mfu=self._mfu(full_rate) if full_rate and self.mfu_known else None,
                       mfu_note=self.mfu_note, processes=self.processes)
         return result
+
+    def samples_per_s_by_side(self) -> dict[int, float]:
+        """The median window of each image side (progressive resizing), smallest side first."""
+        sides = sorted({side for side in self.window_sides if side is not None})
+        return {side: statistics.median(r for r, s in zip(self.window_rates, self.window_sides) if s == side)
+                for side in sides}
 
     def _mfu(self, rate: float) -> float:
         assert self.flops_per_sample is not None and self.peak_flops is not None  # callers check mfu_known

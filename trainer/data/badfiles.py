@@ -442,7 +442,8 @@ class ImageFiles(Dataset[tuple[Any, int]]):
     the `BadImageError` goes up and stops the run.
 
     An item is an index, or ``(index, sample_seed)`` for data sets that draw their random crops
-    from the seed themselves (`takes_seeds`; see trainer/data/resumable.py). Subclasses that load
+    from the seed themselves (`takes_seeds`; see trainer/data/resumable.py), or ``(index,
+    sample_seed, size)`` with progressive resizing (`use_size`). Subclasses that load
     files another way override `load` (trainer/data/decode.py: the fast and device paths).
     """
 
@@ -461,6 +462,14 @@ class ImageFiles(Dataset[tuple[Any, int]]):
         self.policy = policy
         self.bad_list = bad_list
         self._known_bad: set[int] = set()  # per process: a worker does not retry a file it saw fail
+        #: Progressive resizing with decode=pil: the training pipeline per crop side.
+        self.transforms_by_size: Optional[dict[int, Callable[[Image.Image], Any]]] = None
+
+    def use_size(self, size: int) -> None:
+        """Crop to `size` from now on (progressive resizing; the sampler sends the epoch's size)."""
+        if self.transforms_by_size is None:
+            raise RuntimeError(f"{type(self).__name__} of {self.split} was built without sized transforms")
+        self.transform = self.transforms_by_size[size]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -475,7 +484,11 @@ class ImageFiles(Dataset[tuple[Any, int]]):
         return None
 
     def __getitem__(self, item: Any) -> tuple[Any, int]:
-        index, seed = item if isinstance(item, tuple) else (item, None)
+        if not isinstance(item, tuple):
+            return self.first_loadable(item, None)
+        index, seed, *size = item
+        if size:
+            self.use_size(size[0])
         return self.first_loadable(index, seed)
 
     def first_loadable(self, index: int, seed: Optional[int]) -> tuple[Any, int]:

@@ -143,6 +143,18 @@ class ImageClassificationData(L.LightningDataModule):
         """Rebuild the data sets to decode with `mode` (the diagnosis's decode sweep)."""
         raise NotImplementedError(f"{type(self).__name__} decodes nothing")
 
+    def resize_schedule(self, epochs: int) -> Any:
+        """Progressive resizing's crop side per epoch for a run of `epochs` epochs (a
+        `trainer.data.progressive_resize.ResizeSchedule`); None: every epoch at one size, as for
+        data held decoded."""
+        return None
+
+    def apply_resize(self, schedule: Any) -> None:
+        """Train with `schedule`'s sizes (the plan's, applied by the build phase); only image sources
+        that crop while decoding can."""
+        if schedule is not None:
+            raise NotImplementedError(f"{type(self).__name__} cannot resize per epoch")
+
     def set_batch_size(self, batch_size: int) -> None:
         """The batch the finder chose (and the evaluation batch with it, unless one was given)."""
         self.batch_size = batch_size
@@ -205,8 +217,9 @@ class ImageClassificationData(L.LightningDataModule):
         """The training loader's sampler, placed where a resumed checkpoint left off; with several
         processes (DDP, FSDP), this process's share of each epoch."""
         replicas, rank = self._process_share()
+        resize = getattr(self, "resize", None)
         self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded, replicas=replicas,
-                                           rank=rank)
+                                           rank=rank, sizes=resize.size_at if resize is not None else None)
         self._items_per_batch = items_per_batch
         if self._resume_position is not None:
             self._train_sampler.restore(self._resume_position)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -116,6 +116,10 @@ class Geometry:
     ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     resize: int = 256
     host_finish: Optional[tuple[bool, Sequence[float], Sequence[float]]] = None  # (hflip, mean, std)
+
+    def at(self, size: Optional[int]) -> Geometry:
+        """The same geometry with `size`-square crops (progressive resizing); itself for None."""
+        return self if size is None or size == self.size else replace(self, size=size)
 
     def box(self, height: int, width: int, generator: Optional[torch.Generator]) -> Optional[tuple[int, int, int, int]]:
         """(top, left, height, width) of the training crop in a `height` x `width` image; None in
@@ -266,8 +270,11 @@ class DecodedFiles(ImageFiles):
                  bad_list: BadFileList, geometry: Geometry,
                  augment: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> None:
         super().__init__(split, samples, classes, None, policy, bad_list)
-        self.geometry = geometry
+        self.geometry = self.full_geometry = geometry
         self.augment = augment
+
+    def use_size(self, size: int) -> None:
+        self.geometry = self.full_geometry.at(size)
 
     def load(self, index: int, seed: Optional[int]) -> torch.Tensor:
         path = self.samples[index][0]
@@ -289,6 +296,8 @@ class EncodedImage:
     box: Optional[tuple[int, int, int, int]]
     index: int
     seed: Optional[int]
+    #: The crop's side (progressive resizing: the epoch's; None: the split's geometry's).
+    size: Optional[int] = None
 
 
 class EncodedBatch:
@@ -308,6 +317,10 @@ class EncodedBatch:
         self.boxes = [item.box for _, item in encoded]
         self.indices = [item.index for _, item in encoded]
         self.seeds = [item.seed for _, item in encoded]
+        #: The side every image of the batch is cropped to (progressive resizing: the epoch's).
+        self.size: Optional[int] = next((item.size for _, item in encoded), None)
+        if self.size is None and host:
+            self.size = int(host[0][1].shape[-1])
         sizes = [item.data.numel() for _, item in encoded]
         self.offsets = [0, *itertools.accumulate(sizes)]
         self.data = _concatenated([item.data for _, item in encoded], self.offsets[-1])
@@ -320,7 +333,7 @@ class EncodedBatch:
     def encoded(self) -> list[tuple[int, EncodedImage]]:
         """(position in the batch, image) of each JPEG for the device."""
         return [(at, EncodedImage(self.data[self.offsets[k]:self.offsets[k + 1]], self.boxes[k], self.indices[k],
-                                  self.seeds[k])) for k, at in enumerate(self.encoded_at)]
+                                  self.seeds[k], self.size)) for k, at in enumerate(self.encoded_at)]
 
 
 def _concatenated(parts: list[torch.Tensor], total: int) -> torch.Tensor:
@@ -351,7 +364,10 @@ class EncodedFiles(ImageFiles):
     def __init__(self, split: str, samples: Sequence[tuple[str, int]], classes: Sequence[str], *, policy: Policy,
                  bad_list: BadFileList, geometry: Geometry) -> None:
         super().__init__(split, samples, classes, None, policy, bad_list)
-        self.geometry = geometry
+        self.geometry = self.full_geometry = geometry
+
+    def use_size(self, size: int) -> None:
+        self.geometry = self.full_geometry.at(size)
 
     def load(self, index: int, seed: Optional[int]) -> Union[EncodedImage, torch.Tensor]:
         path = self.samples[index][0]
@@ -360,7 +376,7 @@ class EncodedFiles(ImageFiles):
         if header is None or not header.device_decodable:
             return decode_on_host(path, data, self.geometry, _generator(seed))
         box = self.geometry.box(header.height, header.width, _generator(seed))
-        return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, index, seed)
+        return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, index, seed, self.geometry.size)
 
     def collate_fn(self) -> Callable[[list[Any]], Any]:
         return CollateEncoded(self.split)
@@ -369,10 +385,13 @@ class EncodedFiles(ImageFiles):
         """A file the device decoder refused: decoded on the host from the same seed (the same box);
         when the host cannot either, policy skip takes the next loadable file, as in every mode."""
         path, label = self.samples[item.index]
+        geometry = self.full_geometry.at(item.size)
         try:
-            return decode_on_host(path, bytearray(item.data.numpy()), self.geometry, _generator(item.seed)), label
+            return decode_on_host(path, bytearray(item.data.numpy()), geometry, _generator(item.seed)), label
         except BadImageError as ex:
             self.found_bad(item.index, ex)
+        if item.size is not None:
+            self.use_size(item.size)
         image, label = self.first_loadable((item.index + 1) % len(self.samples), item.seed)
         if isinstance(image, EncodedImage):  # the replacement is a JPEG the device may decode: do it here
             return self.on_host(image)
@@ -382,8 +401,10 @@ class EncodedFiles(ImageFiles):
 def decode_batch(batch: EncodedBatch, files: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 NCHW images, labels) on `device`: the JPEGs decoded there in one batched call, each
     cropped and resized there; refused files and host-decoded ones put in their places. `files` is
-    the split's data set: its `geometry`, and `on_host` for a JPEG the device refused."""
-    size = files.geometry.size
+    the split's data set: its `geometry`, and `on_host` for a JPEG the device refused. The batch's
+    own size wins over the geometry's (progressive resizing changes it per epoch in the workers)."""
+    geometry = files.geometry.at(batch.size)
+    size = geometry.size
     images = torch.empty((len(batch), 3, size, size), dtype=torch.uint8, device=device)
     labels = batch.labels.clone()
     encoded = batch.encoded()
@@ -395,7 +416,7 @@ def decode_batch(batch: EncodedBatch, files: Any, device: torch.device) -> tuple
                 labels[at] = label
             images[at] = host.to(device, non_blocking=True)
         else:
-            images[at] = files.geometry.finish(image, item.box)
+            images[at] = geometry.finish(image, item.box)
     if batch.host_images is not None:
         images[batch.host_at] = batch.host_images.to(device, non_blocking=True)
     return images, labels.to(device, non_blocking=True)

@@ -280,7 +280,10 @@ class ImageFolderDataModule(EncodedImagesData):
             samples = [(path, self._classes[name]) for name, files in self._scanned.good[split].items()
                        if name in self._classes for path in files]
             if self.decode_in_use == "pil":
-                return ImageFiles(split, samples, classes, self.pil_transforms(train), self.bad_files, self._bad_list)
+                files = ImageFiles(split, samples, classes, self.pil_transforms(train), self.bad_files, self._bad_list)
+                if train and self.resize is not None:
+                    files.transforms_by_size = self.pil_transforms_by_size()
+                return files
             if self.decode_in_use == "fast":
                 return DecodedFiles(split, samples, classes, policy=self.bad_files, bad_list=self._bad_list,
                                     geometry=self.geometry(train), augment=self.host_augment() if train else None)

@@ -10,7 +10,7 @@ whichever source the bytes came from. A subclass says where the bytes are: `insp
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Sequence, cast
+from typing import Annotated, Any, Literal, Optional, Sequence, Union, cast
 
 import torch
 from torchvision.transforms import v2
@@ -18,6 +18,7 @@ from torchvision.transforms import v2
 from trainer.configuration.schema import AT_LEAST_ONE, Doc, Range
 from trainer.data.base import ImageClassificationData
 from trainer.data.decode import EncodedBatch, Geometry, decode_batch
+from trainer.data.progressive_resize import ResizeSchedule
 from trainer.data.transforms import normalize, random_flip
 from trainer.infra.errors import UserError
 
@@ -51,6 +52,16 @@ class EncodedImagesData(ImageClassificationData):
         mean: Annotated[Sequence[float], Doc("per-channel mean subtracted (0-1 scale)")] = (0.485, 0.456, 0.406),
         std: Annotated[Sequence[Annotated[float, Range(gt=0)]], Doc("per-channel std divided by")] = (0.229, 0.224,
                                                                                                        0.225),
+        progressive_resize: Annotated[bool, Doc("train the first epochs on smaller crops, raised to image_size "
+                                                "(FFCV, Composer); evaluation stays at image_size")] = False,
+        resize_start: Annotated[float, Range(gt=0, le=1), Doc("progressive_resize: the first epochs' crop side, "
+                                                              "as a share of image_size")] = 0.5,
+        resize_ramp: Annotated[Sequence[Annotated[float, Range(ge=0, le=1)]],
+                               Doc("progressive_resize: the share of the epochs over which the side rises "
+                                   "linearly, [from, to]; full size from `to` on")] = (0.5, 0.8),
+        resize_step: Annotated[Union[Literal["auto"], Annotated[int, AT_LEAST_ONE]],
+                               Doc("progressive_resize: sizes are multiples of this; auto: 8 px below 128 px, "
+                                   "else 32 px")] = "auto",
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -72,6 +83,12 @@ class EncodedImagesData(ImageClassificationData):
         self.augment_magnitude = augment_magnitude
         self.eval_crop_fraction = eval_crop_fraction
         self.mean, self.std = list(mean), list(std)
+        self.progressive_resize = progressive_resize
+        self.resize_start = float(resize_start)
+        self.resize_ramp = tuple(resize_ramp)
+        self.resize_step = resize_step
+        #: The training crop's side per epoch, once the run applies its plan (`apply_resize`).
+        self.resize: Optional[ResizeSchedule] = None
         #: The decode mode in use once resolved for the device (`resolve_decode`): pil, fast or device.
         self.decode_in_use: Optional[str] = None
 
@@ -82,6 +99,25 @@ class EncodedImagesData(ImageClassificationData):
                             "two numbers in (0, 1], low <= high")
         if len(self.mean) != 3 or len(self.std) != 3:
             raise UserError("data.mean", "mean and std need one value per RGB channel", "lists of 3 numbers")
+        if len(self.resize_ramp) != 2 or self.resize_ramp[0] > self.resize_ramp[1]:
+            raise UserError("data.resize_ramp", f"{list(self.resize_ramp)} is not [from, to]",
+                            "two shares of the epochs in [0, 1], from <= to")
+
+    # -- progressive resizing ---------------------------------------------------------------------
+    def resize_schedule(self, epochs: int) -> Optional[ResizeSchedule]:
+        """The training sizes of a run of `epochs` epochs (None: every epoch at image_size)."""
+        if not self.progressive_resize:
+            return None
+        return ResizeSchedule.of(self.image_size, self.resize_start, self.resize_ramp, self.resize_step, epochs)
+
+    def apply_resize(self, schedule: Optional[ResizeSchedule]) -> None:
+        """Train with `schedule`'s sizes from the next setup on (the plan's, applied by the build phase)."""
+        self.resize = schedule
+        self.train_set = self.val_set = self.test_set = None
+
+    def training_sizes(self) -> tuple[int, ...]:
+        """Every training crop side the run will use (the final one included)."""
+        return tuple(sorted(set(self.resize.sizes()) | {self.image_size})) if self.resize else (self.image_size,)
 
     def sample_bytes(self) -> int:
         """One sample as the loader ships it (uint8 with `device_normalize`, else float32)."""
@@ -145,6 +181,10 @@ class EncodedImagesData(ImageClassificationData):
         return Geometry(self.image_size, train, scale=scale, resize=self._eval_resize(),
                         host_finish=finish)
 
+    def pil_transforms_by_size(self) -> dict[int, v2.Compose]:
+        """decode=pil with progressive resizing: the training pipeline for each size of the schedule."""
+        return {size: self.pil_transforms(True, size) for size in self.training_sizes()}
+
     def _eval_resize(self) -> int:
         return max(self.image_size, int(round(self.image_size / self.eval_crop_fraction)))
 
@@ -155,10 +195,11 @@ class EncodedImagesData(ImageClassificationData):
             return decode_batch(batch, self._encoded_split(batch.split), device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
-    def pil_transforms(self, train: bool) -> v2.Compose:
-        """decode=pil: torchvision's v2 pipeline on the decoded PIL image."""
+    def pil_transforms(self, train: bool, size: Optional[int] = None) -> v2.Compose:
+        """decode=pil: torchvision's v2 pipeline on the decoded PIL image (training crops of `size`,
+        image_size unless given)."""
         if train:
-            geometry = [v2.RandomResizedCrop(self.image_size, scale=self.train_crop_scale, antialias=True)]
+            geometry = [v2.RandomResizedCrop(size or self.image_size, scale=self.train_crop_scale, antialias=True)]
             if self.hflip and not self.device_normalize:
                 geometry.append(v2.RandomHorizontalFlip())
             augment = self.host_augment()

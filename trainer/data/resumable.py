@@ -19,7 +19,7 @@ checkpoint cannot replay that. Here instead:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sized, cast
+from typing import Any, Callable, Iterator, Optional, Sized, cast
 
 import torch
 from torch.utils.data import Dataset, DistributedSampler, get_worker_info
@@ -47,7 +47,10 @@ def own_generator(seed: int) -> torch.Generator:
 
 class EpochSampler(DistributedSampler):
     """Indices of one epoch, shuffled from (seed, epoch) when `shuffle`; `seeded` yields
-    ``(index, sample_seed)`` pairs for `SeededSamples`.
+    ``(index, sample_seed)`` pairs for `SeededSamples`, and ``(index, sample_seed, size)`` with a
+    `sizes` schedule (progressive resizing: the epoch's crop side, trainer/data/progressive_resize.py).
+    The size travels with the index because persistent loader workers keep their copy of the data
+    set from the first epoch: only what the sampler sends reaches them each epoch.
 
     With several processes (`replicas`), each epoch's one order is dealt out: process `rank` takes
     items ``rank, rank + replicas, ...``, every process the same count (the rest of the order is
@@ -64,13 +67,14 @@ class EpochSampler(DistributedSampler):
     # indices and whose position this class cannot restore. DistributedSampler.__init__ is not
     # called: it asks a process group for the rank, which the data module already knows.
     def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False, replicas: int = 1,
-                 rank: int = 0) -> None:
+                 rank: int = 0, sizes: Optional[Callable[[int], int]] = None) -> None:
         if not 0 <= rank < replicas:
             raise ValueError(f"rank {rank} is not one of {replicas} processes")
         self.size = size
         self.seed = seed
         self.shuffle = shuffle
         self.seeded = seeded
+        self.sizes = sizes
         # DistributedSampler's own attribute names, for code that reads them (Lightning, torch).
         self.num_replicas = replicas
         self.rank = rank
@@ -129,6 +133,9 @@ class EpochSampler(DistributedSampler):
         indices = remaining[self.rank::self.num_replicas][:share].tolist()
         if not self.seeded:
             return iter(indices)
+        if self.sizes is not None:
+            side = self.sizes(self.epoch)
+            return iter([(i, mix(self.seed, self.epoch, i, 1), side) for i in indices])
         return iter([(i, mix(self.seed, self.epoch, i, 1)) for i in indices])
 
     def __len__(self) -> int:
@@ -151,7 +158,9 @@ class SeededSamples(Dataset[Any]):
             return self.dataset[item]
         if getattr(self.dataset, "takes_seeds", False):  # it draws from the seed itself, no global RNG
             return self.dataset[item]
-        index, seed = item
+        index, seed, *size = item
+        if size:  # progressive resizing: the epoch's crop side
+            self.dataset.use_size(size[0])  # type: ignore[attr-defined]
         if get_worker_info() is not None:  # a worker's RNG serves nothing else
             torch.manual_seed(seed)
             return self.dataset[index]

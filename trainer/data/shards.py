@@ -39,6 +39,7 @@ from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment
 from trainer.data.images import EncodedImagesData
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, store_error
 from trainer.data.prepare_shards import DATASET_NAME, FORMAT
+from trainer.data.progressive_resize import ResizeSchedule
 from trainer.data.resumable import mix, own_generator
 from trainer.infra.errors import UserError
 
@@ -57,20 +58,32 @@ class ShardStream(StreamingDataset):
 
     def __init__(self, source: str, split: str, train: bool, mode: str, geometry: Geometry, pil: Any,
                  augment: Any, seed: int, cache_dir: Optional[str], cache_bytes: int,
-                 endpoint_url: Optional[str]) -> None:
+                 endpoint_url: Optional[str], resize: Optional[ResizeSchedule] = None,
+                 pil_by_size: Optional[dict[int, Any]] = None) -> None:
         super().__init__(join(source, split), cache_dir=cache_dir, shuffle=train, drop_last=train, seed=seed,
                          max_cache_size=cache_bytes, storage_options=storage_options(endpoint_url))
         self.source, self.split, self.train, self.mode = source, split, train, mode
         self.geometry, self.pil, self.augment, self.run_seed = geometry, pil, augment, seed
         self.endpoint_url = endpoint_url
+        # Progressive resizing: each worker learns the epoch from LitData, so it picks the epoch's
+        # size itself (the image folder's sampler sends it instead).
+        self.full_geometry, self.full_pil = geometry, pil
+        self.resize, self.pil_by_size = (resize, pil_by_size) if train else (None, None)
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
+        if self.resize is not None:
+            self._use_size(self.resize.size_at(self.current_epoch - 1))
         try:
             item = super().__getitem__(index)
         except Exception as ex:  # noqa: BLE001 - LitData's reader raises whatever a damaged chunk gives
             failure = _as_user_error(join(self.source, self.split), ex, self.endpoint_url)
             raise ShardSampleError(failure.where, failure.problem, failure.allowed) from None
         return self.decoded(item), int(item["label"])
+
+    def _use_size(self, size: int) -> None:
+        self.geometry = self.full_geometry.at(size)
+        if self.pil_by_size is not None:
+            self.pil = self.pil_by_size[size]
 
     def sample_seed(self, place: int) -> Optional[int]:
         # LitData counts epochs from 1, Lightning (and the folder source's seeds) from 0.
@@ -87,7 +100,8 @@ class ShardStream(StreamingDataset):
                 header = jpeg_header(data)
                 if header is not None and header.device_decodable:
                     box = self.geometry.box(header.height, header.width, generator)
-                    return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, int(item["index"]), seed)
+                    return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, int(item["index"]), seed,
+                                        self.geometry.size)
             image = decode_on_host(name, data, self.geometry, generator)
             if self.augment is not None:
                 image = augment_seeded(self.augment, image, generator)
@@ -109,7 +123,8 @@ class ShardStream(StreamingDataset):
     def on_host(self, item: EncodedImage) -> tuple[torch.Tensor, Optional[int]]:
         """A JPEG the device decoder refused, decoded here from the same seed (the same box)."""
         generator = torch.Generator().manual_seed(item.seed) if item.seed is not None else None
-        return decode_on_host(self.split, bytearray(item.data.numpy()), self.geometry, generator), None
+        return decode_on_host(self.split, bytearray(item.data.numpy()), self.full_geometry.at(item.size),
+                              generator), None
 
 class ShardLoader(StreamingDataLoader):
     """LitData's loader, whose position travels with the data module's state instead of Lightning's
@@ -251,8 +266,9 @@ class ShardsDataModule(EncodedImagesData):
             def make(split: str, train: bool) -> Any:
                 assert self.source is not None
                 return ShardStream(self.source, split, train, self.decode_in_use or "fast", self.geometry(train),
-                              self.pil_transforms(train), self.host_augment() if train else None, self.run_seed,
-                              self.cache_dir, int(self.cache_limit_gb * 1e9), self.endpoint_url)
+                                   self.pil_transforms(train), self.host_augment() if train else None, self.run_seed,
+                                   self.cache_dir, int(self.cache_limit_gb * 1e9), self.endpoint_url,
+                                   self.resize, self.pil_transforms_by_size() if self.resize else None)
 
             self.train_set = make("train", True)
             self.val_set = make("val", False)

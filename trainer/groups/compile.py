@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from trainer.configuration.spec import CompileConfig
@@ -15,6 +16,29 @@ def resolve_compile_mode(mode: str, accelerator: str) -> tuple[str, str]:
     if accelerator == "cuda":
         return "default", "auto -> default (CUDA)"
     return "off", f"auto -> off (no CUDA; compile=default compiles on {accelerator} too)"
+
+
+def graphs_for_sizes(sizes: int) -> int:
+    """The graphs a progressively resized run may compile: Dynamo guards on the input's height and
+    width, so each training size recompiles once (measured on torch 2.14: automatic dynamic shapes
+    did not merge them, the grad-mode guard of evaluation keeps its graphs apart), and evaluation
+    adds its own at the final size, plus one for a short last batch; with room to spare."""
+    return 2 * sizes + 4
+
+
+def recompile_note(sizes: int) -> str:
+    limit = torch._dynamo.config.recompile_limit
+    needed = graphs_for_sizes(sizes)
+    if needed <= limit:
+        return f"progressive resizing: {sizes} sizes, one compile each (within Dynamo's recompile limit {limit})"
+    return (f"progressive resizing: {sizes} sizes, one compile each; Dynamo's recompile limit raised from {limit} "
+            f"to {needed} (past it Dynamo would run the network eager without a word)")
+
+
+def allow_recompiles(sizes: int) -> None:
+    """Raise Dynamo's per-function recompile limit (process-wide) to cover `sizes` training sizes."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, graphs_for_sizes(sizes))
 
 
 def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig) -> None:
