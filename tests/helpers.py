@@ -471,6 +471,23 @@ class KillJobAt(Callback):
             kill_job()
 
 
+class RecordLr(Callback):
+    """A callback (``+callbacks.lr._target_=tests.helpers.RecordLr +callbacks.lr.folder=DIR``) that
+    writes the lr of each parameter group, as this process's first training step starts, to
+    ``DIR/rank{global rank}.json``: what every process of a run trains with."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.written = False
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if not self.written:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            lrs = [group["lr"] for group in trainer.optimizers[0].param_groups]
+            (self.folder / f"rank{trainer.global_rank}.json").write_text(json.dumps(lrs))
+            self.written = True
+
+
 class KillNodeAt(Callback):
     """A callback that SIGKILLs its own process group (the rank and its loader workers; under
     torchrun also the launcher when they share a group) as training step `step` ends, on whichever

@@ -15,6 +15,7 @@
 Instead of fit and test, a measurement mode (trainer/modes/) may run, each entered by one call:
 
     batch finder   data.batch_size=auto, between build and the final resolve
+    lr finder      optimizer.lr=find: Lightning's lr range test, after the batch finder, before the final resolve
     memory plan    memory_plan=true, before prepare (and then training goes on)
     diagnosis      diagnose=true: time the parts of a step instead of training
     profile        profile=true: a few steps under torch.profiler instead of training
@@ -32,7 +33,7 @@ from omegaconf import DictConfig
 
 from trainer.measure.alignment import check_alignment
 from trainer.callbacks.graceful import SignalLatch
-from trainer.configuration.spec import validate
+from trainer.configuration.spec import LR_FIND, validate
 from trainer.infra.distributed import LaunchRefused
 from trainer.infra.errors import UserError, exception_line, exit_with, full_error_requested
 from trainer.groups.sweeps import check_trial, in_multirun, job_failed, objective_value
@@ -41,6 +42,7 @@ from trainer.groups.logger import run_labels
 from trainer.models.layers import count_parameters
 from trainer.modes.batch_finder import find_batch_size
 from trainer.modes.diagnosis import run_diagnosis
+from trainer.modes.lr_finder import find_lr
 from trainer.modes.memory_plan import measure_memory_plan
 from trainer.modes.profiling import run_profile
 from trainer.phases.build import apply_to_data, build_parts, build_task, build_trainer, device_of
@@ -114,7 +116,9 @@ def _run_phases(job: Job, latch: SignalLatch) -> float | None:
         found = find_batch_size(spec, parts, job.run_dir, rank_zero)
         parts.datamodule.set_batch_size(found.value)
         spec = dataclasses.replace(spec, data={**spec.data, "batch_size": found.value})
-    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping, batch_size=found)
+    resumed_from = identity.resume_from.path if identity.resume_from is not None else None
+    found_lr = find_lr(spec, parts, job.run_dir, rank_zero, resumed_from) if spec.optimizer.lr == LR_FIND else None
+    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping, batch_size=found, lr=found_lr)
     apply_to_data(plan, parts.datamodule)
     alignment = check_alignment(parts.net, int(spec.data["batch_size"]), plan.accelerator)
     parameters = count_parameters(parts.net)

@@ -20,6 +20,13 @@ CASES = {
     "batch size zero": (["data.batch_size=0"], "data.batch_size"),
     "unknown choice": (["model=resnet9000"], "model"),
     "bad override syntax": (["optimizer.lr=[0.1"], "optimizer.lr"),
+    "lr neither a number nor find": (["optimizer.lr=fast"], "optimizer.lr: 'fast' is not a number > 0 or one of 'find'"),
+    "lr range test range upside down": (["optimizer.lr=find", "optimizer.find_min_lr=1", "optimizer.find_max_lr=0.1"],
+                                        "optimizer.find_max_lr"),
+    # The range test runs (20 steps) and its loss diverges at once: no suggestion to train with.
+    "lr range test without a suggestion": (["optimizer=sgd", "optimizer.lr=find", "optimizer.find_steps=20",
+                                            "optimizer.find_min_lr=1e4", "optimizer.find_max_lr=1e6"],
+                                           "optimizer.lr: find: the lr range test has no suggestion"),
     "imagefolder without root": (["data=imagefolder"], "data.root"),
     "imagefolder missing path": (["data=imagefolder", "data.root=/no/such/folder"], "data.root"),
     "cifar10 without root": (["data=cifar10"], "data.root"),

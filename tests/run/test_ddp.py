@@ -167,6 +167,33 @@ def test_batch_size_auto_gives_both_processes_rank_zeros_batch(tmp_path):
     assert summary["derived"]["global_batch_size"]["value"] == 2 * batch and summary["status"] == "completed"
 
 
+@pytest.mark.parametrize("launcher", ["lightning", "torchrun"])
+def test_lr_find_gives_both_processes_rank_zeros_lr(tmp_path, launcher):
+    """optimizer.lr=find on two CPU processes: rank 0 alone runs the range test, at its batch of 64,
+    and writes lr_find.json; the other rank reads it; both train with that lr moved to the global
+    batch of 128 by AdamW's sqrt rule. Under torchrun the other rank waits while rank 0 tests (the
+    process group exists already, and the test must not use it)."""
+    lrs = tmp_path / "lrs"
+    start = [sys.executable, str(REPO / "train.py")] if launcher == "lightning" else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(REPO / "train.py")]
+    result = _launch([*start, *TWO_CPU_PROCESSES, "optimizer.lr=find", "optimizer.find_steps=20",
+                      "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
+                      "trainer.limit_test_batches=1", "checkpointing=off",
+                      "+callbacks.lr._target_=tests.helpers.RecordLr", f"+callbacks.lr.folder={lrs}"], tmp_path,
+                     timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = _only_run_folder(tmp_path)
+    record = json.loads((folder / "lr_find.json").read_text())
+    assert record["batch_size"] == 64 and (folder / "lr_find.png").is_file()
+    assert (result.stdout + result.stderr).count("Lightning's lr range test, 20 steps") == 1  # rank 0 alone
+    lr = record["lr"] * math.sqrt(128 / 64)
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["derived"]["optimizer.lr"]["value"] == pytest.approx(lr, abs=1e-10)
+    assert summary["derived"]["global_batch_size"]["value"] == 128 and summary["status"] == "completed"
+    used = {rank: json.loads((lrs / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    assert used[0] == used[1] == [pytest.approx(lr, rel=1e-12)] * 2
+
+
 def test_killed_at_three_moments_resumes_to_the_uninterrupted_result(reference, tmp_path):
     """Both processes killed at once (SIGKILL to the job's process group from rank 0) at a drawn
     training step, as a drawn test batch ends, and halfway through writing the completed summary;

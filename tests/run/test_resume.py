@@ -137,3 +137,26 @@ def test_resume_from_a_checkpoint_of_another_model_is_one_line(tmp_path, uninter
     assert result.returncode == 2, result
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: resume: {other} was written by another model") and "Traceback" not in result.stderr
+
+
+def test_one_cycle_with_a_found_lr_killed_and_resumed_equals_uninterrupted(tmp_path):
+    """scheduler=one_cycle comes back from the checkpoint where it was; with optimizer.lr=find the
+    resumed run (in a new folder) takes the range test's answer of the run it carries on, and does
+    not test again."""
+    args = [*RUN, "scheduler=one_cycle", "optimizer.lr=find", "optimizer.find_steps=20", f"run.root={tmp_path}"]
+    reference = train_forked([*args, "run.name=reference"], tmp_path / "reference")
+    assert reference.returncode == 0, reference
+    killed = train_forked([*args, "run.name=killed"], tmp_path / "first", setup=kill_at_step(7))
+    assert killed.returncode == -signal.SIGKILL, killed
+    resumed = train_forked([*args, "run.name=killed", "resume=auto"], tmp_path / "second")
+    assert resumed.returncode == 0, resumed
+    assert resumed.summary["resumed_from"]["global_step"] == 6 and resumed.summary["steps"] == FINAL_STEP
+    log = (tmp_path / "second" / "train.log").read_text()
+    assert "the range test's answer of the run resumed" in log and "Lightning's lr range test, 20 steps" not in log
+    record = json.loads((tmp_path / "first" / "lr_find.json").read_text())
+    assert json.loads((tmp_path / "second" / "lr_find.json").read_text()) == record
+    assert (tmp_path / "second" / "lr_find.png").is_file()
+    assert resumed.summary["hyperparameters"]["lr"] == pytest.approx(record["lr"], rel=1e-12)  # batch 64, one process
+    final = weights(tmp_path / "second" / "checkpoints" / "last.ckpt")
+    expected = weights(tmp_path / "reference" / "checkpoints" / "last.ckpt")
+    assert [k for k in expected if not torch.equal(final[k], expected[k])] == []

@@ -51,6 +51,10 @@ AutoBool = Union[bool, Literal["auto"]]
 
 # --- optimizer ---------------------------------------------------------------------------------
 ScalingRule = Literal["sqrt", "linear", "none"]
+#: optimizer.lr=find: the lr comes from Lightning's lr range test (trainer/modes/lr_finder.py).
+LR_FIND = "find"
+#: Lightning's suggestion skips the range test's first 10 losses and its last, and needs 2 more.
+FIND_STEPS_MIN = 20
 
 
 @dataclass
@@ -61,7 +65,9 @@ class _OptimizerCommon:
     by `lr_scaling` and `wd_scaling` (see trainer/groups/scaling.py).
     """
 
-    lr: Annotated[float, POSITIVE, Doc("learning rate at ref_batch_size, moved to the global batch by lr_scaling")]
+    lr: Annotated[Union[Annotated[float, POSITIVE], Literal["find"]],
+                  Doc("learning rate at ref_batch_size, moved to the global batch by lr_scaling; find: Lightning's "
+                      "lr range test picks it before training (find_*)")]
     weight_decay: Annotated[float, NON_NEGATIVE, Doc("weight decay at ref_batch_size, moved by wd_scaling")]
     ref_batch_size: Annotated[int, AT_LEAST_ONE, Doc("the global batch at which lr and weight_decay are given")]
     lr_scaling: Annotated[ScalingRule, Doc("lr x (B/ref)^1/2 (sqrt), x B/ref (linear) or as given (none)")]
@@ -74,6 +80,17 @@ class _OptimizerCommon:
     layer_decay: Annotated[Optional[Annotated[float, Range(gt=0, le=1)]],
                            Doc("layer-wise lr decay: lr x this^k for a parameter k layers below the head "
                                "(timm models; null: off)")]
+    # lr=find: the range of Lightning's range test (its defaults are 1e-8..1 and 100 steps).
+    find_min_lr: Annotated[float, POSITIVE, Doc("lr=find: the lr the range test starts from")]
+    find_max_lr: Annotated[float, POSITIVE, Doc("lr=find: the lr the range test rises to, exponentially")]
+    find_steps: Annotated[int, Range(ge=FIND_STEPS_MIN),
+                          Doc(f"lr=find: training steps of the range test (>= {FIND_STEPS_MIN}: its suggestion "
+                              "leaves out the first 10)")]
+
+    def check(self, prefix: str) -> None:
+        if self.find_min_lr >= self.find_max_lr:
+            raise UserError(f"{prefix}.find_max_lr", f"{self.find_max_lr:g} is not above find_min_lr "
+                            f"{self.find_min_lr:g}", "a range with find_min_lr < find_max_lr, e.g. 1e-6 and 1")
 
 
 @dataclass
@@ -83,6 +100,7 @@ class SGDConfig(_OptimizerCommon):
     nesterov: Annotated[bool, Doc("Nesterov momentum (needs momentum > 0)")]
 
     def check(self, prefix: str) -> None:
+        super().check(prefix)
         if self.nesterov and self.momentum == 0:
             raise UserError(f"{prefix}.nesterov", "needs momentum > 0", "nesterov=false, or momentum in (0, 1)")
 
@@ -116,6 +134,7 @@ class LarsConfig(_OptimizerCommon):
                                                 "x its norm")]
 
     def check(self, prefix: str) -> None:
+        super().check(prefix)
         if self.nesterov and self.momentum == 0:
             raise UserError(f"{prefix}.nesterov", "needs momentum > 0", "nesterov=false, or momentum in (0, 1)")
 
@@ -143,6 +162,35 @@ class StepConfig:
     name: Annotated[Literal["step"], Doc("lr x gamma every step_size epochs")]
     step_size: Annotated[int, AT_LEAST_ONE, Doc("epochs between two decays")]
     gamma: Annotated[float, Range(gt=0, le=1), Doc("factor applied at each decay")]
+
+
+@dataclass
+class OneCycleConfig:
+    """The one-cycle policy (Smith 2018; fastai's fit_one_cycle), torch's OneCycleLR stepped every
+    optimizer step: from lr/div_factor up to the run's derived lr, then annealed far below it, with
+    momentum (beta1 for Adam-family optimizers) moving the other way."""
+
+    name: Annotated[Literal["one_cycle"], Doc("rise to the derived lr, then anneal far below it (OneCycleLR), "
+                                              "per optimizer step")]
+    pct_start: Annotated[float, Range(gt=0, lt=1), Doc("share of the steps over which the lr rises to its peak")]
+    div_factor: Annotated[float, Range(ge=1), Doc("the first lr is the peak lr / div_factor")]
+    final_div_factor: Annotated[float, Range(ge=1), Doc("the last lr is the first lr / final_div_factor")]
+    anneal_strategy: Annotated[Literal["cos", "linear"], Doc("the shape of each rise and fall")]
+    three_phase: Annotated[bool, Doc("false: rise, then anneal to the last lr; true: rise, fall back to the first "
+                                     "lr as long, then anneal (fastai's is false)")]
+    cycle_momentum: Annotated[bool, Doc("move momentum (beta1 for AdamW and LAMB) inversely to the lr, replacing "
+                                        "the optimizer's own")]
+    base_momentum: Annotated[UnitInterval, Doc("cycle_momentum: the momentum at the peak lr")]
+    max_momentum: Annotated[UnitInterval, Doc("cycle_momentum: the momentum at the first and last lr")]
+
+    def check(self, prefix: str) -> None:
+        if self.three_phase and self.pct_start >= 0.5:
+            raise UserError(f"{prefix}.pct_start", f"{self.pct_start:g} leaves no steps for the third phase "
+                            "(three_phase rises and falls back over 2 x pct_start of the steps)",
+                            "a pct_start below 0.5 with three_phase=true")
+        if self.cycle_momentum and self.base_momentum > self.max_momentum:
+            raise UserError(f"{prefix}.base_momentum", f"{self.base_momentum:g} is above max_momentum "
+                            f"{self.max_momentum:g}", "base_momentum <= max_momentum (e.g. 0.85 and 0.95)")
 
 
 # --- precision, compile, checkpointing ---------------------------------------------------------
@@ -272,7 +320,9 @@ class TargetConfig:
 
 OPTIMIZERS = {"sgd": SGDConfig, "adamw": AdamWConfig, "lamb": LambConfig, "lars": LarsConfig}
 OptimizerConfig = Union[SGDConfig, AdamWConfig, LambConfig, LarsConfig]
-SCHEDULERS = {"warmup_cosine": WarmupCosineConfig, "constant": ConstantConfig, "step": StepConfig}
+SCHEDULERS = {"warmup_cosine": WarmupCosineConfig, "constant": ConstantConfig, "step": StepConfig,
+              "one_cycle": OneCycleConfig}
+SchedulerConfig = Union[WarmupCosineConfig, ConstantConfig, StepConfig, OneCycleConfig]
 
 # Trainer arguments the framework sets from its own groups; setting them under `trainer.` would
 # silently fight those groups, so they are refused with a pointer to the right place.
@@ -316,7 +366,7 @@ class RunSpec:
     data: dict[str, Any]
     model: dict[str, Any]
     optimizer: OptimizerConfig
-    scheduler: Union[WarmupCosineConfig, ConstantConfig, StepConfig]
+    scheduler: SchedulerConfig
     precision: PrecisionConfig
     compile: CompileConfig
     checkpointing: CheckpointingConfig

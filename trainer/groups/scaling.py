@@ -49,6 +49,37 @@ def scale(name: str, value: float, rule: str, global_batch: int, ref_batch: int)
 
 
 @dataclass(frozen=True)
+class FoundLr:
+    """An lr found by the range test (optimizer.lr=find, trainer/modes/lr_finder.py) at `batch`, the
+    per-device batch it trained with, and `how` it was found. `shipped` is the lr the optimizer
+    choice ships at ref_batch_size (`shipped_from` names the choice): what the batch rule would
+    have started from, for comparison."""
+
+    value: float
+    batch: int
+    how: str
+    shipped: float | None = None
+    shipped_from: str = ""
+
+
+def scale_found(found: FoundLr, rule: str, global_batch: int, ref_batch: int) -> Scaled:
+    """The found lr moved from the batch it was found at to `global_batch` by `rule` (with one
+    process and no accumulation it is used as found), compared with what `rule` gives from the
+    shipped lr at `ref_batch`."""
+    moved = scale("lr", found.value, rule, global_batch, found.batch)
+    how = f"{found.how} at batch {found.batch}"
+    if global_batch != found.batch:
+        how += (f" -> {moved.value:.6g} at batch {global_batch} ({rule} rule, x{moved.value / found.value:.4g})"
+                if rule != "none" else f", used as found at batch {global_batch} (no batch scaling; rule none)")
+    if found.shipped is not None:
+        by_rule = scale("lr", found.shipped, rule, global_batch, ref_batch).value
+        start = (f"the {rule} rule from {found.shipped_from}'s {found.shipped:g} at batch {ref_batch}" if rule != "none"
+                 else f"{found.shipped_from}'s {found.shipped:g} (rule none)")
+        how += f"; {start} would give {by_rule:.3g} ({moved.value / by_rule:.2f}x)"
+    return Scaled(moved.value, how)
+
+
+@dataclass(frozen=True)
 class MeasuredLimit:
     """Where a rule was measured to stop holding: the largest global batch whose accuracy stayed
     within the noise of batch 64, and the next batch measured, with what it lost there."""

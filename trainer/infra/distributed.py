@@ -20,10 +20,13 @@ errors only, to the console, and write no Hydra files of their own (``.hydra/``,
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 from datetime import datetime
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -63,6 +66,24 @@ def process_rank(env: Mapping[str, str] | None = None) -> int:
 
 def is_rank_zero(env: Mapping[str, str] | None = None) -> bool:
     return process_rank(env) == 0
+
+
+def rank_zero_record(record: Path, needs: Sequence[str], key: str, asked: str, instead: str,
+                     timeout_s: float = 600.0) -> dict[str, Any]:
+    """What rank 0 decided and wrote to the JSON file `record` (atomically, holding the keys in
+    `needs`), once it is there: a choice each rank could make differently (a measured batch, a
+    found lr) is rank 0's on every rank. After `timeout_s` without it, a UserError naming `key`
+    (`asked`: its value, e.g. auto; `instead`: what to do)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            found = json.loads(record.read_text())
+            if isinstance(found, dict) and all(name in found for name in needs):
+                return found
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise UserError(key, f"{asked}: rank 0 wrote no {record} within {timeout_s:.0f} s", instead)
 
 
 def process_count(trainer_cfg: Mapping[str, Any], devices: int) -> int:

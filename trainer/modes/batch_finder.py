@@ -4,12 +4,11 @@ steps until out of memory; on a CPU, data.memory_budget_gb against the measured 
 from __future__ import annotations
 
 import dataclasses
-import json
-import time
 from pathlib import Path
 
 from trainer.phases.build import Parts
 from trainer.data.base import AUTO_BATCH_START
+from trainer.infra.distributed import rank_zero_record
 from trainer.infra.errors import UserError
 from trainer.measure.memory import autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory
 from trainer.configuration.spec import RunSpec
@@ -61,12 +60,6 @@ def find_batch_size(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool)
 
 def batch_of_rank_zero(record: Path, timeout_s: float = 600.0) -> Derived:
     """What rank 0 found, once it has written it (a UserError after `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            found = json.loads(record.read_text())
-            return Derived(int(found["batch_size"]), f"{found['how']} (rank 0's)")
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.2)
-    raise UserError("data.batch_size", f"auto: rank 0 wrote no {record} within {timeout_s:.0f} s",
-                    "a fixed data.batch_size, or check rank 0's log")
+    found = rank_zero_record(record, ("batch_size", "how"), "data.batch_size", "auto",
+                             "a fixed data.batch_size, or check rank 0's log", timeout_s)
+    return Derived(int(found["batch_size"]), f"{found['how']} (rank 0's)")

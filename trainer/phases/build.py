@@ -32,7 +32,7 @@ from trainer.callbacks.rng import RNGState
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.groups.checkpoint import SafeCheckpointIO, build_checkpointing, build_periodic
-from trainer.groups.compile import apply_compile
+from trainer.groups.compile import allow_recompiles, apply_compile
 from trainer.configuration.spec import INJECTED_MODEL_ARGS, RunSpec, locate_target
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.infra.errors import UserError
@@ -109,9 +109,10 @@ def build_model(spec: RunSpec, info: DataInfo) -> nn.Module:
 
 
 def apply_to_data(plan: Plan, datamodule: ImageClassificationData) -> None:
-    """The plan's loader settings and decode mode, for every loader the data module builds."""
+    """The plan's loader settings, decode mode and training sizes, for every loader the data module builds."""
     datamodule.apply_loader(plan.loader)
     datamodule.apply_decode(plan.decode)
+    datamodule.apply_resize(plan.resize)
 
 
 def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
@@ -120,6 +121,8 @@ def build_task(spec: RunSpec, plan: Plan, parts: Parts) -> ClassificationTask:
     apply_activation_checkpointing(parts.net, plan.checkpointed_stages)
     apply_tf32(plan.tf32, plan.accelerator)
     apply_compile(parts.net, plan.compile_mode, spec.compile)
+    if plan.compile_mode != "off" and plan.resize is not None:
+        allow_recompiles(len(set(plan.resize.sizes())))
     return ClassificationTask(parts.net, parts.info.num_classes, plan.optimizer, spec.scheduler,
                               channels_last=plan.channels_last, regularization=spec.regularization)
 

@@ -12,7 +12,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 from hydra.utils import get_class
@@ -20,10 +20,11 @@ from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvir
 from torch import nn
 
 from trainer.callbacks.clipping import GradientClipping
-from trainer.groups.compile import resolve_compile_mode
-from trainer.configuration.spec import RunSpec
+from trainer.groups.compile import recompile_note, resolve_compile_mode
+from trainer.configuration.spec import LR_FIND, OneCycleConfig, RunSpec
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.loader import LoaderSettings
+from trainer.data.progressive_resize import ResizeSchedule, epochs_of_run
 from trainer.infra.devices import count_devices, resolve_accelerator
 from trainer.infra.errors import UserError
 from trainer.measure.mfu import peak_flops, training_flops_per_sample
@@ -31,7 +32,8 @@ from trainer.models.activation_checkpointing import select_stages
 from trainer.groups.optimizer import OptimizerRecipe, choose_implementation, named_by_model
 from trainer.groups.precision import resolve_channels_last, resolve_precision, resolve_tf32
 from trainer.groups.regularization import describe
-from trainer.groups.scaling import measured_warnings, scale
+from trainer.groups.scaling import FoundLr, Scaled, measured_warnings, scale, scale_found
+from trainer.groups.scheduler import describe_one_cycle, planned_optimizer_steps
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class Plan:
     derived: Mapping[str, Derived]
     #: What the studies say about this setting, to print at start (trainer/groups/scaling.py).
     warnings: tuple[str, ...] = ()
+    #: Progressive resizing: the training crop's side per epoch (None: every epoch at data.image_size).
+    resize: Optional[ResizeSchedule] = None
 
     @property
     def lr(self) -> float:
@@ -93,11 +97,12 @@ class Plan:
 
 
 def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, net: nn.Module,
-            clipping: GradientClipping, batch_size: Derived | None = None) -> Plan:
+            clipping: GradientClipping, batch_size: Derived | None = None, lr: FoundLr | None = None) -> Plan:
     """Derive every setting from the validated config and what was built from it: the data module
     resolves its own loader settings for the device; the network decides what channels_last,
     activation checkpointing and MFU can do; nothing is changed yet. `batch_size`: the batch
-    data.batch_size=auto found, with its derivation."""
+    data.batch_size=auto found, with its derivation; `lr`: the lr optimizer.lr=find found (without it, a plan
+    of such a run is provisional: its lr is a placeholder for the measurements made before the test)."""
     derived: dict[str, Derived] = {}
     if batch_size is not None:
         derived["data.batch_size"] = batch_size
@@ -110,20 +115,35 @@ def resolve(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, 
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
     decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
     derived["data.decode"] = Derived(decode, how)
-    lr, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived)
-    recipe = OptimizerRecipe.for_network(net, spec.optimizer, lr, weight_decay, implementation)
+    resize = _progressive_resize(spec, datamodule, info, global_batch, derived)
+    lr_value, weight_decay, implementation = _optimizer(spec, accelerator, precision, global_batch, derived, lr)
+    recipe = OptimizerRecipe.for_network(net, spec.optimizer, lr_value, weight_decay, implementation)
     _parameter_groups(spec, net, recipe, derived)
+    _schedule(spec, info, devices, lr_value, derived)
     tf32, how = resolve_tf32(spec.precision.tf32, accelerator, bool(spec.trainer.get("deterministic", False)))
     derived["precision.tf32"] = Derived(tf32, how)
     flops, peak, peak_note = _flops(net, info, accelerator, precision, tf32, derived)
-    stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived)
+    stages, channels_last, compile_mode = _model_changes(spec, net, accelerator, derived, resize)
     derived["clipping"] = Derived(clipping.mode, clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
     progress, cudnn_benchmark, slurm_environment = _trainer_settings(spec, accelerator, tf32, derived)
     return Plan(accelerator, devices, precision, loader, decode, global_batch, recipe, tf32, channels_last,
                 compile_mode, stages, progress, cudnn_benchmark, slurm_environment, flops, peak, peak_note,
                 MappingProxyType(derived),
-                tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch)))
+                tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch)), resize)
+
+
+def _progressive_resize(spec: RunSpec, datamodule: ImageClassificationData, info: DataInfo, global_batch: int,
+                        derived: dict[str, Derived]) -> Optional[ResizeSchedule]:
+    """data.progressive_resize: the sizes of each epoch of this run's length."""
+    if not spec.data.get("progressive_resize", False):
+        return None
+    steps = max(1, int(info.sizes.get("train", 0)) // max(1, global_batch))
+    epochs = epochs_of_run(spec.trainer.get("max_epochs"), spec.trainer.get("max_steps"), steps)
+    schedule = datamodule.resize_schedule(epochs)
+    if schedule is not None:
+        derived["data.progressive_resize"] = Derived(schedule.sizes(), schedule.describe())
+    return schedule
 
 
 def _devices_and_batch(spec: RunSpec, derived: dict[str, Derived]) -> tuple[str, int, int]:
@@ -142,12 +162,13 @@ def _devices_and_batch(spec: RunSpec, derived: dict[str, Derived]) -> tuple[str,
 
 
 def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: int,
-               derived: dict[str, Derived]) -> tuple[float, float, str]:
+               derived: dict[str, Derived], found: FoundLr | None = None) -> tuple[float, float, str]:
     """lr and weight decay moved to the global batch by their rules, and the optimizer kernel."""
     opt = spec.optimizer
-    lr = scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
+    lr = _lr(spec, global_batch, found)
     wd = scale("weight_decay", opt.weight_decay, opt.wd_scaling, global_batch, opt.ref_batch_size)
-    derived["optimizer.lr"] = Derived(round(lr.value, 10), lr.how)
+    derived["optimizer.lr"] = Derived(round(lr.value, 10) if found is not None or opt.lr != LR_FIND else LR_FIND,
+                                      lr.how)
     derived["optimizer.weight_decay"] = Derived(round(wd.value, 10), wd.how)
     derived["optimizer.decay_norm_and_bias"] = Derived(
         opt.decay_norm_and_bias, "weight decay on every parameter" if opt.decay_norm_and_bias
@@ -156,6 +177,29 @@ def _optimizer(spec: RunSpec, accelerator: str, precision: str, global_batch: in
                                                 optimizer=opt.name)
     derived["optimizer.implementation"] = Derived(implementation, how)
     return lr.value, wd.value, implementation
+
+
+def _lr(spec: RunSpec, global_batch: int, found: FoundLr | None) -> Scaled:
+    """The configured lr, or the one the range test found, moved to the global batch by the lr rule."""
+    opt = spec.optimizer
+    if found is not None:
+        return scale_found(found, opt.lr_scaling, global_batch, opt.ref_batch_size)
+    if isinstance(opt.lr, str):  # LR_FIND
+        # A provisional plan (the batch finder's, the range test's own): the test replaces every
+        # group's lr, and nothing trains with this one.
+        return Scaled(opt.find_min_lr, "find: Lightning's lr range test, before training (not run yet)")
+    return scale("lr", opt.lr, opt.lr_scaling, global_batch, opt.ref_batch_size)
+
+
+def _schedule(spec: RunSpec, info: DataInfo, devices: int, lr: float, derived: dict[str, Derived]) -> None:
+    """The one-cycle schedule's shape in numbers (the other schedules are their config)."""
+    cfg = spec.scheduler
+    if not isinstance(cfg, OneCycleConfig):
+        return
+    processes = devices * int(spec.trainer.get("num_nodes", 1))
+    steps = planned_optimizer_steps(spec.trainer, int(info.sizes.get("train", 0)), processes,
+                                    int(spec.data["batch_size"]))
+    derived["scheduler"] = Derived("one_cycle", describe_one_cycle(cfg, lr, steps, spec.optimizer))
 
 
 def _parameter_groups(spec: RunSpec, net: nn.Module, recipe: OptimizerRecipe, derived: dict[str, Derived]) -> None:
@@ -188,8 +232,8 @@ def _flops(net: nn.Module, info: DataInfo, accelerator: str, precision: str, tf3
     return flops, peak, peak_how
 
 
-def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str,
-                   derived: dict[str, Derived]) -> tuple[tuple[str, ...], bool, str]:
+def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str, derived: dict[str, Derived],
+                   resize: Optional[ResizeSchedule] = None) -> tuple[tuple[str, ...], bool, str]:
     """What the build phase will do to the network: checkpointed stages, memory format, compile."""
     stages = tuple(select_stages(net, spec.activation_checkpointing))
     if stages:
@@ -202,6 +246,8 @@ def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str,
         how += "; eager"
     else:
         how += f"; torch.compile fullgraph={spec.compile.fullgraph} dynamic={spec.compile.dynamic}"
+        if resize is not None:
+            how += f"; {recompile_note(len(set(resize.sizes())))}"
     derived["compile"] = Derived(compile_mode, how)
     return stages, channels_last, compile_mode
 

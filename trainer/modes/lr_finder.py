@@ -1,0 +1,291 @@
+"""optimizer.lr=find: the lr range test (Smith 2017, "Cyclical learning rates for training neural
+networks"), run by Lightning's tuner (`Tuner.lr_find`, its LearningRateFinder) before training.
+
+The test trains `optimizer.find_steps` steps from a copy of the network's initial weights while the
+lr rises exponentially from `find_min_lr` to `find_max_lr`, and suggests the lr where the smoothed
+loss falls fastest. It runs between the build and the final resolve (after data.batch_size=auto, so
+at the batch the run trains with), on rank 0 alone, on a Trainer of its own (one device, the run's
+accelerator and precision; no logger, checkpoints, progress bar or model summary). The run's own
+network, global random generators and data order are left as they were: a run whose test suggests X
+trains exactly as a run given X (at the same batch) does.
+
+The lr found is the lr at rank 0's per-device batch; the plan moves it to the global batch by
+`optimizer.lr_scaling` (trainer/groups/scaling.py `scale_found`). Rank 0 writes lr_find.json and
+lr_find.png into the run folder; the other ranks read lr_find.json, and so does a resumed run, which
+never runs the test again when the run it carries on already did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import io
+import json
+import logging
+import math
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import yaml
+from lightning.pytorch.tuner import Tuner
+from torchmetrics import Metric
+
+from trainer.callbacks.rng import capture, restore
+from trainer.configuration.recipes import CONF_DIR
+from trainer.configuration.spec import LR_FIND, ConstantConfig, RunSpec
+from trainer.groups.lightning_trainer import make_trainer
+from trainer.groups.precision import apply_tf32, lightning_precision
+from trainer.groups.scaling import FoundLr
+from trainer.infra.atomic import write_json_atomic
+from trainer.infra.distributed import rank_zero_record
+from trainer.infra.errors import UserError
+from trainer.infra.library_logs import quiet_library_warnings
+from trainer.measure.figures import new_figure, save_png
+from trainer.phases.build import Parts, apply_to_data
+from trainer.phases.plan import Plan, resolve
+from trainer.task import ClassificationTask
+
+log = logging.getLogger("trainer")
+
+LR_FIND_FILE = "lr_find.json"
+LR_FIND_PLOT = "lr_find.png"
+#: Lightning's suggestion leaves out the first losses (too early to say) and the last one.
+SKIPPED_AT_START = 10
+#: What a record must hold to be used (on another rank, or on resume).
+RECORD_KEYS = ("lr", "batch_size", "min_lr", "max_lr", "steps", "suggestion_index", "loss_at_suggestion")
+WHAT_TO_DO = ("a fixed optimizer.lr, or a wider range (a lower optimizer.find_min_lr, a higher "
+              "optimizer.find_max_lr) or more optimizer.find_steps")
+
+
+def find_lr(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool,
+            resumed_from: Path | None = None) -> FoundLr:
+    """The lr the range test suggests at this run's per-device batch, with how it was found. Rank 0
+    runs the test (or, resuming, reads the answer the run already has); the other ranks read
+    rank 0's. `resumed_from`: the checkpoint the run carries on from."""
+    record = run_dir / LR_FIND_FILE
+    shipped = shipped_lr(spec)
+    if not rank_zero:
+        found = rank_zero_record(record, RECORD_KEYS, "optimizer.lr", LR_FIND,
+                                 "a fixed optimizer.lr, or check rank 0's log")
+        return found_lr(found, shipped, "rank 0's")
+    earlier = earlier_record(run_dir, resumed_from)
+    if earlier is not None:
+        found = json.loads(earlier.read_text())
+        if earlier != record:  # resumed in a new folder: the record travels with the run
+            write_json_atomic(record, found)
+            if (earlier.parent / LR_FIND_PLOT).is_file():
+                shutil.copyfile(earlier.parent / LR_FIND_PLOT, run_dir / LR_FIND_PLOT)
+        log.info("optimizer.lr=find: the range test's answer of the run resumed, from %s", earlier)
+        return found_lr(found, shipped, f"from {earlier.parent.name}/{LR_FIND_FILE}, resumed")
+    found = range_test(spec, parts, run_dir)
+    return found_lr(found, shipped)
+
+
+def earlier_record(run_dir: Path, resumed_from: Path | None) -> Path | None:
+    """lr_find.json of a run that carries on from a checkpoint (`resumed_from`): in its own folder
+    (a requeued job), or in the folder the checkpoint was written in (the same command run again).
+    None for a fresh run, and for a run that has none (then the test runs)."""
+    if resumed_from is None:
+        return None
+    for folder in (run_dir, Path(resumed_from).parent.parent):  # RUN/checkpoints/last.ckpt
+        path = folder / LR_FIND_FILE
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and all(key in found for key in RECORD_KEYS):
+            return path
+    return None
+
+
+def found_lr(found: dict[str, Any], shipped: tuple[float, str] | None, note: str = "") -> FoundLr:
+    """The record as the plan takes it, saying how the lr was found."""
+    how = (f"found by Lightning's lr range test (steepest descent of the smoothed loss at {found['lr']:.3g}, "
+           f"{found['steps']} steps {found['min_lr']:g}..{found['max_lr']:g}; {LR_FIND_PLOT}"
+           + (f"; {note})" if note else ")"))
+    lr, origin = shipped if shipped is not None else (None, "")
+    return FoundLr(float(found["lr"]), int(found["batch_size"]), how, lr, origin)
+
+
+def shipped_lr(spec: RunSpec) -> tuple[float, str] | None:
+    """The lr the optimizer choice ships (its YAML in the framework's conf/optimizer/, read as
+    written), with the choice's name: what the batch rule would have started from."""
+    for choice in (spec.choices.get("optimizer"), spec.optimizer.name):
+        path = CONF_DIR / "optimizer" / f"{choice}.yaml"
+        if not choice or not path.is_file():
+            continue
+        lr = (yaml.safe_load(path.read_text()) or {}).get("lr")
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            return float(lr), f"optimizer={choice}"
+    return None
+
+
+def range_test(spec: RunSpec, parts: Parts, run_dir: Path) -> dict[str, Any]:
+    """Run Lightning's range test on a copy of the network; write lr_find.json and lr_find.png."""
+    opt = spec.optimizer
+    # A provisional plan: its lr is a placeholder (the test sets every group's lr itself).
+    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    apply_to_data(plan, parts.datamodule)  # the loaders the run will have (the final plan's are the same)
+    apply_tf32(plan.tf32, plan.accelerator)  # as the build phase will set it for the run
+    log.info("optimizer.lr=find: Lightning's lr range test, %d steps from %g to %g at batch %d", opt.find_steps,
+             opt.find_min_lr, opt.find_max_lr, parts.datamodule.batch_size)
+    with rng_kept(cuda=plan.accelerator == "cuda"), tempfile.TemporaryDirectory(prefix="lr_find.") as scratch:
+        finder = _run_finder(spec, plan, parts, Path(scratch))
+    lrs, losses = [float(v) for v in finder.results["lr"]], [float(v) for v in finder.results["loss"]]
+    suggested = steepest_descent(finder, SKIPPED_AT_START)
+    _check_suggestion(suggested, lrs, losses, opt.find_steps)
+    assert suggested is not None  # _check_suggestion refuses None
+    index = lrs.index(suggested)
+    found = {"lr": float(suggested), "batch_size": parts.datamodule.batch_size, "min_lr": opt.find_min_lr,
+             "max_lr": opt.find_max_lr, "steps": opt.find_steps, "steps_run": len(lrs), "suggestion_index": index,
+             "loss_at_suggestion": losses[index], "lrs": lrs, "losses": losses}
+    figure = new_figure(figsize=(6, 4), layout="constrained")
+    finder.plot(suggest=True, ax=figure.add_subplot())
+    figure.axes[0].set_title(f"lr range test: suggested {suggested:.3g} (steepest descent), batch "
+                             f"{found['batch_size']}")
+    figure.axes[0].set_ylabel("training loss (smoothed)")
+    save_png(figure, run_dir / LR_FIND_PLOT)
+    write_json_atomic(run_dir / LR_FIND_FILE, found)
+    log.info("optimizer.lr=find: %.4g after %d steps (%s)", suggested, len(lrs), run_dir / LR_FIND_PLOT)
+    return found
+
+
+def _run_finder(spec: RunSpec, plan: Plan, parts: Parts, scratch: Path) -> Any:
+    """Lightning's tuner on a Trainer of its own, with a deep copy of the network."""
+    opt = spec.optimizer
+    # A constant schedule: the test replaces the schedule with its own, and the one-cycle schedule
+    # would set the momentum first (the test runs at the optimizer's own momentum, as fastai's).
+    task = ClassificationTask(copy.deepcopy(parts.net), parts.info.num_classes, plan.optimizer,
+                              ConstantConfig(name="constant"), channels_last=plan.channels_last,
+                              regularization=spec.regularization)
+    # Under torchrun the process group exists already and rank 0 tests alone: a metric synchronized
+    # over the processes as an epoch of the test ends would wait for the other ranks forever.
+    for metric in task.modules():
+        if isinstance(metric, Metric):
+            metric.sync_on_compute = False
+    with quiet_library_warnings(), warnings.catch_warnings(), _lightning_quiet(logging.WARNING), \
+            _bar_kept_off(plan.progress != "rich"):
+        # Lightning's hint to use srun, which the run's own Trainer gives once already.
+        warnings.filterwarnings("ignore", message=".*The `srun` command is available.*")
+        trainer = make_trainer((), **_finder_trainer_arguments(spec, plan, scratch))
+        finder = Tuner(trainer).lr_find(task, datamodule=parts.datamodule, min_lr=opt.find_min_lr,
+                                        max_lr=opt.find_max_lr, num_training=opt.find_steps, update_attr=False)
+    del trainer, task  # the copy's memory back before the run builds its own
+    gc.collect()
+    if plan.accelerator == "cuda":
+        torch.cuda.empty_cache()
+    assert finder is not None  # None only under fast_dev_run, which this Trainer does not have
+    return finder
+
+
+def _finder_trainer_arguments(spec: RunSpec, plan: Plan, scratch: Path) -> dict[str, Any]:
+    """One device with the run's accelerator, precision, determinism and cuDNN autotuning, and
+    nothing else of the run's Trainer."""
+    steps = spec.optimizer.find_steps
+    return dict(
+        accelerator=plan.accelerator, devices=1, **lightning_precision(plan.precision, plan.accelerator, spec.precision),
+        deterministic=spec.trainer.get("deterministic"), benchmark=plan.cudnn_benchmark,
+        # No callbacks: Lightning's test replaces the Trainer's callbacks with its own recorder for the
+        # sweep anyway; the clipping percentile would calibrate on gradients that grow with the lr,
+        # and the test stops itself where the loss diverges (4x its best) instead of a guard.
+        callbacks=[], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, max_epochs=-1, max_steps=steps, num_sanity_val_steps=0,
+        # The test sets limit_val_batches itself; with more epochs than steps between validations
+        # there is none (an epoch shorter than the test is cycled: the loader starts its next epoch).
+        check_val_every_n_epoch=steps + 1,
+        # Its checkpoint of the initial state goes here, not into the run folder.
+        default_root_dir=str(scratch))
+
+
+def steepest_descent(finder: Any, skip_begin: int, skip_end: int = 1) -> float | None:
+    """The lr where the smoothed loss falls fastest per unit of log(lr), marked on the finder for its
+    plot; None with fewer than 2 finite losses.
+
+    Deliberately not Lightning's `suggestion()`: it takes the gradient against the lr itself, so on
+    its exponential sweep a step between two small lrs is a tiny distance, and any wobble of the
+    plateau there outweighs the real descent. On the 32 px digits it picked 0.00033, 150x below
+    where the loss falls (0.02-2); fastai's `steep` suggestion, as here, uses log(lr)."""
+    lrs = finder.results["lr"][skip_begin:-skip_end]
+    losses = finder.results["loss"][skip_begin:-skip_end]
+    finite = [i for i, loss in enumerate(losses) if math.isfinite(loss) and lrs[i] > 0]
+    if len(finite) < 2:
+        finder._optimal_idx = None
+        return None
+    log_lrs = torch.tensor([math.log(lrs[i]) for i in finite], dtype=torch.float64)
+    gradients = torch.gradient(torch.tensor([losses[i] for i in finite], dtype=torch.float64), spacing=[log_lrs])[0]
+    index = skip_begin + finite[int(torch.argmin(gradients))]
+    finder._optimal_idx = index  # what `plot(suggest=True)` marks
+    return float(finder.results["lr"][index])
+
+
+def _check_suggestion(suggested: float | None, lrs: list[float], losses: list[float], steps: int) -> None:
+    """A suggestion to train with, or one line saying why there is none."""
+    what = f"{len(lrs)} of {steps} steps from {lrs[0]:g} to {lrs[-1]:g}" if lrs else f"none of {steps} steps"
+    if suggested is None:
+        raise UserError("optimizer.lr", f"find: the lr range test has no suggestion ({what}: the smoothed loss "
+                        "diverged or was not finite before enough losses were recorded)", WHAT_TO_DO)
+    # Compared from where the suggestion starts looking, not with the first loss: Lightning's smoothing
+    # corrects its running mean for one step more than it has, so its first values are too low.
+    window = [loss for loss in losses[SKIPPED_AT_START:] if math.isfinite(loss)]
+    if window and min(window[1:], default=math.inf) >= window[0]:
+        raise UserError("optimizer.lr", f"find: the smoothed loss never fell below {window[0]:.4g}, its value at "
+                        f"{lrs[SKIPPED_AT_START]:.3g} ({what})", WHAT_TO_DO)
+
+
+@contextlib.contextmanager
+def rng_kept(cuda: bool) -> Iterator[None]:
+    """The global random generators (python, numpy, torch CPU, and CUDA's with `cuda`) as they were
+    before, whatever the test drew from them (dropout, on-device augmentation, mixing). Lightning's
+    callback isolates them around its own sweep; this holds for all of the test (the Trainer's
+    setup and teardown, the data module's hooks) whatever a Lightning version does there."""
+    if cuda:
+        torch.cuda.init()  # so that their states are captured before the test draws from them
+    state = capture()
+    try:
+        yield
+    finally:
+        restore(state)
+
+
+@contextlib.contextmanager
+def _lightning_quiet(level: int) -> Iterator[None]:
+    """Lightning's messages below `level` left out: the test's Trainer does not print Lightning's
+    device report (one device, which a multi-process run's report would contradict)."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, earlier in zip(loggers, before):
+            logger.setLevel(earlier)
+
+
+#: How Lightning's range test labels the tqdm bar it always draws on stderr.
+_BAR = "Finding best initial lr"
+
+
+@contextlib.contextmanager
+def _bar_kept_off(off: bool) -> Iterator[None]:
+    """Without the Rich progress output (in logs and pipes), Lightning's bar would be a line of
+    carriage returns there: stderr is caught while the test runs, and what else was written to it
+    goes on afterwards."""
+    if not off:
+        yield
+        return
+    caught = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(caught):
+            yield
+    finally:
+        rest = [line for line in caught.getvalue().replace("\r", "\n").splitlines()
+                if line.strip() and not line.startswith(_BAR)]
+        if rest:
+            sys.stderr.write("\n".join(rest) + "\n")
