@@ -139,10 +139,23 @@ def figures_ladder(folder: Path) -> list[str]:
     return lines
 
 
+def _bullets(report: Path) -> list[str]:
+    """A benchmark report's key lines: its Markdown list items, without the marker."""
+    return [line[2:] for line in report.read_text().splitlines() if line.startswith("- ")]
+
+
 def figures_input_pipeline(folder: Path) -> list[str]:
     """The benchmark's verdict lines and its device-side line (benchmarks/input_pipeline.py)."""
-    text = (folder / "input_pipeline.md").read_text()
-    return [line[2:] for line in text.splitlines() if line.startswith("- ")]
+    return _bullets(folder / "input_pipeline.md")
+
+
+def figures_progressive_resize(folder: Path) -> list[str]:
+    """The step's samples/s at each size of the default schedule, then the schedule's expected time
+    against all-224 (benchmarks/progressive_resize.py)."""
+    lines = _bullets(folder / "progressive_resize.md")
+    if not lines:
+        raise ValueError("progressive_resize.md has no figures")
+    return lines
 
 
 def figures_batch_study(folder: Path) -> list[str]:
@@ -157,7 +170,8 @@ def figures_batch_study(folder: Path) -> list[str]:
 
 FIGURES: dict[str, Callable[[Path], list[str]]] = {
     "environment": figures_environment, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
-    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline, "batch_study": figures_batch_study,
+    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline,
+    "progressive_resize": figures_progressive_resize, "batch_study": figures_batch_study,
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -17,7 +18,7 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-STEPS = ["environment", "gpu_tests", "practices", "ladder", "input_pipeline", "batch_study"]
+STEPS = ["environment", "gpu_tests", "practices", "ladder", "input_pipeline", "progressive_resize", "batch_study"]
 LADDER = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channels_last", "resnet50_compile",
           "resnet50_optimized"]
 
@@ -106,6 +107,21 @@ def test_input_pipeline_step_times_every_decode_mode_and_the_device_side(dry_run
         assert row in report
     assert "device mode, decode + crop + resize of prefetched batches on" in report
     assert (out / "input_pipeline" / "figures.md").read_text().startswith("fast vs standard:")
+
+
+def test_progressive_resize_step_times_the_step_at_every_size_of_the_schedule(dry_run):
+    """The progressive-resizing step's table has a row per size of the default 224 px schedule with
+    the fast loader's rate and the step's samples/s; its key figures are the step's rate per size,
+    then the schedule's expected time."""
+    out, _ = dry_run
+    report = (out / "progressive_resize" / "progressive_resize.md").read_text()
+    rate = r"([\d,.]+) \([\d,.]+-[\d,.]+\) \| ([\d.]+)x"
+    for size in (128, 160, 192, 224):  # ResizeSchedule.of(224, 0.5, (0.5, 0.8), "auto", 16)
+        row = re.search(rf"^\| {size} \| [\d.]+ \| \d+ \| {rate} \| - \| - \| {rate} \|$", report, re.MULTILINE)
+        assert row and all(float(g.replace(",", "")) > 0 for g in row.groups()), (size, report)
+    figures = (out / "progressive_resize" / "figures.md").read_text().splitlines()
+    assert figures[0].startswith("step samples/s by size on the CPU: 128 px ") and "224 px" in figures[0]
+    assert "expected time of 16 epochs against all at 224 px" in figures[1] and "data.decode=fast" in figures[1]
 
 
 def test_batch_study_step_measures_both_rules_at_both_batches(dry_run):
