@@ -53,12 +53,19 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402 - after the repository is on the path
+from sweep_jobs import (  # noqa: E402
+    add_jobs,
+    keep_comparison,
+    load_jobs,
+    machine_of,
+    overrides_of,
+    run_multirun,
+    summaries,
+    write_report,
+)
 
-from trainer.measure.figures import new_figure, save_png  # noqa: E402
+from trainer.infra.figures import new_figure, save_png  # noqa: E402
 from trainer.measure.seed_groups import Spread, difference  # noqa: E402
-
-from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
-                        summaries, write_report)
 
 REFERENCE_BATCH = 64  # the batch the others are held against, or the smallest measured if 64 was not
 STUDIES = ("lr", "warmup", "wd", "large", "calibration")

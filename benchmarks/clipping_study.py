@@ -40,11 +40,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainer.measure.figures import new_figure, save_png  # noqa: E402
-from trainer.measure.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
+from sweep_jobs import (  # noqa: E402
+    add_jobs,
+    keep_comparison,
+    load_jobs,
+    machine_of,
+    overrides_of,
+    run_multirun,
+    summaries,
+    write_report,
+)
 
-from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
-                        summaries, write_report)
+from trainer.infra.figures import new_figure, save_png  # noqa: E402
+from trainer.measure.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
 
 #: Config names, except the `UNCLIPPED` arms: a config name with its calibration left unclipped.
 ARMS = ("off", "fixed_norm", "percentile", "autoclip", "percentile_unclipped_calibration",

@@ -11,7 +11,7 @@ repeat runs two fresh interpreters, one after the other (which one goes first al
   `summary.json` gives `throughput.samples_per_s` (trainer/callbacks/throughput.py).
 - plain: this script with `--plain`: the same network (`build_resnet`, seeded the same way), the
   same batches (`SyntheticDataModule.make_batch`, generated inside the step as the framework
-  does), the same optimizer (`build_optimizer` with the defaults of conf/optimizer/adamw.yaml),
+  does), the same optimizer (`OptimizerRecipe` with the defaults of conf/optimizer/adamw.yaml),
   and a hand-written loop: forward, fp32 cross-entropy, zero_grad, backward, step.
 
 Both sides are timed the same way: 5 warm-up steps skipped, then windows of 10 consecutive steps,
@@ -70,9 +70,9 @@ def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
     from trainer.callbacks.throughput import ThroughputMeter, synchronize
     from trainer.configuration.spec import choice_config
     from trainer.data.synthetic import SyntheticDataModule
+    from trainer.groups.optimizer.build import OptimizerRecipe
+    from trainer.groups.optimizer.scaling import scale_factor
     from trainer.models.resnet import build_resnet
-    from trainer.groups.optimizer import build_optimizer
-    from trainer.groups.scaling import scale_factor
 
     device = torch.device("cpu")
     # As L.seed_everything does in the framework, and in the same order: seed, data module, network.
@@ -89,7 +89,7 @@ def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
     cfg = choice_config("optimizer", "adamw", lr_scaling="none", wd_scaling="none", implementation="foreach")
     lr = cfg.lr * scale_factor("none", batch, cfg.ref_batch_size)
     weight_decay = cfg.weight_decay * scale_factor("none", batch, cfg.ref_batch_size)
-    optimizer = build_optimizer(net, cfg, lr, weight_decay, "foreach")
+    optimizer = OptimizerRecipe.for_network(net, cfg, lr, weight_decay, "foreach").build(net)
 
     meter = ThroughputMeter()
     warmup_steps, window_steps = meter.warmup_steps, meter.window_steps

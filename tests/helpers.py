@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
 import signal
-import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +53,31 @@ def run_in_process(overrides: Sequence[str], run_dir: Path) -> dict[str, Any] | 
         run(cfg, run_dir=run_dir, group_choices=choices, overrides=list(overrides))
     summary = run_dir / "summary.json"
     return json.loads(summary.read_text()) if summary.exists() else None
+
+
+def prepared_run(config: Any, run_dir: Path, choices: dict[str, str] | None = None) -> Any:
+    """A `Run` as trainer/run.py has it after the build of its parts (validated, devices decided,
+    identified, data module and network made), from a composed config or its plain values."""
+    from trainer.callbacks.graceful import SignalLatch
+    from trainer.phases.build import build_parts
+    from trainer.phases.compose import Job
+    from trainer.phases.identify import check_job, identify
+    from trainer.phases.state import Run
+
+    run = Run(Job(config, Path(run_dir), dict(choices or {}), []), SignalLatch())
+    check_job(run)
+    identify(run)
+    build_parts(run)
+    return run
+
+
+def planned_run(config: Any, run_dir: Path, choices: dict[str, str] | None = None) -> Any:
+    """`prepared_run`, then the resolve phase: `run.plan` as a run resolves it (no finder runs)."""
+    from trainer.phases.plan import decide_probe, resolve
+
+    run = prepared_run(config, run_dir, choices)
+    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts.net), run.parts)
+    return run
 
 
 #: Pins a run to the CPU. Every test must pass on a machine with a GPU as well as without one, so a
@@ -129,8 +154,8 @@ class ForkedRun:
     def __init__(self, args: Sequence[str], run_dir: Path, setup: Callable[[], None] | None = None) -> None:
         import tempfile
 
-        import lightning  # noqa: F401 - imported once here, inherited by every child
         import hydra  # noqa: F401
+        import lightning  # noqa: F401 - imported once here, inherited by every child
 
         self.args = [*args, *ON_CPU] if not _pins_accelerator(args) else list(args)
         self.run_dir = run_dir
@@ -403,7 +428,7 @@ def kill_during_save(number: int) -> Callable[[], None]:
     def setup() -> None:
         import io
 
-        import trainer.groups.checkpoint
+        import trainer.groups.checkpointing
 
         real_save = torch.save
         calls = {"n": 0}
@@ -421,7 +446,7 @@ def kill_during_save(number: int) -> Callable[[], None]:
                     kill_job()
             return real_save(obj, f, *args, **kwargs)
 
-        trainer.groups.checkpoint.torch.save = torn_save  # type: ignore[attr-defined]
+        trainer.groups.checkpointing.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
 
 

@@ -23,7 +23,7 @@ _PUBLIC = {
     "UserError": "trainer.infra.errors",
     # the phases' products
     "Plan": "trainer.phases.plan",
-    "resolve": "trainer.phases.plan",
+    "OptimizerRecipe": "trainer.groups.optimizer.build",
     "ClassificationTask": "trainer.task",
     # data modules and models
     "ImageClassificationData": "trainer.data.base",
@@ -36,13 +36,15 @@ _PUBLIC = {
     "SelfAttention": "trainer.models.attention",
     "fuse_for_inference": "trainer.models.fuse",
     "apply_activation_checkpointing": "trainer.models.activation_checkpointing",
-    # callbacks usable in any Lightning Trainer
-    "GradientClipping": "trainer.callbacks.clipping",
-    "NonFiniteGuard": "trainer.callbacks.nonfinite",
+    # callbacks usable in any Lightning Trainer, and the clipping rules
+    "GradientClipping": "trainer.groups.clipping",
+    "ClippingRule": "trainer.groups.clipping",
+    "Percentile": "trainer.groups.clipping",
+    "NonFiniteGuard": "trainer.groups.nonfinite",
     "ThroughputMeter": "trainer.callbacks.throughput",
     # checkpoints, reports, measurement
-    "load_checkpoint": "trainer.groups.checkpoint",
-    "export_safetensors": "trainer.groups.checkpoint",
+    "load_checkpoint": "trainer.groups.checkpointing",
+    "export_safetensors": "trainer.groups.checkpointing",
     "write_comparison": "trainer.measure.comparison",
     "fingerprint": "trainer.infra.fingerprint",
     "training_flops_per_sample": "trainer.measure.mfu",

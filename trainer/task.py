@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.profiler import record_function
 from torchmetrics.aggregation import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from trainer.configuration.spec import RegularizationConfig
-from trainer.groups.optimizer import OptimizerRecipe
+from trainer.groups.optimizer.build import OptimizerRecipe
+from trainer.groups.regularization import BatchMixing, RegularizationConfig, dominant_labels
+from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
-from trainer.groups.regularization import BatchMixing, dominant_labels
-from trainer.groups.scheduler import SchedulerConfig, build_scheduler
+
+log = logging.getLogger("trainer")
 
 
 def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -31,6 +34,9 @@ TOP5_MIN_CLASSES = 10
 
 
 class ClassificationTask(L.LightningModule):
+    #: Whether fitting logs the schedule's line (a measurement's own copy of the task does not).
+    announces_schedule = True
+
     def __init__(
         self,
         net: nn.Module,
@@ -46,6 +52,8 @@ class ClassificationTask(L.LightningModule):
         # plain network (the recipe): under FSDP the optimizer is built after sharding has flattened them.
         self.optimizer_recipe = optimizer
         self.scheduler_cfg = scheduler
+        #: The schedule as fit made it, over the optimizer steps Lightning counted (summary.json's).
+        self.schedule: dict[str, Any] | None = None
         self.channels_last = channels_last
         # Label smoothing shapes the training loss only: validation and test losses stay the plain
         # cross-entropy, comparable between runs with and without it (as timm reports them).
@@ -162,8 +170,20 @@ class ClassificationTask(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_recipe.build(self.net)
-        scheduler = build_scheduler(optimizer, self.scheduler_cfg, int(self.trainer.estimated_stepping_batches))
+        # The run's length is Lightning's count, made here once the loaders are set up; the start-up
+        # plan could only name the schedule's shape, so this line gives it in steps.
+        steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = build_scheduler(optimizer, self.scheduler_cfg, steps)
+        self.schedule = {"name": self.scheduler_cfg.name, "optimizer_steps": steps,
+                         "how": describe(self.scheduler_cfg, self.optimizer_recipe.lr, steps, self.optimizer_recipe.cfg)}
+        if self.announces_schedule:
+            _announce(self.schedule)
         # The name the loggers' lr curves get from LearningRateMonitor (trainer/groups/logger.py): train/lr,
         # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups,
         # whatever the scheduler.
         return {"optimizer": optimizer, "lr_scheduler": {**scheduler, "name": "train/lr"}}
+
+
+@rank_zero_only
+def _announce(schedule: dict[str, Any]) -> None:
+    log.info("scheduler %s: %s", schedule["name"], schedule["how"])

@@ -10,9 +10,8 @@ import torch.nn.functional as F
 
 from tests.gpu.common import GPU
 from tests.helpers import run_in_process
-from trainer.configuration.spec import RegularizationConfig
+from trainer.groups.regularization import BatchMixing, RegularizationConfig
 from trainer.models.timm import build_timm
-from trainer.groups.regularization import BatchMixing
 
 pytestmark = [*GPU]
 

@@ -10,6 +10,6 @@ def test_help_shows_each_key_with_its_doc_for_the_chosen_groups(tmp_path):
     lines = proc.stdout.splitlines()
     assert any(line.startswith("optimizer: adamw, lamb, lars, sgd") for line in lines)  # the groups and their choices
     group = next(line for line in lines if line.startswith("optimizer:") and "#" in line)
-    assert "optimizer=sgd" in group and "trainer/groups/optimizer.py" in group
+    assert "optimizer=sgd" in group and "trainer/groups/optimizer/" in group
     momentum = next(line for line in lines if line.startswith("  momentum: 0.9"))
     assert momentum.split("# ", 1)[1] == "momentum factor"

@@ -55,7 +55,7 @@ def compared(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]
 def count_saves(counter: Path) -> Callable[[], None]:
     """Append a line to `counter` for every checkpoint file the run writes."""
     def setup() -> None:
-        import trainer.groups.checkpoint
+        import trainer.groups.checkpointing
 
         real_save = torch.save
 
@@ -65,7 +65,7 @@ def count_saves(counter: Path) -> Callable[[], None]:
                     out.write(f"{f}\n")
             return real_save(obj, f, *args, **kwargs)
 
-        trainer.groups.checkpoint.torch.save = counting_save  # type: ignore[attr-defined]
+        trainer.groups.checkpointing.torch.save = counting_save  # type: ignore[attr-defined]
     return setup
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import run_in_process
-from trainer.groups.optimizer import OptimizerRecipe, plain_name
+from trainer.groups.optimizer.build import OptimizerRecipe
+from trainer.groups.optimizer.parameters import plain_name
 
 pytestmark = pytest.mark.run
 

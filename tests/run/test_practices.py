@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import ON_CPU, train_forked
-from trainer.groups.scaling import MEASURED_LIMITS
+from trainer.groups.optimizer.scaling import MEASURED_LIMITS
 
 pytestmark = pytest.mark.run
 

@@ -1,4 +1,4 @@
-"""The `callbacks` group (conf/callbacks/, trainer/callbacks/configured.py) when the config is
+"""The `callbacks` group (conf/callbacks/, trainer/groups/callbacks.py) when the config is
 validated and the callbacks built: each entry is checked against its constructor (a wrong key is one
 line naming `callbacks.<name>.<key>` with the allowed keys, also for the keys EMA hands on to torch's
 AveragedModel); a callback the framework sets itself is refused with a pointer to the group that
@@ -15,15 +15,15 @@ import warnings
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, EMAWeightAveraging, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 import trainer.callbacks
 from tests.helpers import ON_CPU, compose
-from trainer.callbacks.clipping import GradientClipping
-from trainer.callbacks.configured import AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
 from trainer.callbacks.steps import StepBoundary
 from trainer.configuration.spec import validate
+from trainer.groups.callbacks import AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
+from trainer.groups.clipping import GradientClipping
 from trainer.infra.errors import UserError
 
 
@@ -63,10 +63,10 @@ def test_a_teams_callback_is_added_by_its_target():
     ("lightning.pytorch.callbacks.RichProgressBar", "the top-level key progress"),
     ("lightning.pytorch.callbacks.GradientAccumulationScheduler", "trainer.accumulate_grad_batches"),
     ("lightning.pytorch.callbacks.LearningRateMonitor", "the logger group"),
-    ("trainer.callbacks.clipping.GradientClipping", "the clipping group"),
+    ("trainer.groups.clipping.GradientClipping", "the clipping group"),
     ("tests.unit.test_callbacks_group.TeamClipping", "the clipping group"),
-    ("trainer.callbacks.nonfinite.NonFiniteGuard", "the nonfinite group"),
-    ("trainer.groups.checkpoint.PeriodicCheckpoint", "the checkpointing group"),
+    ("trainer.groups.nonfinite.NonFiniteGuard", "the nonfinite group"),
+    ("trainer.groups.checkpointing.PeriodicCheckpoint", "the checkpointing group"),
     ("trainer.callbacks.progress.PlainProgress", "the top-level key progress"),
     ("trainer.callbacks.throughput.ThroughputMeter", "remove the entry"),
 ])
@@ -80,7 +80,7 @@ def test_a_callback_the_framework_sets_is_refused_with_a_pointer_to_its_group(ta
 def _framework_callback_classes() -> list[type]:
     modules = [importlib.import_module(f"trainer.callbacks.{module.name}")
                for module in pkgutil.iter_modules(trainer.callbacks.__path__)]
-    modules += [importlib.import_module(name) for name in ("trainer.groups.checkpoint", "trainer.groups.logger")]
+    modules += [importlib.import_module(name) for name in ("trainer.groups.checkpointing", "trainer.groups.logger")]
     return [cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
             if issubclass(cls, Callback) and cls.__module__ == module.__name__ and cls is not StepBoundary]
 

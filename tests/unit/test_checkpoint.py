@@ -10,8 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.groups.checkpoint import (SafeCheckpointIO, clean_state_dict, export_safetensors, load_checkpoint,
-                                load_weights)
+from trainer.groups.checkpointing import (
+    SafeCheckpointIO,
+    clean_state_dict,
+    export_safetensors,
+    load_checkpoint,
+    load_weights,
+)
 from trainer.infra.errors import UserError
 
 
@@ -119,7 +124,7 @@ def test_export_safetensors_holds_the_network_weights_alone(tmp_path):
 
 
 def test_the_export_command_reports_a_missing_checkpoint_in_one_line(tmp_path, capsys):
-    from trainer.groups.checkpoint import main
+    from trainer.groups.checkpointing import main
 
     with pytest.raises(SystemExit) as ended:
         main(["export", str(tmp_path / "none.ckpt"), str(tmp_path / "out.safetensors")])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer.callbacks.graceful import GracefulStop, StoppedBySignal
-from trainer.groups.checkpoint import PeriodicCheckpoint
+from trainer.groups.checkpointing import PeriodicCheckpoint
 from trainer.infra.signals import priority
 
 
@@ -99,7 +99,7 @@ def test_periodic_checkpoint_every_n_steps_once_per_step():
 
 def test_periodic_checkpoint_by_time(monkeypatch):
     clock = {"now": 1000.0}
-    monkeypatch.setattr("trainer.groups.checkpoint.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("trainer.groups.checkpointing.time.monotonic", lambda: clock["now"])
     periodic, trainer = PeriodicCheckpoint("/ckpt", every_n_steps=None, every_minutes=1), FakeTrainer()
     periodic.on_train_start(trainer, None)
     for _ in range(5):  # 25 s a step: due after the third step (75 s), then again 60 s later

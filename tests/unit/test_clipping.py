@@ -3,8 +3,9 @@ each calibration step is clipped to the percentile of the norms so far (or left 
 no update after calibration exceeds it and small ones are untouched, a rolling window follows the
 last norms, non-finite norms are counted but never recorded, gradients under an fp16 GradScaler
 are seen unscaled, and a real Lightning run clips in the right place. Also: the fixed-norm and
-value modes equal torch's, off changes nothing, the state survives a checkpoint, and fused
-kernels under fp16 or a second clipping through `trainer.gradient_clip_val` are refused."""
+value rules are Lightning's own clipping (the callback only counts what it changes, in the order
+Lightning's hooks run), off changes nothing, the state survives a checkpoint, and fused kernels
+under fp16 or a second clipping through `trainer.gradient_clip_val` are refused."""
 
 from __future__ import annotations
 
@@ -21,7 +22,15 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer.callbacks.clipping import GradientClipping, global_grad_norm, percentile_threshold
+from trainer.groups.clipping import (
+    FixedNorm,
+    GradientClipping,
+    Off,
+    Percentile,
+    Value,
+    global_grad_norm,
+    percentile_threshold,
+)
 
 
 def params_with_norms(norms: list[float], seed: int = 0, shape: tuple[int, ...] = (5,)) -> list[torch.Tensor]:
@@ -67,7 +76,7 @@ def calibration_norms_with_an_outlier() -> list[float]:
 
 def test_calibration_clips_each_step_to_the_percentile_so_far_and_records_the_pre_clip_norms():
     norms = calibration_norms_with_an_outlier()
-    cb = GradientClipping(calibration_steps=20)
+    cb = GradientClipping(Percentile(calibration_steps=20))
     clipped_steps = []
     for i, p in enumerate(params_with_norms(norms)):
         before = p.grad.clone()
@@ -85,30 +94,30 @@ def test_calibration_clips_each_step_to_the_percentile_so_far_and_records_the_pr
             assert torch.equal(p.grad, before)
     assert 0 not in clipped_steps  # one norm is its own percentile
     assert 7 in clipped_steps  # the outlier is held to the percentile of the eight norms so far
-    assert cb.calibration_norms == pytest.approx(norms, rel=1e-12)  # pre-clip: clipping cannot drag it down
-    assert cb.calibrated_threshold == cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
+    assert cb.rule.calibration_norms == pytest.approx(norms, rel=1e-12)  # pre-clip: clipping cannot drag it down
+    assert cb.rule.calibrated_threshold == cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
     assert cb.steps_clipped == len(clipped_steps) and cb.summary()["clip_during_calibration"] is True
 
 
 def test_calibration_left_unclipped_records_then_threshold_is_the_95th_percentile():
     norms = calibration_norms_with_an_outlier()  # the outlier must pass untouched here
-    cb = GradientClipping(calibration_steps=20, clip_during_calibration=False)
+    cb = GradientClipping(Percentile(calibration_steps=20, clip_during_calibration=False))
     for i, p in enumerate(params_with_norms(norms)):
         before = p.grad.clone()
         norm, threshold, clipped = cb.observe_and_clip([p])
         assert norm == pytest.approx(norms[i], rel=1e-12)
         assert not clipped and torch.equal(p.grad, before)
         assert threshold is None if i < 19 else threshold is not None
-    assert cb.calibration_norms == pytest.approx(norms, rel=1e-12)
-    assert cb.threshold == np.percentile(cb.calibration_norms, 95)
+    assert cb.rule.calibration_norms == pytest.approx(norms, rel=1e-12)
+    assert cb.threshold == np.percentile(cb.rule.calibration_norms, 95)
     assert cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
-    assert cb.calibrated_threshold == cb.threshold
+    assert cb.rule.calibrated_threshold == cb.threshold
     assert cb.steps_clipped == 0 and cb.summary()["steps_observed"] == 20
 
 
 def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_untouched():
     gen = torch.Generator().manual_seed(2)
-    cb = GradientClipping(calibration_steps=30)
+    cb = GradientClipping(Percentile(calibration_steps=30))
     for _ in range(30):
         cb.observe_and_clip(random_grads(gen, float(torch.rand(1, generator=gen)) * 3))
     threshold, clipped_in_calibration = cb.threshold, cb.steps_clipped
@@ -133,28 +142,28 @@ def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_un
 def test_rolling_window_follows_the_last_pre_clip_norms():
     rng = np.random.default_rng(3)
     norms = list(rng.lognormal(0.0, 0.7, size=40) * np.linspace(1, 5, 40))  # drifting upwards
-    cb = GradientClipping(calibration_steps=5, rolling_window=8)
+    cb = GradientClipping(Percentile(calibration_steps=5, rolling_window=8))
     seen: list[float] = []
     for i, p in enumerate(params_with_norms(norms, seed=3)):
         norm, threshold, clipped = cb.observe_and_clip([p])
         seen.append(norm)
         if i <= 4:  # calibrating: the percentile of every norm so far (the window holds them all)
             assert threshold == np.percentile(seen, 95)
-            assert cb.calibrated_threshold == (threshold if i == 4 else None)
+            assert cb.rule.calibrated_threshold == (threshold if i == 4 else None)
         else:
             # the window holds the current pre-clip norm too, and nothing older than 8 steps
             assert threshold == np.percentile(seen[-8:], 95)
-            assert list(cb.window) == seen[-8:]
+            assert list(cb.rule.window) == seen[-8:]
             assert clipped == (norm > threshold)
-    assert cb.threshold > cb.calibrated_threshold  # it followed the drift
-    assert cb.calibration_norms == seen[:5]
+    assert cb.threshold > cb.rule.calibrated_threshold  # it followed the drift
+    assert cb.rule.calibration_norms == seen[:5]
 
 
 def test_nonfinite_norms_are_counted_but_never_recorded_or_clipped():
-    cb = GradientClipping(calibration_steps=3, rolling_window=4)
+    cb = GradientClipping(Percentile(calibration_steps=3, rolling_window=4))
     for p in params_with_norms([1.0, 2.0, 3.0, 4.0]):
         cb.observe_and_clip([p])
-    window, threshold = list(cb.window), cb.threshold
+    window, threshold = list(cb.rule.window), cb.threshold
     for bad in (float("inf"), float("nan")):
         p = torch.zeros(3, requires_grad=True)
         p.grad = torch.tensor([1.0, bad, 1.0])
@@ -163,7 +172,7 @@ def test_nonfinite_norms_are_counted_but_never_recorded_or_clipped():
         assert not math.isfinite(norm) and not clipped
         assert torch.equal(p.grad, before) or (bad != bad and torch.equal(p.grad.isnan(), before.isnan()))
     assert cb.nonfinite_steps == 2 and cb.steps_seen == 6
-    assert list(cb.window) == window and cb.threshold == threshold
+    assert list(cb.rule.window) == window and cb.threshold == threshold
 
 
 def fp16_pair() -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
@@ -183,7 +192,7 @@ def test_gradscaler_gradients_are_observed_unscaled_after_unscale_():
     # Without unscaling the callback would record a norm off by the loss scale: the check can fail.
     assert global_grad_norm(model.parameters()).item() == pytest.approx(reference * 2 ** 10, rel=1e-5)
     scaler.unscale_(opt)
-    norm, _, _ = GradientClipping(calibration_steps=5).observe_and_clip(model.parameters())
+    norm, _, _ = GradientClipping(Percentile(calibration_steps=5)).observe_and_clip(model.parameters())
     assert norm == pytest.approx(reference, rel=1e-5)
 
 
@@ -228,14 +237,14 @@ def tiny_trainer(callbacks: list[Callback], **kwargs) -> L.Trainer:
 @pytest.mark.run
 def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
     torch.manual_seed(6)
-    before, clip, after = NormRecorder(), GradientClipping(calibration_steps=10), NormRecorder()
+    before, clip, after = NormRecorder(), GradientClipping(Percentile(calibration_steps=10)), NormRecorder()
     trainer = tiny_trainer([before, clip, after])  # Lightning keeps this order for the hook
     trainer.fit(TinyModule())
 
     summary = clip.summary()
     assert summary["steps_observed"] == 30 and len(before.norms) == 30
-    assert clip.calibration_norms == pytest.approx(before.norms[:10], rel=1e-6)
-    assert clip.threshold == np.percentile(clip.calibration_norms, 95) == summary["calibrated_threshold"]
+    assert clip.rule.calibration_norms == pytest.approx(before.norms[:10], rel=1e-6)
+    assert clip.threshold == np.percentile(clip.rule.calibration_norms, 95) == summary["calibrated_threshold"]
     # Each calibration step is held to the percentile of the norms so far, every later one to the threshold.
     bounds = [np.percentile(before.norms[:i + 1], 95) for i in range(10)] + [clip.threshold] * 20
     for pre, post, bound in zip(before.norms, after.norms, bounds):
@@ -264,7 +273,7 @@ class ReferenceNorm(Callback):
 @pytest.mark.run
 def test_lightning_fp16_amp_unscales_before_the_hook():
     torch.manual_seed(6)
-    reference, clip = ReferenceNorm(), GradientClipping(calibration_steps=10)
+    reference, clip = ReferenceNorm(), GradientClipping(Percentile(calibration_steps=10))
     trainer = tiny_trainer([reference, clip], plugins=[MixedPrecision("16-mixed", "cpu")])
     trainer.fit(TinyModule())
     assert trainer.precision_plugin.scaler is not None and trainer.precision_plugin.scaler.get_scale() > 1
@@ -275,7 +284,7 @@ def test_lightning_fp16_amp_unscales_before_the_hook():
     # fp16 autocast differs from fp32 a little; a missing unscale would be off by the loss scale (>= 512).
     for seen, ref in finite:
         assert seen == pytest.approx(ref, rel=0.05)
-    assert clip.calibration_norms == [s for s, _ in finite][:10]
+    assert clip.rule.calibration_norms == [s for s, _ in finite][:10]
 
 
 @pytest.mark.run
@@ -284,63 +293,84 @@ def test_fused_optimizer_under_fp16_is_refused_at_fit_start():
     with pytest.raises(RuntimeError, match="fused"):
         trainer.fit(TinyModule(optimizer="fused"))
     # mode off does not care
-    tiny_trainer([GradientClipping(mode="off")], plugins=[MixedPrecision("16-mixed", "cpu")],
+    tiny_trainer([GradientClipping(Off())], plugins=[MixedPrecision("16-mixed", "cpu")],
                  max_steps=2).fit(TinyModule(optimizer="fused"))
 
 
 @pytest.mark.run
-def test_trainer_gradient_clip_val_together_with_the_callback_is_refused():
-    trainer = tiny_trainer([GradientClipping(mode="fixed_norm", max_norm=1.0)], gradient_clip_val=1.0)
+def test_trainer_gradient_clip_val_together_with_a_rule_clipping_here_is_refused():
+    trainer = tiny_trainer([GradientClipping(Percentile(calibration_steps=5))], gradient_clip_val=1.0)
     with pytest.raises(RuntimeError, match="gradient_clip_val"):
         trainer.fit(TinyModule())
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"mode": "autoclip"},
-    {"percentile": 0},
-    {"percentile": 101},
-    {"percentile": True},
-    {"calibration_steps": 0},
-    {"calibration_steps": 2.5},
-    {"rolling_window": 0},
-    {"mode": "fixed_norm"},
-    {"mode": "fixed_norm", "max_norm": -1.0},
-    {"mode": "fixed_norm", "max_norm": float("inf")},
-    {"mode": "value"},
-    {"mode": "value", "clip_value": 0.0},
-    {"max_norm": 1.0},
-    {"clip_value": 1.0},
-    {"mode": "fixed_norm", "max_norm": 1.0, "rolling_window": 5},
-    {"log": "yes"},
-    {"clip_during_calibration": "yes"},
+@pytest.mark.parametrize("rule, kwargs", [
+    (Percentile, {"percentile": 0}),
+    (Percentile, {"percentile": 101}),
+    (Percentile, {"percentile": True}),
+    (Percentile, {"calibration_steps": 0}),
+    (Percentile, {"calibration_steps": 2.5}),
+    (Percentile, {"rolling_window": 0}),
+    (Percentile, {"clip_during_calibration": "yes"}),
+    (FixedNorm, {"max_norm": -1.0}),
+    (FixedNorm, {"max_norm": float("inf")}),
+    (Value, {"clip_value": 0.0}),
 ])
-def test_invalid_arguments_raise_value_error(kwargs):
+def test_invalid_arguments_raise_value_error(rule, kwargs):
     with pytest.raises(ValueError):
-        GradientClipping(**kwargs)
+        rule(**kwargs)
 
 
-def test_fixed_norm_and_value_modes_match_torch():
-    gen = torch.Generator().manual_seed(7)
-    by_norm = GradientClipping(mode="fixed_norm", max_norm=1.5)
-    by_value = GradientClipping(mode="value", clip_value=0.4)
-    for scale in (0.1, 0.5, 1.0, 3.0):
-        params = random_grads(gen, scale)
-        mine, theirs = copy.deepcopy(params), copy.deepcopy(params)
-        _, threshold, clipped = by_norm.observe_and_clip(mine)
-        total = torch.nn.utils.clip_grad_norm_(theirs, 1.5)
-        assert threshold == 1.5 and clipped == (total.item() > 1.5)
-        assert all(torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0) for a, b in zip(mine, theirs))
+@pytest.mark.run
+@pytest.mark.parametrize("rule", [FixedNorm(max_norm=1.5), Value(clip_value=0.4)], ids=["fixed_norm", "value"])
+def test_fixed_norm_and_value_are_lightnings_own_clipping_after_the_hook_that_counts_them(rule):
+    """The run hands these rules to the Trainer (gradient_clip_val, gradient_clip_algorithm), and
+    Lightning clips after `on_before_optimizer_step`, where the callback saw the gradients as they
+    were: every update is clipped as torch's clip_grad_norm_ / clip_grad_value_ would, and the
+    callback's count of clipped steps is the steps those change."""
+    torch.manual_seed(6)
+    before, clip = Largest(), GradientClipping(rule)
+    trainer = tiny_trainer([before, clip], **rule.trainer_arguments())
+    module = TinyModule()
+    stepped: list[tuple[float, float]] = []  # (norm, largest element) the optimizer stepped with
 
-        mine, theirs = copy.deepcopy(params), copy.deepcopy(params)
-        _, _, clipped = by_value.observe_and_clip(mine)
-        torch.nn.utils.clip_grad_value_(theirs, 0.4)
-        assert clipped == any(p.grad.abs().max().item() > 0.4 for p in params)
-        assert all(torch.equal(a.grad, b.grad) for a, b in zip(mine, theirs))
+    def step_hook(optimizer, args, kwargs) -> None:
+        stepped.append((global_grad_norm(module.parameters()).item(),
+                        max(p.grad.abs().max().item() for p in module.parameters())))
+
+    module.configure_optimizers = lambda: _hooked(torch.optim.SGD(module.parameters(), lr=0.01), step_hook)
+    trainer.fit(module)
+    assert len(stepped) == len(before.seen) == 30
+    if isinstance(rule, FixedNorm):
+        for (norm, _), (pre, _) in zip(stepped, before.seen):
+            assert norm == pytest.approx(min(pre, 1.5), rel=1e-5)
+        assert clip.steps_clipped == sum(pre > 1.5 for pre, _ in before.seen) > 0
+    else:
+        for (_, largest), (_, pre) in zip(stepped, before.seen):
+            assert largest == pytest.approx(min(pre, 0.4), rel=1e-6)
+        assert clip.steps_clipped == sum(pre > 0.4 for _, pre in before.seen) > 0
+    assert clip.summary()["threshold"] == rule.threshold and clip.summary()["mode"] == rule.mode
+
+
+class Largest(Callback):
+    """The global norm and the largest gradient element each step, as the callbacks see them."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.seen.append((global_grad_norm(pl_module.parameters()).item(),
+                          max(p.grad.abs().max().item() for p in pl_module.parameters())))
+
+
+def _hooked(optimizer: torch.optim.Optimizer, hook) -> torch.optim.Optimizer:
+    optimizer.register_step_post_hook(hook)  # the step ran its closure: the gradients it stepped with
+    return optimizer
 
 
 def test_mode_off_never_changes_gradients():
     gen = torch.Generator().manual_seed(8)
-    cb = GradientClipping(mode="off")
+    cb = GradientClipping(Off())
     for scale in (1e-3, 1.0, 1e6):
         params = random_grads(gen, scale)
         before = [p.grad.clone() for p in params]
@@ -352,7 +382,7 @@ def test_mode_off_never_changes_gradients():
 def test_state_dict_round_trip_continues_identically():
     rng = np.random.default_rng(9)
     norms = list(rng.lognormal(0.0, 1.0, size=40))
-    original = GradientClipping(calibration_steps=10, rolling_window=12)
+    original = GradientClipping(Percentile(calibration_steps=10, rolling_window=12))
     first, rest = params_with_norms(norms[:15], seed=9), params_with_norms(norms[15:], seed=10)
     for p in first:
         original.observe_and_clip([p])
@@ -361,7 +391,7 @@ def test_state_dict_round_trip_continues_identically():
     buffer = io.BytesIO()
     torch.save(original.state_dict(), buffer)
     buffer.seek(0)
-    resumed = GradientClipping(calibration_steps=10, rolling_window=12)
+    resumed = GradientClipping(Percentile(calibration_steps=10, rolling_window=12))
     resumed.load_state_dict(torch.load(buffer, weights_only=True))
     assert resumed.summary() == original.summary()
 
@@ -371,20 +401,20 @@ def test_state_dict_round_trip_continues_identically():
         assert original.observe_and_clip([p]) == resumed.observe_and_clip([twin])
         assert torch.equal(p.grad, twin.grad)
     assert resumed.summary() == original.summary()
-    assert list(resumed.window) == list(original.window)
+    assert list(resumed.rule.window) == list(original.rule.window)
 
     with pytest.raises(ValueError, match="settings"):
-        GradientClipping(calibration_steps=10, rolling_window=6).load_state_dict(original.state_dict())
+        GradientClipping(Percentile(calibration_steps=10, rolling_window=6)).load_state_dict(original.state_dict())
 
 
 def test_a_checkpoint_from_before_clip_during_calibration_resumes_only_as_it_was_recorded():
-    old = GradientClipping(calibration_steps=10, clip_during_calibration=False)
+    old = GradientClipping(Percentile(calibration_steps=10, clip_during_calibration=False))
     for p in params_with_norms([1.0, 3.0, 2.0]):
         old.observe_and_clip([p])
     state = old.state_dict()
     del state["settings"]["clip_during_calibration"]  # as written before the setting existed: unclipped
-    resumed = GradientClipping(calibration_steps=10, clip_during_calibration=False)
+    resumed = GradientClipping(Percentile(calibration_steps=10, clip_during_calibration=False))
     resumed.load_state_dict(state)
-    assert resumed.calibration_norms == old.calibration_norms
+    assert resumed.rule.calibration_norms == old.rule.calibration_norms
     with pytest.raises(ValueError, match="clip_during_calibration"):
-        GradientClipping(calibration_steps=10).load_state_dict(state)
+        GradientClipping(Percentile(calibration_steps=10)).load_state_dict(state)

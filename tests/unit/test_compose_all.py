@@ -1,24 +1,19 @@
 """Every YAML in conf/ and recipes/ composes and validates to the values it holds; the YAML files are
 the only source of the framework groups' values (their dataclasses hold types, bounds and docs,
-and no defaults); every config group has the module that consumes it."""
+and no defaults); every config group is declared by the module that owns it
+(trainer/architecture.py lists them all)."""
 
 import dataclasses
+import importlib
 
 import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import CONF, RECIPES, REPO, compose
-from trainer.configuration.spec import (
-    DATACLASS_GROUPS,
-    GROUP_MODULES,
-    TopLevelKeys,
-    RunIdentity,
-    TargetConfig,
-    choice_config,
-    validate,
-)
+from trainer.architecture import ALL_GROUPS
 from trainer.configuration.diff import flatten
-from trainer.configuration.schema import schema_of_dataclass
+from trainer.configuration.spec import RunIdentity, TargetConfig, TopLevelKeys, choice_config, validate
+from trainer.infra.schema import schema_of_dataclass
 
 GROUP_DIRS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "hydra")
 CHOICES = [(group.name, f.stem) for group in GROUP_DIRS for f in sorted(group.glob("*.yaml"))]
@@ -30,12 +25,16 @@ OPTIONAL_GROUPS = {"ladder"}
 SWEEP_GROUPS = {"hparams_search"}
 
 
-def test_every_config_group_names_the_module_that_consumes_it():
+#: The groups whose keys include the fields of a dataclass of the framework's.
+KEYED_GROUPS = {group.name: group for group in ALL_GROUPS if group.keys is not None}
+
+
+def test_every_config_group_is_declared_by_the_module_that_owns_it():
     groups = {g.name for g in GROUP_DIRS} | {"recipe"}
-    assert groups == set(GROUP_MODULES), "a group without an entry in GROUP_MODULES, or an entry without a group"
-    for group, (module, what) in GROUP_MODULES.items():
-        assert (REPO / module).exists(), f"{group}: {module} does not exist"
-        assert what
+    assert groups == {group.name for group in ALL_GROUPS}, "a group without a declaration, or one without a folder"
+    for group in ALL_GROUPS:
+        assert (REPO / group.where).exists(), f"{group.name}: {group.where} does not exist"
+        assert importlib.import_module(group.module).GROUP is group and group.chooses
 
 
 @pytest.mark.parametrize("group, choice", CHOICES, ids=[f"{g}={c}" for g, c in CHOICES])
@@ -45,7 +44,7 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
     spec = validate(cfg)
     if group == "ladder":
         assert spec.top.ladder == choice
-    elif group in DATACLASS_GROUPS:
+    elif group in KEYED_GROUPS:
         assert dataclasses.asdict(getattr(spec, group)) == dataclasses.asdict(choice_config(group, choice))
     elif group == "data":
         composed = OmegaConf.to_container(cfg.data)
@@ -66,16 +65,16 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
         assert spec.top.objective == OmegaConf.load(CONF / group / f"{choice}.yaml").objective
 
 
-@pytest.mark.parametrize("group, choice", [(g, c) for g, c in CHOICES if g in DATACLASS_GROUPS],
-                         ids=[f"{g}={c}" for g, c in CHOICES if g in DATACLASS_GROUPS])
-def test_each_framework_group_yaml_sets_exactly_the_fields_of_its_dataclass(group, choice):
+@pytest.mark.parametrize("group, choice", [(g, c) for g, c in CHOICES if g in KEYED_GROUPS],
+                         ids=[f"{g}={c}" for g, c in CHOICES if g in KEYED_GROUPS])
+def test_each_framework_group_yaml_sets_every_field_of_its_dataclass(group, choice):
     """The YAML holds every value (a missing key would have no default to fall back on), no key the
-    dataclass lacks, and every field has its one-line doc for --help."""
+    dataclass lacks unless a `_target_` takes it, and every field has its one-line doc for --help."""
     values = OmegaConf.to_container(compose([f"{group}={choice}"])[group])
-    schemas = DATACLASS_GROUPS[group]
-    cls = schemas.get("") or schemas[values["name"]]
-    fields = schema_of_dataclass(cls).fields
-    assert set(values) == set(fields)
+    declared = KEYED_GROUPS[group]
+    fields = schema_of_dataclass(declared.keys).fields
+    assert set(fields) <= set(values)
+    assert declared.target or set(values) == set(fields)
     assert all(field.doc for field in fields.values()), [name for name, f in fields.items() if not f.doc]
 
 
@@ -88,7 +87,7 @@ def test_the_top_level_keys_of_train_yaml_are_the_run_schema():
 
 
 def test_no_schema_dataclass_carries_a_default_value():
-    classes = [TopLevelKeys, RunIdentity, TargetConfig] + [cls for schemas in DATACLASS_GROUPS.values() for cls in schemas.values()]
+    classes = [TopLevelKeys, RunIdentity, TargetConfig] + [group.keys for group in KEYED_GROUPS.values()]
     for cls in classes:
         with_default = [f.name for f in dataclasses.fields(cls)
                         if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]

@@ -8,10 +8,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.helpers import compose
-from trainer.configuration.spec import GROUP_MODULES, choice_config
 from trainer.configuration.help import annotated_config
 from trainer.configuration.key_docs import docstring_args
-from trainer.configuration.schema import schema_of_dataclass
+from trainer.configuration.spec import BY_NAME
+from trainer.infra.schema import schema_of_dataclass
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +25,17 @@ def _line(text: str, start: str) -> str:
 
 
 def test_a_framework_key_shows_its_value_and_its_dataclass_doc(help_text):
-    sgd = type(choice_config("optimizer", "sgd"))
-    line = _line(help_text, "  momentum: 0.9")
-    assert line.split("# ", 1)[1] == schema_of_dataclass(sgd).fields["momentum"].doc
+    line = _line(help_text, "  lr_scaling: sqrt")
+    assert line.split("# ", 1)[1] == schema_of_dataclass(BY_NAME["optimizer"].keys).fields["lr_scaling"].doc
+
+
+def test_an_optimizer_argument_shows_the_doc_of_its_class(help_text):
+    assert _line(help_text, "  momentum: 0.9").split("# ", 1)[1] == "momentum factor (default: 0)"  # torch's SGD
 
 
 def test_a_group_line_names_its_choice_and_module(help_text):
     line = _line(help_text, "optimizer:")
-    assert "optimizer=sgd" in line and GROUP_MODULES["optimizer"][0] in line
+    assert "optimizer=sgd" in line and "trainer/groups/optimizer/" in line
 
 
 def test_target_parameters_and_lightning_arguments_have_docs(help_text):
@@ -67,6 +70,6 @@ def test_docstring_args_reads_the_first_sentence_of_each_entry():
 
 def test_the_callbacks_group_shows_what_each_entry_builds_with_its_arguments_docs():
     text = annotated_config(OmegaConf.to_container(compose(["callbacks=[early_stopping,ema]"])), {})
-    assert GROUP_MODULES["callbacks"][0] in _line(text, "callbacks:")
+    assert BY_NAME["callbacks"].where in _line(text, "callbacks:")
     assert _line(text, "  early_stopping:").endswith("builds lightning.pytorch.callbacks.EarlyStopping")
     assert _line(text, "    patience: 3").split("# ", 1)[1].startswith("number of checks with no improvement")

@@ -13,8 +13,14 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainer.data.base import EvalShare
-from trainer.infra.distributed import (LaunchRefused, check_launch, is_rank_zero, launched_by, process_rank,
-                                 quiet_hydra_outputs)
+from trainer.infra.distributed import (
+    LaunchRefused,
+    check_launch,
+    is_rank_zero,
+    launched_by,
+    process_rank,
+    quiet_hydra_outputs,
+)
 from trainer.infra.errors import UserError
 
 TORCHRUN_RANK1 = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
@@ -90,14 +96,16 @@ def test_evaluation_shares_cover_every_sample_exactly_once():
 def _clip_shares(rank: int, world: int, init_file: str, queue) -> None:
     import torch.distributed as dist
 
-    from trainer.callbacks.clipping import GradientClipping
+    from trainer.groups.clipping import GradientClipping, Percentile
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         full = torch.arange(1.0, 9.0)  # the whole gradient; each process holds half of it
         share = torch.nn.Parameter(torch.zeros(4))
         share.grad = full[rank * 4:(rank + 1) * 4].clone()
-        clipping = GradientClipping(mode="fixed_norm", max_norm=2.0)
+        rule = Percentile(calibration_steps=1)  # calibrated already, at a threshold of 2
+        rule.load_state_dict({"calibration_norms": [2.0], "window": [], "calibrated_threshold": 2.0, "threshold": 2.0})
+        clipping = GradientClipping(rule)
         norm, _, clipped = clipping.observe_and_clip([share], sharded=True)
         queue.put((rank, norm, clipped, share.grad.tolist()))
     finally:

@@ -1,5 +1,6 @@
 """Each key's doc has one source (its schema); --help, the comments of conf/ and the key tables of
-docs/ are produced from it, and the hand-written tables of groups name every choice."""
+docs/ are produced from it; the tables of docs/architecture.md are what trainer/architecture.py
+declares (the layers, every group with its choices and the module that owns it)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ def test_conf_comments_and_key_tables_are_what_the_schemas_say():
     assert [str(item) for item in reference.docs_outdated(write=False)] == []
 
 
-def test_every_choice_is_named_in_the_tables_of_groups():
-    assert [str(item) for item in reference.choices_outdated()] == []
+def test_the_architecture_page_shows_the_declared_layers_and_groups():
+    from trainer.architecture import outdated
+
+    assert not outdated(write=False), "python -m trainer.architecture --write"
 
 
 def test_a_key_comment_in_conf_is_the_doc_that_help_prints():
@@ -82,9 +85,3 @@ def test_a_library_argument_the_framework_gives_a_meaning_is_documented_by_the_f
     assert "the run's name" in docs["name"]
     ema = callable_docs("lightning.pytorch.callbacks.EMAWeightAveraging")
     assert ema["decay"] and ema["use_buffers"]  # its own and its base class's arguments
-
-
-def test_the_tables_of_groups_are_found_by_their_choices_column():
-    lines = ["| practice | default |", "|---|---|", "| `data` | x |", "",
-             "| group | choices (default first) | code |", "|---|---|---|", "| `data`, `model` | `a`; `b` | m |"]
-    assert reference._choice_table_rows(lines) == [(7, ["`data`, `model`", "`a`; `b`", "m"])]

@@ -1,4 +1,4 @@
-"""The `trainer` group made into the Lightning Trainer (trainer/groups/lightning_trainer.py, build.build_trainer):
+"""The `trainer` group made into the Lightning Trainer (trainer/groups/trainer.py, build.build_trainer):
 an argument given as `{_target_: ...}` reaches Lightning as the object it names; a target that does
 not import, or whose constructor refuses its arguments, is one line naming the key; the person's
 plugins are added after the framework's, and precision and CheckpointIO plugins are refused; and
@@ -24,30 +24,36 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.profilers import SimpleProfiler
 from omegaconf import OmegaConf
 
-from tests.helpers import ON_CPU, TINY, compose
-from trainer.phases.build import Built, Parts, _trainer_arguments, build_parts, build_trainer
-from trainer.groups.checkpoint import SafeCheckpointIO
-from trainer.configuration.spec import TRAINER_KEYS_OWNED_ELSEWHERE, choice_config, validate
+from tests.helpers import ON_CPU, TINY, compose, prepared_run
+from trainer.configuration.spec import choice_config, validate
+from trainer.groups.checkpointing import SafeCheckpointIO
+from trainer.groups.clipping import GradientClipping, Off
+from trainer.groups.trainer import TRAINER_KEYS_OWNED_ELSEWHERE
+from trainer.infra.devices import decide_devices
 from trainer.infra.errors import UserError
-from trainer.phases.plan import resolve
+from trainer.phases.build import _trainer_arguments, build_trainer
+from trainer.phases.plan import decide_probe, resolve
+from trainer.phases.products import Built
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[dict[str, Any], Parts, Path]:
+def setup(tmp_path_factory) -> tuple[dict[str, Any], Any]:
     plain = OmegaConf.to_container(compose([*TINY, *ON_CPU]), resolve=True)
     plain.pop("hydra", None)
-    run_dir = tmp_path_factory.mktemp("run")
-    return plain, build_parts(validate(plain), run_dir), run_dir
+    return plain, prepared_run(plain, tmp_path_factory.mktemp("run"))
 
 
 def build(setup, **trainer: Any) -> Built:
-    """validate -> resolve -> build_trainer, as a run does, with `trainer` set under trainer.*."""
-    plain, parts, run_dir = setup
+    """validate -> the devices -> resolve -> build_trainer, as a run does, with `trainer` set under
+    trainer.* (the parts built once)."""
+    plain, prepared = setup
     plain = copy.deepcopy(plain)
     plain["trainer"].update(trainer)
-    spec = validate(plain)
-    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
-    return build_trainer(spec, plan, run_dir, parts)
+    run = copy.copy(prepared)
+    run.spec = validate(plain)
+    run.devices = decide_devices(run.spec.trainer)
+    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts.net), run.parts)
+    return build_trainer(run)
 
 
 def error_of(setup, **trainer: Any) -> UserError:
@@ -125,7 +131,7 @@ def test_the_persons_plugins_follow_the_fp16_precision_plugin_and_the_checkpoint
                                  precision=choice_config("precision", "fp16_mixed"))
     plan = types.SimpleNamespace(precision="16-mixed", accelerator="cuda", tf32=True, cudnn_benchmark=True,
                                  slurm_environment=False)
-    plugins = _trainer_arguments(spec, plan)["plugins"]
+    plugins = _trainer_arguments(spec, plan, GradientClipping(Off()))["plugins"]
     assert [type(p).__name__ for p in plugins[:2]] == ["MixedPrecision", "SafeCheckpointIO"]
     assert plugins[2] == {"_target_": "x.Env"}
 

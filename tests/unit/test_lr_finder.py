@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from tests.helpers import compose
 from trainer.configuration.spec import validate
-from trainer.groups.scaling import FoundLr, scale_found
+from trainer.groups.optimizer.scaling import FoundLr, scale_found
 from trainer.infra.errors import UserError
 from trainer.modes.lr_finder import (
     LR_FIND_FILE,
@@ -96,7 +97,9 @@ def test_a_resumed_run_finds_the_answer_its_run_already_has_and_a_fresh_run_test
 def test_the_other_ranks_take_rank_zeros_lr(tmp_path):
     spec = validate(compose(["optimizer.lr=find"]), {"optimizer": "adamw"})
     _record(tmp_path, lr=0.0123)
-    found = find_lr(spec, parts=None, run_dir=tmp_path, rank_zero=False)  # type: ignore[arg-type]
+    run = SimpleNamespace(spec=spec, job=SimpleNamespace(run_dir=tmp_path), rank_zero=False,
+                          identity=SimpleNamespace(resume_from=None))
+    found = find_lr(run, probe=None)  # type: ignore[arg-type]  # another rank: no test, no probe needed
     assert (found.value, found.batch, found.shipped) == (0.0123, 64, 0.004)
     assert found.how == ("found by Lightning's lr range test (steepest descent of the smoothed loss at 0.0123, 100 "
                          "steps 1e-06..1; lr_find.png; rank 0's)")
@@ -135,13 +138,15 @@ def test_the_plan_says_how_the_lr_was_found():
         "lr_find.png) at batch 64; the sqrt rule from optimizer=sgd's 0.1 at batch 256 would give 0.05 (0.62x)")
 
 
-def test_the_global_random_generators_are_as_before_whatever_the_test_drew():
+def test_lightnings_isolate_rng_puts_every_global_generator_back():
+    """What the range test relies on (trainer/modes/lr_finder.py): Lightning's `isolate_rng` restores
+    Python's, NumPy's and torch's global generators after the test drew from them. (It restores
+    nothing when the test raises; the run then ends with that error, so nothing trains after it.)"""
     import random
 
     import numpy as np
     import torch
-
-    from trainer.modes.lr_finder import rng_kept
+    from lightning.pytorch.utilities.seed import isolate_rng
 
     def draws():
         return random.random(), float(np.random.rand()), float(torch.rand(1))
@@ -149,10 +154,8 @@ def test_the_global_random_generators_are_as_before_whatever_the_test_drew():
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
     expected = draws()
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
-    with pytest.raises(RuntimeError):
-        with rng_kept(cuda=False):
-            draws()
-            raise RuntimeError("a failed test puts them back too")
+    with isolate_rng(include_cuda=False):
+        draws()
     assert draws() == expected
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.callbacks.nonfinite import NonFiniteGuard, NonFiniteTraining
+from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining
 
 
 class Module(nn.Module):

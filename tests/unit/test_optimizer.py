@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from trainer.configuration.spec import choice_config
-from trainer.groups.optimizer import build_optimizer, choose_implementation, one_dimensional, parameter_groups
+from trainer.groups.optimizer.build import OptimizerRecipe, choose_implementation
+from trainer.groups.optimizer.parameters import one_dimensional, parameter_groups
 
 
 def _net():
@@ -49,18 +50,19 @@ def test_no_decay_is_decided_by_name_when_sharding_has_flattened_every_parameter
 
 
 def test_implementation_choice():
-    assert choose_implementation("auto", "cuda", grad_scaler=False)[0] == "fused"
-    impl, why = choose_implementation("auto", "cpu", grad_scaler=False)
+    adamw = choice_config("optimizer", "adamw")
+    assert choose_implementation("auto", "cuda", grad_scaler=False, cfg=adamw)[0] == "fused"
+    impl, why = choose_implementation("auto", "cpu", grad_scaler=False, cfg=adamw)
     assert impl == "foreach" and "measured no faster" in why
-    impl, why = choose_implementation("auto", "cuda", grad_scaler=True)
+    impl, why = choose_implementation("auto", "cuda", grad_scaler=True, cfg=adamw)
     assert impl == "foreach" and "GradScaler" in why
-    assert choose_implementation("for_loop", "cpu", grad_scaler=False) == ("for_loop", "for_loop (as configured)")
+    assert choose_implementation("for_loop", "cpu", False, adamw) == ("for_loop", "for_loop (as configured)")
 
 
 @pytest.mark.parametrize("cfg", [choice_config("optimizer", "sgd"), choice_config("optimizer", "adamw")], ids=["sgd", "adamw"])
 @pytest.mark.parametrize("implementation", ["fused", "foreach", "for_loop"])
 def test_optimizer_gets_the_effective_values_and_kernel(cfg, implementation):
-    opt = build_optimizer(_net(), cfg, lr=0.03, weight_decay=0.2, implementation=implementation)
+    opt = OptimizerRecipe.for_network(_net(), cfg, 0.03, 0.2, implementation).build(_net())
     assert [g["lr"] for g in opt.param_groups] == [0.03, 0.03]
     assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
     assert bool(opt.param_groups[0].get("fused")) is (implementation == "fused")
@@ -71,8 +73,8 @@ def test_a_step_the_grad_scaler_skips_leaves_weights_and_state_unchanged(cfg):
     """The default kernel under fp16 (foreach) must not move anything on an overflow step."""
     torch.manual_seed(0)
     net = _net()
-    implementation, _ = choose_implementation("auto", "cpu", grad_scaler=True)
-    opt = build_optimizer(net, cfg, lr=0.1, weight_decay=0.01, implementation=implementation)
+    implementation, _ = choose_implementation("auto", "cpu", grad_scaler=True, cfg=cfg)
+    opt = OptimizerRecipe.for_network(net, cfg, 0.1, 0.01, implementation).build(net)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     x = torch.randn(4, 3, 6, 6)
     # One good step to create momentum / Adam moments.
@@ -99,16 +101,16 @@ def test_a_step_the_grad_scaler_skips_leaves_weights_and_state_unchanged(cfg):
 def test_lamb_and_lars_have_no_fused_kernel():
     for name in ("lamb", "lars"):
         for requested in ("auto", "fused"):
-            impl, why = choose_implementation(requested, "cuda", grad_scaler=False, optimizer=name)
+            impl, why = choose_implementation(requested, "cuda", grad_scaler=False, cfg=choice_config("optimizer", name))
             assert impl == "foreach" and f"{name} has no fused kernel" in why
-        assert choose_implementation("for_loop", "cuda", False, optimizer=name)[0] == "for_loop"
+        assert choose_implementation("for_loop", "cuda", False, choice_config("optimizer", name))[0] == "for_loop"
 
 
 @pytest.mark.parametrize("name", ["lamb", "lars"])
 def test_lamb_and_lars_are_timms_with_the_frameworks_groups_and_no_clipping_of_their_own(name):
     from timm.optim import Lamb, Lars
 
-    opt = build_optimizer(_net(), choice_config("optimizer", name), lr=0.03, weight_decay=0.2)
+    opt = OptimizerRecipe.for_network(_net(), choice_config("optimizer", name), 0.03, 0.2).build(_net())
     assert isinstance(opt, {"lamb": Lamb, "lars": Lars}[name])
     assert [g["lr"] for g in opt.param_groups] == [0.03, 0.03]
     assert [g["weight_decay"] for g in opt.param_groups] == [0.2, 0.0]
@@ -123,7 +125,7 @@ def test_lamb_steps_each_weight_by_its_trust_ratio_and_leaves_biases_unscaled():
     torch.manual_seed(0)
     net = nn.Linear(16, 4)
     before_w, before_b = net.weight.detach().clone(), net.bias.detach().clone()
-    opt = build_optimizer(net, choice_config("optimizer", "lamb"), lr=0.01, weight_decay=0.0001)
+    opt = OptimizerRecipe.for_network(net, choice_config("optimizer", "lamb"), 0.01, 0.0001).build(net)
     (net(torch.randn(8, 16)).sum() * 1000).backward()  # a huge gradient
     opt.step()
     moved = (net.weight.detach() - before_w).norm() / before_w.norm()

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers import ON_CPU, compose
-from trainer.configuration.spec import RegularizationConfig, choice_config, validate
+from trainer.configuration.spec import choice_config, validate
+from trainer.groups.optimizer.build import OptimizerRecipe
+from trainer.groups.regularization import BatchMixing, RegularizationConfig, describe, dominant_labels
 from trainer.infra.errors import UserError
-from trainer.groups.optimizer import OptimizerRecipe
-from trainer.groups.regularization import BatchMixing, describe, dominant_labels
 from trainer.task import ClassificationTask, classification_loss
 
 CLASSES = 10

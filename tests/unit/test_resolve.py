@@ -11,20 +11,14 @@ import copy
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, compose, write_photo_jpegs
+from tests.helpers import ON_CPU, compose, planned_run, prepared_run, write_photo_jpegs
 from trainer.configuration.spec import validate
-from trainer.phases.build import apply_to_data, build_parts
-from trainer.phases.plan import resolve
-
-
-def parts_for(overrides: list[str], run_dir):
-    spec = validate(compose([*ON_CPU, *overrides]))
-    return spec, build_parts(spec, run_dir)
+from trainer.phases.build import apply_to_data
+from trainer.phases.plan import decide_probe, resolve
 
 
 def plan_for(overrides: list[str], run_dir):
-    spec, parts = parts_for(overrides, run_dir)
-    return resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    return planned_run(compose([*ON_CPU, *overrides]), run_dir).plan
 
 
 def test_the_default_run_on_a_cpu(tmp_path):
@@ -66,11 +60,14 @@ def test_progress_and_cudnn_autotuning_are_decided_with_their_reasons(tmp_path):
 
 def test_resolve_is_pure_and_the_build_phase_applies_the_plan(tmp_path):
     write_photo_jpegs(tmp_path / "images", {"train": 4, "val": 2, "test": 2}, classes=2, size=(48, 40))
-    spec, parts = parts_for(["data=imagefolder", f"data.root={tmp_path / 'images'}", "data.image_size=32",
-                             "data.batch_size=4"], tmp_path / "run")
+    run = prepared_run(compose([*ON_CPU, "data=imagefolder", f"data.root={tmp_path / 'images'}",
+                                "data.image_size=32", "data.batch_size=4"]), tmp_path / "run")
+    spec, parts = run.spec, run.parts
     spec_before, weights = copy.deepcopy(spec), copy.deepcopy(parts.net.state_dict())
-    first = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
-    second = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
+    probe = decide_probe(spec, run.devices, parts.net)
+    assert probe == decide_probe(spec, run.devices, parts.net)
+    first = resolve(spec, probe, parts)
+    second = resolve(spec, probe, parts)
     assert first == second
     assert spec == spec_before
     assert parts.datamodule.loader is None and parts.datamodule.decode_in_use is None

@@ -23,8 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainer.callbacks.rng import capture, restore
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
 from trainer.infra.errors import UserError
-from trainer.infra.resume import (check_fits, default_name, find_latest, read_resumable, resolve_resume,
-                            write_identity)
+from trainer.phases.resume import check_fits, default_name, find_latest, read_resumable, resolve_resume, write_identity
 
 
 def test_default_name_is_the_recipe_or_data_model_plus_the_overrides_that_change_the_result():

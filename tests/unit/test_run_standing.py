@@ -17,15 +17,15 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.infra import attempts
 from trainer.callbacks.logged_metrics import LoggedMetrics
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.throughput import ThroughputMeter
-from trainer.groups.checkpoint import LatestAndBest
 from trainer.configuration.spec import choice_config
-from trainer.groups.optimizer import OptimizerRecipe
-from trainer.infra.resume import RESOLVED_CONFIG, completed_run, write_identity
+from trainer.groups.checkpointing import LatestAndBest
+from trainer.groups.optimizer.build import OptimizerRecipe
+from trainer.infra import attempts
 from trainer.infra.summary import RunRecord
+from trainer.phases.resume import RESOLVED_CONFIG, completed_run, write_identity
 from trainer.task import ClassificationTask
 
 STOP = {"max_epochs": 3, "max_steps": -1}

@@ -5,18 +5,12 @@ import pytest
 import torch
 
 from trainer.configuration.spec import choice_config
-from trainer.groups.scheduler import (
-    build_scheduler,
-    describe_one_cycle,
-    planned_optimizer_steps,
-    warmup_cosine_factor,
-    warmup_steps,
-)
+from trainer.groups.scheduler import build_scheduler, describe_one_cycle, warmup_cosine_factor, warmup_steps
 
 
 def test_warmup_is_a_fraction_for_floats_and_a_count_for_integers():
-    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=0.1), 200) == 20
-    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=7), 200) == 7
+    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=0.1).arguments["warmup"], 200) == 20
+    assert warmup_steps(choice_config("scheduler", "warmup_cosine", warmup=7).arguments["warmup"], 200) == 7
 
 
 def test_linear_warmup_then_cosine_to_the_floor():
@@ -72,7 +66,8 @@ def test_one_cycle_rises_to_each_groups_derived_lr_then_anneals_far_below_it_wit
     weights, bias = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([{"params": [weights], "lr": 0.4}, {"params": [bias], "lr": 0.1}], momentum=0.9, nesterov=True)
     cfg = choice_config("scheduler", "one_cycle")
-    assert (cfg.pct_start, cfg.div_factor, cfg.final_div_factor) == (0.25, 25.0, 10000.0)  # fastai's pct_start
+    a = cfg.arguments
+    assert (a["pct_start"], a["div_factor"], a["final_div_factor"]) == (0.25, 25.0, 10000.0)  # fastai's pct_start
     _, seen = _one_cycle_run(opt, cfg, 100)
     for group, peak in ((0, 0.4), (1, 0.1)):
         lrs, momenta = [s[group][0] for s in seen], [s[group][1] for s in seen]
@@ -87,14 +82,14 @@ def test_one_cycle_rises_to_each_groups_derived_lr_then_anneals_far_below_it_wit
 @pytest.mark.parametrize("name", ["sgd", "adamw", "lamb", "lars"])
 def test_one_cycle_cycles_momentum_or_beta1_of_every_optimizer_choice(name):
     pytest.importorskip("timm")
-    from trainer.groups.optimizer import build_optimizer
+    from trainer.groups.optimizer.build import OptimizerRecipe
 
     net = torch.nn.Linear(3, 2)
-    opt = build_optimizer(net, choice_config("optimizer", name), lr=0.01, weight_decay=0.0)
+    opt = OptimizerRecipe.for_network(net, choice_config("optimizer", name), 0.01, 0.0).build(net)
     _, seen = _one_cycle_run(opt, choice_config("scheduler", "one_cycle"), 8)
     assert [s[0][1] for s in seen][:3] == pytest.approx([0.95, 0.85, 0.8565], abs=1e-3)
     assert max(s[0][0] for s in seen) == pytest.approx(0.01, rel=0.05)
-    kept = build_optimizer(net, choice_config("optimizer", name), lr=0.01, weight_decay=0.0)
+    kept = OptimizerRecipe.for_network(net, choice_config("optimizer", name), 0.01, 0.0).build(net)
     _, seen = _one_cycle_run(kept, choice_config("scheduler", "one_cycle", cycle_momentum=False), 8)
     assert {s[0][1] for s in seen} == {0.9}  # the optimizer's own momentum / beta1
 
@@ -147,17 +142,3 @@ def test_one_cycle_is_described_with_its_numbers():
     three = choice_config("scheduler", "one_cycle", three_phase=True, anneal_strategy="linear", cycle_momentum=False)
     assert describe_one_cycle(three, 0.002, None, choice_config("optimizer", "adamw")) == (
         "lr 8e-05 -> peak 0.002 at 25% of the run's steps -> 8e-05 at 50% -> 8e-09 (linear); beta1 0.9 as configured")
-
-
-@pytest.mark.parametrize("trainer, processes, expected", [
-    ({"max_epochs": 10, "max_steps": -1}, 1, 190),  # 1,257 digits: 19 full batches of 64
-    ({"max_epochs": 10, "max_steps": -1, "limit_train_batches": 5}, 1, 50),
-    ({"max_epochs": 10, "max_steps": -1, "limit_train_batches": 0.5}, 1, 90),
-    ({"max_epochs": 10, "max_steps": -1, "accumulate_grad_batches": 2}, 1, 100),  # ceil(19 / 2) a epoch
-    ({"max_epochs": 10, "max_steps": 30}, 1, 30),
-    ({"max_epochs": 3, "max_steps": -1}, 2, 27),  # 628 samples a process: 9 batches
-    ({"max_epochs": None, "max_steps": 7}, 1, 7),
-    ({"max_epochs": -1, "max_steps": -1}, 1, None),
-])
-def test_the_planned_steps_are_counted_as_lightning_counts_them(trainer, processes, expected):
-    assert planned_optimizer_steps(trainer, 1257, processes, 64) == expected

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 import pytest
 
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import (
+from trainer.infra.schema import (
     POSITIVE,
     Range,
     check_mapping,

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer.configuration.spec import choice_config
-from trainer.groups.optimizer import OptimizerRecipe
+from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.task import ClassificationTask
 
 #: The other (fake) process's loss at every step.

@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.helpers import ON_CPU, compose
-from trainer.phases.build import build_model
+from tests.helpers import ON_CPU, compose, planned_run
 from trainer.configuration.spec import choice_config, validate
 from trainer.data.base import DataInfo
+from trainer.groups.optimizer.build import OptimizerRecipe
+from trainer.groups.optimizer.parameters import layer_lr_scales, one_dimensional, parameter_groups
 from trainer.infra.errors import UserError
+from trainer.models.group import build_model
 from trainer.models.timm import build_timm
-from trainer.groups.optimizer import OptimizerRecipe, build_optimizer, layer_lr_scales, one_dimensional, parameter_groups
 from trainer.task import ClassificationTask
 
 
@@ -47,7 +48,7 @@ def test_attention_is_one_fused_qkv_projection_and_scaled_dot_product_attention(
 
 def test_the_digits_recipe_network_calls_scaled_dot_product_attention(monkeypatch):
     spec = validate(compose(["+recipe=vit_tiny_digits", *ON_CPU]))
-    net = build_model(spec, DataInfo(10, 1, (8, 8), {"train": 8, "val": 4, "test": 4}))
+    net = build_model(spec.model, DataInfo(10, 1, (8, 8), {"train": 8, "val": 4, "test": 4}).model_inputs())
     calls = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -78,8 +79,7 @@ def test_layer_decay_scales_each_layers_lr_by_its_depth_below_the_head():
     assert scales["blocks.0.attn.qkv.weight"] == 0.125
     assert scales["patch_embed.proj.weight"] == scales["pos_embed"] == scales["cls_token"] == 0.0625
     cfg = choice_config("optimizer", "adamw", layer_decay=0.5)
-    optimizer = build_optimizer(vit, cfg, lr=0.01, weight_decay=0.05, no_decay_names=one_dimensional(vit),
-                                lr_scales=scales)
+    optimizer = OptimizerRecipe(cfg, 0.01, 0.05, "foreach", one_dimensional(vit), scales).build(vit)
     lr_of = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
     named = dict(vit.named_parameters())
     assert lr_of[id(named["head.weight"])] == pytest.approx(0.01)
@@ -115,7 +115,7 @@ def test_layer_decay_on_a_model_without_layers_is_one_line():
 
 @pytest.mark.parametrize("recipe, expected", [
     ("vit_small", {"model.name": "vit_small_patch16_224", "regularization.mixup_alpha": 0.8, "data.augment":
-                   "randaugment", "clipping.mode": "fixed_norm", "optimizer.weight_decay": 0.05,
+                   "randaugment", "clipping._target_": "trainer.groups.clipping.FixedNorm", "optimizer.weight_decay": 0.05,
                    "model.drop_path_rate": 0.1, "data.image_size": 224}),
     ("vit_tiny_digits", {"regularization.label_smoothing": 0.1, "data.translate": 0}),
     ("vit_tiny_cifar10", {"regularization.cutmix_alpha": 1.0, "model.drop_path_rate": 0.1}),
@@ -133,16 +133,9 @@ def test_each_recipe_composes_with_its_practices(recipe, expected):
     assert spec.optimizer.name == "adamw" and not spec.optimizer.decay_norm_and_bias
 
 
-def test_the_plan_says_what_the_model_exempts_and_how_the_layers_decay():
-    from trainer.callbacks.clipping import GradientClipping
-    from trainer.phases.build import build_data
-    from trainer.phases.plan import resolve
-
-    spec = validate(compose(["+recipe=vit_tiny_digits", *ON_CPU, "model.options.class_token=true",
-                             "model.options.global_pool=token", "optimizer.layer_decay=0.5"]))
-    datamodule, info = build_data(spec, None)
-    net = build_model(spec, info)
-    plan = resolve(spec, datamodule, info, net, GradientClipping(mode="off"))
+def test_the_plan_says_what_the_model_exempts_and_how_the_layers_decay(tmp_path):
+    plan = planned_run(compose(["+recipe=vit_tiny_digits", *ON_CPU, "model.options.class_token=true",
+                                "model.options.global_pool=token", "optimizer.layer_decay=0.5"]), tmp_path).plan
     assert "nor on cls_token, pos_embed (the model's no_weight_decay())" in plan.derived["optimizer.decay_norm_and_bias"].how
     layer = plan.derived["optimizer.layer_decay"]
     # 4 blocks: the embeddings, 4 blocks, the head: 6 layers, the stem at 0.5^5 of the head's lr

@@ -1,1 +1,1 @@
-"""Lightning callbacks of the framework; each knows nothing of Hydra or of the others."""
+"""Lightning callbacks of the framework (docs/architecture.md places them)."""

@@ -5,8 +5,9 @@ the training loss per step with its moving average, validation loss and accuracy
 training accuracy per epoch, and the learning rate per step. A failed or interrupted run draws what
 it got through.
 
-The per-step losses stay on the device and are copied to the host in chunks of `chunk` steps, so
-recording costs one synchronization per chunk, not one per step.
+The per-step losses and lrs are the run's loss record's (trainer/callbacks/loss_record.py: one
+record, read back from the device a window at a time); this callback keeps the metrics of each
+validation and each training epoch, and draws.
 """
 
 from __future__ import annotations
@@ -14,45 +15,28 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.measure.figures import new_figure, save_png
-from trainer.callbacks.steps import step_loss
+from trainer.callbacks.loss_record import LossRecord
 from trainer.infra.errors import exception_line
+from trainer.infra.figures import new_figure, save_png
 
 log = logging.getLogger("trainer")
 
 
 class Curves(Callback):
-    def __init__(self, chunk: int = 256) -> None:
-        self.chunk = chunk
-        self.steps: list[int] = []
-        self.losses: list[float] = []
-        self.lrs: list[float] = []
-        self._pending: list[torch.Tensor] = []
+    def __init__(self, record: LossRecord) -> None:
+        self.record = record
         #: One entry per validation: {"epoch", "step", "val/loss", "val/acc", ...}
         self.validations: list[dict[str, float]] = []
         #: One entry per training epoch: {"epoch", "step", "train/acc", "train/loss"} where logged
         self.epochs: list[dict[str, float]] = []
 
     # -- recording --------------------------------------------------------------------------------
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        loss = step_loss(outputs)
-        if loss is None:
-            return
-        self.steps.append(int(trainer.global_step))
-        self._pending.append(loss.detach().float().reshape(()))
-        optimizers = trainer.optimizers
-        self.lrs.append(float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan)
-        if len(self._pending) >= self.chunk:
-            self._flush()
-
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
@@ -74,11 +58,6 @@ class Curves(Callback):
                 out[name.removesuffix("_epoch")] = number
         return out
 
-    def _flush(self) -> None:
-        if self._pending:
-            self.losses += torch.stack(self._pending).cpu().tolist()
-            self._pending = []
-
     # -- drawing ----------------------------------------------------------------------------------
     def try_write_png(self, path: Path, title: str = "") -> Path | None:
         """`write_png`, with a failure to draw as a warning: a plot must not cost a run its summary."""
@@ -90,8 +69,8 @@ class Curves(Callback):
 
     def write_png(self, path: Path, title: str = "") -> Path | None:
         """Draw the curves; None when there is nothing to draw (no training step ran)."""
-        self._flush()
-        if not self.losses:
+        steps, losses, lrs = self.record.series()
+        if not losses:
             return None
         # matplotlib only when drawing (about 0.5 s to import): a diagnosis never draws curves.
         from matplotlib.ticker import MaxNLocator
@@ -99,17 +78,17 @@ class Curves(Callback):
         figure = new_figure(figsize=(13, 3.8), layout="constrained")
         loss_axes, metric_axes, lr_axes = figure.subplots(1, 3)
 
-        loss_axes.plot(self.steps, self.losses, color="#9ecae1", linewidth=0.8, label="per step")
-        window = max(1, min(50, len(self.losses) // 10))
+        loss_axes.plot(steps, losses, color="#9ecae1", linewidth=0.8, label="per step")
+        window = max(1, min(50, len(losses) // 10))
         if window > 1:
-            loss_axes.plot(self.steps[window - 1:], moving_average(self.losses, window), color="#08519c",
+            loss_axes.plot(steps[window - 1:], moving_average(losses, window), color="#08519c",
                            linewidth=1.6, label=f"mean of {window}")
         for entry in self.validations:
             if "val/loss" in entry:
                 loss_axes.plot(entry["step"], entry["val/loss"], "o", color="#e6550d", markersize=4)
         if any("val/loss" in entry for entry in self.validations):
             loss_axes.plot([], [], "o", color="#e6550d", markersize=4, label="validation")
-        finite = [v for v in self.losses if math.isfinite(v) and v > 0]
+        finite = [v for v in losses if math.isfinite(v) and v > 0]
         if finite and max(finite) / min(finite) > 50:
             loss_axes.set_yscale("log")
         loss_axes.set(title="loss", xlabel="step")
@@ -126,7 +105,7 @@ class Curves(Callback):
             metric_axes.legend(fontsize=8)
         metric_axes.grid(alpha=0.3)
 
-        lr_axes.plot(self.steps, self.lrs, color="#31a354")
+        lr_axes.plot(steps, lrs, color="#31a354")
         lr_axes.set(title="learning rate", xlabel="step")
         lr_axes.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         lr_axes.grid(alpha=0.3)

@@ -4,7 +4,7 @@ A scheduler's preemption signal (submitit's USR2, or the one `SUBMITIT_PREEMPT_S
 its SIGTERM (preemption, `scancel`) or a person's Ctrl-C should not cost the work since the last
 epoch's checkpoint. `SignalLatch` is installed when the run starts and only records the signal; at
 the end of the current training step (the optimizer step, under gradient accumulation) `GracefulStop`
-writes `checkpoints/last.ckpt` (atomically, see trainer/groups/checkpoint.py) and asks Lightning to stop;
+writes `checkpoints/last.ckpt` (atomically, see trainer/groups/checkpointing.py) and asks Lightning to stop;
 the run carries on exactly from there with ``resume=auto`` or ``resume=if_any``. A signal that came
 before training started stops the run after its first step. A second SIGINT interrupts at once.
 
@@ -31,6 +31,7 @@ import torch
 
 from trainer.callbacks.steps import StepBoundary
 from trainer.infra.signals import preemption_signal, priority
+
 
 class StoppedBySignal(Exception):
     """Training stopped cleanly on a signal; `signum` tells which one. `hand_over`, when set, is the

@@ -1,12 +1,14 @@
-"""The training loss of the first and the last steps, and its spikes, for the run's record and the
-ladder's table.
+"""The run's one per-step record: the training loss and the lr of every step, from which summary.json
+takes the first and last steps and the spikes, the ladder its loss columns, and curves.png its loss
+and lr panels (trainer/callbacks/curves.py draws it).
 
-The losses stay on the device as detached tensors, read back in one synchronization every
-`spike_window` steps (to count spikes) and at the end, so recording them costs no synchronization
-per step. A spike is a step whose loss is above `spike_factor` times the median of the steps before
-it (up to `spike_window` of them, at least `MIN_HISTORY`): the measure the clipping study reports.
-Everything goes into every checkpoint (as numbers), so a resumed run's record covers its whole
-training, not only the last attempt's.
+The losses stay on the device as detached tensors and are read back in one synchronization every
+`spike_window` steps (and when a summary or a checkpoint asks), so recording costs no
+synchronization per step. A spike is a step whose loss is above `spike_factor` times the median of
+the steps before it (up to `spike_window` of them, at least `MIN_HISTORY`): the measure the clipping
+study reports. The first and last steps, the spike counts and the history they are judged against
+go into every checkpoint (as numbers), so a resumed run's record covers its whole training; the
+per-step series covers this attempt.
 """
 
 from __future__ import annotations
@@ -25,14 +27,6 @@ from trainer.callbacks.steps import step_loss
 MIN_HISTORY = 10  # steps before the first one that can count as a spike
 
 
-def _numbers(values: list[torch.Tensor | float]) -> list[float]:
-    """Losses as floats, with one device synchronization for all the tensors among them."""
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if len(tensors) == len(values) and tensors:
-        return torch.stack([t.float().reshape(()) for t in tensors]).tolist()
-    return [float(v) for v in values]
-
-
 class LossRecord(Callback):
     def __init__(self, first_steps: int = 10, last_steps: int = 50, spike_factor: float = 3.0,
                  spike_window: int = 50) -> None:
@@ -41,11 +35,15 @@ class LossRecord(Callback):
         self.spike_factor = spike_factor
         self.spike_window = spike_window
         self.min_history = min(MIN_HISTORY, spike_window)  # steps a loss is judged against, at least
-        self._first: list[torch.Tensor | float] = []
-        self._last: deque[torch.Tensor | float] = deque(maxlen=last_steps)
-        self._pending: list[torch.Tensor | float] = []
+        #: This attempt's steps: the global step, the loss (read back a window at a time) and the lr.
+        self.step_numbers: list[int] = []
+        self.losses: list[float] = []
+        self.lrs: list[float] = []
+        self._pending: list[torch.Tensor] = []
+        self._first: list[float] = []
+        self._last: deque[float] = deque(maxlen=last_steps)
         self._recent: deque[float] = deque(maxlen=spike_window)
-        self.steps = 0  # steps judged for spikes
+        self.steps = 0  # steps judged for spikes, over every attempt
         self.spikes = 0
         self.first_spike: int | None = None  # the step (counted from 1) of the first spike
 
@@ -54,19 +52,26 @@ class LossRecord(Callback):
         loss = step_loss(outputs)
         if loss is None:
             return
-        loss = loss.detach()
-        if len(self._first) < self.first_steps:
-            self._first.append(loss)
-        self._last.append(loss)
-        self._pending.append(loss)
+        self._pending.append(loss.detach().float().reshape(()))
+        optimizers = trainer.optimizers if trainer is not None else []
+        self.step_numbers.append(int(trainer.global_step) if trainer is not None else len(self.step_numbers) + 1)
+        self.lrs.append(float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan)
         if len(self._pending) >= self.spike_window:
-            self._judge_pending()
+            self._read_pending()
 
-    def _judge_pending(self) -> None:
-        """Count the spikes among the losses not yet judged, each against the median of the finite
-        losses before it. A non-finite loss is not a spike (the record counts those apart) and does
-        not enter the history."""
-        for value in _numbers(self._pending):
+    def _read_pending(self) -> None:
+        """The losses still on the device, read in one synchronization; then the spikes among them,
+        each judged against the median of the finite losses before it. A non-finite loss is not a
+        spike (the record counts those apart) and does not enter the history."""
+        if not self._pending:
+            return
+        values = torch.stack(self._pending).tolist()
+        self._pending = []
+        self.losses += values
+        for value in values:
+            if len(self._first) < self.first_steps:
+                self._first.append(value)
+            self._last.append(value)
             self.steps += 1
             if not math.isfinite(value):
                 continue
@@ -75,17 +80,19 @@ class LossRecord(Callback):
                 if self.first_spike is None:
                     self.first_spike = self.steps
             self._recent.append(value)
-        self._pending = []
+
+    def series(self) -> tuple[list[int], list[float], list[float]]:
+        """This attempt's steps, losses and lrs, every step read back."""
+        self._read_pending()
+        return self.step_numbers, self.losses, self.lrs
 
     def state_dict(self) -> dict[str, Any]:
-        self._judge_pending()
-        return {"first": [float(v) for v in self._first], "last": [float(v) for v in self._last],
-                "recent": list(self._recent), "steps": self.steps, "spikes": self.spikes,
-                "first_spike": self.first_spike}
+        self._read_pending()
+        return {"first": list(self._first), "last": list(self._last), "recent": list(self._recent),
+                "steps": self.steps, "spikes": self.spikes, "first_spike": self.first_spike}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        first: list[torch.Tensor | float] = [float(v) for v in state_dict.get("first", [])]
-        self._first = first[: self.first_steps]
+        self._first = [float(v) for v in state_dict.get("first", [])][: self.first_steps]
         self._last = deque((float(v) for v in state_dict.get("last", [])), maxlen=self.last_steps)
         self._recent = deque((float(v) for v in state_dict.get("recent", [])), maxlen=self.spike_window)
         self._pending = []
@@ -94,16 +101,16 @@ class LossRecord(Callback):
         self.first_spike = state_dict.get("first_spike")
 
     def summary(self) -> dict[str, Any]:
-        self._judge_pending()
+        self._read_pending()
         spikes = {"spikes": self.spikes, "first_spike": self.first_spike,
                   "spike_rule": f"loss above {self.spike_factor:g}x the median of the previous "
                                 f"{self.spike_window} steps (from step {self.min_history + 1})"}
         if not self._last:
             return {"first": [], "last_steps": 0, "final": None, "mean": None, "spread": None, **spikes}
-        last = _numbers(list(self._last))
+        last = list(self._last)
         finite = [v for v in last if math.isfinite(v)]
         return {
-            "first": _numbers(self._first) if self._first else [],
+            "first": list(self._first),
             "last_steps": len(last),
             "final": last[-1],
             "mean": statistics.fmean(finite) if finite else None,

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import yaml
 
 from trainer.configuration.key_docs import documented_keys, group_docs, top_level_docs
-from trainer.configuration.spec import GROUP_MODULES
+from trainer.configuration.spec import BY_NAME
 
 DOC_COLUMN = 40
 
@@ -36,7 +36,8 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
 
 def _group_header(group: str, choices: Mapping[str, Any]) -> str:
     choice = choices.get(group)
-    module, what = GROUP_MODULES.get(group, ("", ""))
+    declared = BY_NAME.get(group)
+    module, what = (declared.where, declared.chooses) if declared else ("", "")
     parts = [f"{group}={choice}" if choice else "", what, module]
     return "; ".join(part for part in parts if part)
 

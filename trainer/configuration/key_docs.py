@@ -1,7 +1,7 @@
 """Each config key's one-line doc, read from the one place it is written.
 
-A key is documented once, by the schema that checks it: the `Doc` of a framework group's dataclass
-field (trainer/configuration/spec.py), of a `_target_`'s annotated parameter, or else the first
+A key is documented once, by the schema that checks it: the `Doc` of a group's dataclass field (in
+the group's own module), of a `_target_`'s annotated parameter, or else the first
 sentence of that parameter in the callable's Google-style ``Args:`` docstring (Lightning's Trainer,
 loggers and callbacks). `--help` (help.py), the comments on the keys of conf/ and the key tables of
 docs/ (reference.py) are all produced from here, so they cannot disagree.
@@ -14,20 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-import lightning
-from lightning.pytorch.callbacks import EMAWeightAveraging
-from lightning.pytorch.loggers import WandbLogger
-
-from trainer.configuration.schema import schema_of_callable, schema_of_dataclass
-from trainer.configuration.spec import (
-    DATACLASS_GROUPS,
-    TRAINER_KEYS_OWNED_ELSEWHERE,
-    RunIdentity,
-    TargetConfig,
-    TopLevelKeys,
-    locate_target,
-)
+from trainer.configuration.spec import BY_NAME, GROUPS, RunIdentity, TargetConfig, TopLevelKeys
 from trainer.infra.errors import UserError, first_line
+from trainer.infra.schema import locate_target, schema_of_callable, schema_of_dataclass
 
 #: The top-level mappings of conf/train.yaml that are not config groups: their own doc, and the
 #: dataclass that documents their keys.
@@ -37,32 +26,9 @@ TOP_LEVEL_MAPPINGS: dict[str, tuple[str, type]] = {
                TargetConfig),
 }
 
-#: Library arguments that the library's docstrings leave undocumented, or that the framework gives a
-#: meaning of its own (a null it fills in); these take precedence over the docstrings.
-FRAMEWORK_ARG_DOCS: dict[Any, dict[str, str]] = {
-    lightning.Trainer: {
-        "benchmark": "cuDNN autotuning; null: follows precision.tf32 on CUDA (trainer/phases/plan.py)",
-        "accelerator": "cpu, gpu, cuda, mps, ... or auto: a GPU when there is one",
-        "devices": "devices per node: a count, a list of indices, or auto (all)",
-        "max_epochs": "stop training once this number of epochs is reached (-1: no limit)",
-    },
-    WandbLogger: {
-        "project": "the wandb project (WANDB_PROJECT when set, else trainer)",
-        "name": "the wandb run's name; null: WANDB_NAME, else the run's name (run.name or the one given it)",
-        "group": "null: WANDB_RUN_GROUP, else the multirun's folder (the jobs of one sweep or ladder)",
-        "tags": "yours (and WANDB_TAGS'), plus recipe:NAME, ladder:NAME and the group choices (data:digits, ...)",
-    },
-    EMAWeightAveraging: {
-        "decay": "averaged = decay x averaged + (1 - decay) x current, at each update",
-        "update_every_n_steps": "optimizer steps between two updates of the average",
-        "update_starting_at_step": "the first step that updates the average (null: from the start)",
-        "update_starting_at_epoch": "the first epoch that updates the average (null: from the start)",
-    },
-}
-
-#: Keys every model choice takes, whatever its `_target_`: the framework applies them itself.
-MODEL_KEYS = {"activation_checkpointing": "stages (dotted module names) recomputed in backward to save "
-                                          "activation memory, e.g. [layer3, layer4]"}
+#: What the groups say of library classes' arguments (their docstrings are silent, or the framework
+#: gives them a meaning of its own); these take precedence over the docstrings.
+ARGUMENT_DOCS: dict[Any, Mapping[str, str]] = {cls: docs for group in GROUPS for cls, docs in group.argument_docs.items()}
 
 
 @dataclass(frozen=True)
@@ -91,20 +57,18 @@ def top_level_docs() -> dict[str, str]:
 
 def group_docs(group: str, values: Mapping[str, Any]) -> dict[str, str]:
     """Docs of the keys of a group's mapping `values` (a top-level mapping such as `run`, or a config
-    group): from its dataclass, or from the signature of its `_target_`."""
+    group) from its declaration: the signature of its `_target_` (or of the library callable whose
+    arguments it holds), then the framework's own keys over them."""
     if group in TOP_LEVEL_MAPPINGS:
         return dataclass_docs(TOP_LEVEL_MAPPINGS[group][1])
-    if group in DATACLASS_GROUPS:
-        schemas = DATACLASS_GROUPS[group]
-        schema = schemas.get("") or schemas.get(str(values.get("name")))
-        return dataclass_docs(schema) if schema else {}
-    if group == "trainer":
-        docs = callable_docs(lightning.Trainer)
-        return {key: doc for key, doc in docs.items() if key not in TRAINER_KEYS_OWNED_ELSEWHERE}
-    target = values.get("_target_")
-    docs = callable_docs(target) if target else {}
-    if group == "model":
-        docs.update(MODEL_KEYS)
+    declared = BY_NAME.get(group)
+    if declared is None:
+        return {}
+    source = declared.signature or (values.get("_target_") if declared.target else None)
+    docs = {key: doc for key, doc in callable_docs(source).items() if key not in declared.hidden} if source else {}
+    if declared.keys is not None:
+        docs.update(dataclass_docs(declared.keys))
+    docs.update(declared.docs)
     return docs
 
 
@@ -137,7 +101,7 @@ def callable_docs(target: Any) -> dict[str, str]:
             return {}  # --help must answer even for a config that would not run
     schema = schema_of_callable(target)
     from_docstring = _class_docstring_args(target) if inspect.isclass(target) else docstring_args(target)
-    framework = FRAMEWORK_ARG_DOCS.get(target, {})
+    framework = ARGUMENT_DOCS.get(target, {})
     from_docstring.update(framework)
     docs = {name: field.doc or from_docstring.get(name, "") for name, field in schema.fields.items()}
     return {**docs, **{name: doc for name, doc in framework.items() if name not in docs}}  # passed on as **kwargs

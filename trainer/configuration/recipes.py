@@ -32,10 +32,11 @@ from omegaconf import OmegaConf
 
 from trainer.configuration.diff import config_changes
 from trainer.infra.errors import first_line
+from trainer.infra.schema import ConfigGroup
 
 log = logging.getLogger("trainer")
 
-GROUP = "recipe"
+RECIPE = "recipe"
 # Inside the package, so that an installed wheel carries them; a checkout also shows them at its top
 # level (conf/ and recipes/ there are links to these).
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -50,9 +51,9 @@ class RecipeConfigSource(ConfigSource):
         return "recipes"
 
     def _file(self, config_path: str) -> Optional[str]:
-        if not config_path.startswith(GROUP + "/"):
+        if not config_path.startswith(RECIPE + "/"):
             return None
-        name = self._normalize_file_name(config_path[len(GROUP) + 1:])
+        name = self._normalize_file_name(config_path[len(RECIPE) + 1:])
         return os.path.join(self.path, name)
 
     def load_config(self, config_path: str) -> ConfigResult:
@@ -69,7 +70,7 @@ class RecipeConfigSource(ConfigSource):
         return os.path.isdir(self.path)
 
     def is_group(self, config_path: str) -> bool:
-        return config_path in ("", GROUP) and self.available()
+        return config_path in ("", RECIPE) and self.available()
 
     def is_config(self, config_path: str) -> bool:
         path = self._file(config_path)
@@ -79,8 +80,8 @@ class RecipeConfigSource(ConfigSource):
         if not self.available():
             return []
         if config_path == "":
-            return [GROUP] if results_filter in (None, ObjectType.GROUP) else []
-        if config_path != GROUP or results_filter == ObjectType.GROUP:
+            return [RECIPE] if results_filter in (None, ObjectType.GROUP) else []
+        if config_path != RECIPE or results_filter == ObjectType.GROUP:
             return []
         return sorted(f[: -len(".yaml")] for f in os.listdir(self.path) if f.endswith(".yaml"))
 
@@ -173,8 +174,8 @@ def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str
 
 def with_recipe(overrides: Sequence[str], name: str) -> list[str]:
     """The same command line with the recipe swapped for `name`."""
-    out = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != GROUP]
-    return [*out, f"+{GROUP}={name}"]
+    out = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != RECIPE]
+    return [*out, f"+{RECIPE}={name}"]
 
 
 def lineage(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],
@@ -214,3 +215,6 @@ def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mappin
     except Exception as ex:  # noqa: BLE001 - the record is informative; the run must not die of it
         log.warning("could not compare recipe %s with its parent: %s", name, first_line(ex))
         return {"name": name, "error": first_line(ex) or type(ex).__name__}
+
+
+GROUP = ConfigGroup(RECIPE, __name__, "a team-shared recipe from recipes/ (+recipe=NAME)", None)

@@ -1,6 +1,5 @@
 """Each key's doc written out where people read it, from the one source (key_docs.py): the comment
-on the key's line in conf/, the tables of docs/keys.md and docs/config.md's top-level table; and
-a check that the hand-written tables of groups (README.md, docs/config.md) name every choice.
+on the key's line in conf/, the tables of docs/keys.md and docs/config.md's top-level table.
 
     python -m trainer.configuration.reference           # check: list what is out of date, exit 1
     python -m trainer.configuration.reference --write   # rewrite it
@@ -22,15 +21,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import yaml
 
-from trainer.configuration.key_docs import (
-    TOP_LEVEL_MAPPINGS,
-    documented_keys,
-    group_docs,
-    nested_docs,
-    top_level_docs,
-)
+from trainer.configuration.key_docs import TOP_LEVEL_MAPPINGS, documented_keys, group_docs, nested_docs, top_level_docs
 from trainer.configuration.recipes import CONF_DIR
-from trainer.configuration.spec import GROUP_MODULES
+from trainer.configuration.spec import BY_NAME
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: docs/ and README.md are not in the wheel
 KEYS_PAGE = REPO / "docs" / "keys.md"
@@ -191,7 +184,8 @@ def group_tables(group: str, default: Optional[str]) -> str:
     for a group whose choices are named objects (logger, callbacks) one table a choice."""
     paths = sorted((CONF_DIR / group).glob("*.yaml"), key=lambda path: (path.stem != default, path.stem))
     choices = {path.stem: load_choice(group, path) for path in paths}
-    module, what = GROUP_MODULES.get(group, ("", ""))
+    declared = BY_NAME.get(group)
+    module, what = (declared.where, declared.chooses) if declared else ("", "")
     title = f"## `{group}`\n\nChooses {what}; `{module}`. Default: " \
             f"{f'`{default}`' if default else 'none'}.\n"
     if all(len(values) <= 1 and all(isinstance(v, Mapping) for v in values.values())
@@ -274,61 +268,20 @@ def docs_outdated(write: bool) -> list[Outdated]:
     return found
 
 
-# --- the tables of groups and their choices (README.md, docs/config.md): checked, written by hand --
-
-CHOICE_TABLES = (REPO / "README.md", CONFIG_PAGE)
-
-
-def choices_outdated() -> list[Outdated]:
-    """Each group's row in the README's and docs/config.md's tables of groups must name every choice
-    of conf/GROUP/ (the rows are prose, so this is a check, not a rewrite)."""
-    found = []
-    groups = {path.name: sorted(choice.stem for choice in path.glob("*.yaml"))
-              for path in CONF_DIR.iterdir() if path.is_dir() and path.name != "hydra"}
-    for page in CHOICE_TABLES:
-        rows = _choice_table_rows(page.read_text().splitlines())
-        for group, names in sorted(groups.items()):
-            mine = [(number, cells) for number, cells in rows if f"`{group}`" in cells[0]]
-            if not mine:
-                found.append(Outdated(page, 1, f"no row for the group {group} in its table of groups"))
-            for number, cells in mine:
-                missing = [name for name in names if f"`{name}`" not in cells[1]]
-                if missing:
-                    found.append(Outdated(page, number, f"{group}: the choices {', '.join(missing)} are missing "
-                                                        "(a row of the table of groups, edited by hand)"))
-    return found
-
-
-def _choice_table_rows(lines: list[str]) -> list[tuple[int, list[str]]]:
-    """(line number, cells) of the rows of the table whose header's second column is the choices."""
-    rows: list[tuple[int, list[str]]] = []
-    in_table = False
-    for number, line in enumerate(lines, 1):
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if not line.startswith("|"):
-            in_table = False
-        elif len(cells) > 1 and cells[1].startswith("choices"):
-            in_table = True
-        elif in_table and not line.startswith("|---"):
-            rows.append((number, cells))
-    return rows
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true", help="rewrite what is out of date")
     args = parser.parse_args(argv)
     generated = conf_outdated(args.write) + docs_outdated(args.write)
-    by_hand = choices_outdated()
-    for outdated in generated + by_hand:
+    for outdated in generated:
         print(outdated)
     if generated and args.write:
         print(f"rewrote {len({outdated.file for outdated in generated})} files")
     elif generated:
         print(f"{len(generated)} places differ from the key docs; python -m trainer.configuration.reference "
               "--write rewrites them", file=sys.stderr)
-    return 1 if by_hand or (generated and not args.write) else 0
+    return 1 if generated and not args.write else 0
 
 
 if __name__ == "__main__":

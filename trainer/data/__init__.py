@@ -1,1 +1,1 @@
-"""Data modules: one per `conf/data/*.yaml` choice, all sharing the loader rules of `base`."""
+"""The `data` group's room: data modules, decoding, loaders (docs/architecture.md places it)."""

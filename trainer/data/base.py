@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
+from trainer.infra.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
 
 DECODE_MODES = ("auto", "pil", "fast", "device")
 
@@ -34,6 +34,10 @@ class DataInfo:
     class_names: Optional[list[str]] = None
     #: Bytes of one sample as the loader ships it (uint8 images: 1 per pixel and channel).
     sample_bytes: int = 0
+
+    def model_inputs(self) -> dict[str, Any]:
+        """What the `model` group's builder fills into a network's constructor (those it takes)."""
+        return {"num_classes": self.num_classes, "in_channels": self.in_channels, "image_size": list(self.image_size)}
 
 
 class ImageClassificationData(L.LightningDataModule):

@@ -20,7 +20,7 @@ from torch.utils.data import TensorDataset
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import normalize, random_flip, random_translate
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import NON_NEGATIVE, Doc, Range
+from trainer.infra.schema import NON_NEGATIVE, Doc, Range
 
 FOLDER = "cifar-10-batches-py"
 MEAN = (0.4914, 0.4822, 0.4465)

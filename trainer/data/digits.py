@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.transforms import random_translate
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import NON_NEGATIVE, Doc, Range
+from trainer.infra.schema import NON_NEGATIVE, Doc, Range
 
 Fraction = Annotated[float, Range(gt=0, lt=0.5)]
 

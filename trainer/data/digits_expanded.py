@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
-from trainer.infra.atomic import replace_atomic
 from trainer.data.base import DataInfo
 from trainer.data.digits import DigitsDataModule, stratified_split
+from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import NON_NEGATIVE, Doc, Range
+from trainer.infra.schema import NON_NEGATIVE, Doc, Range
 
 #: Bump when the way the images are made changes: older cache files are then not read.
 RECIPE_VERSION = 2

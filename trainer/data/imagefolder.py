@@ -19,13 +19,13 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 
 import torch
 
-from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError,
-                                   ImageFiles, check_files, is_image_name, scan_threads, truncated_images_accepted)
+from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError, ImageFiles, check_files,
+                                   is_image_name, scan_threads, truncated_images_accepted)
 from trainer.data.base import DataInfo
-from trainer.data.images import EncodedImagesData
 from trainer.data.decode import JPEG_EXTENSIONS, DecodedFiles, EncodedFiles
+from trainer.data.images import EncodedImagesData
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import FRACTION, Doc
+from trainer.infra.schema import FRACTION, Doc
 
 log = logging.getLogger("trainer")
 

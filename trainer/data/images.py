@@ -15,12 +15,12 @@ from typing import Annotated, Any, Literal, Optional, Sequence, Union, cast
 import torch
 from torchvision.transforms import v2
 
-from trainer.configuration.schema import AT_LEAST_ONE, Doc, Range
 from trainer.data.base import ImageClassificationData
 from trainer.data.decode import EncodedBatch, Geometry, decode_batch
 from trainer.data.progressive_resize import ResizeSchedule
 from trainer.data.transforms import normalize, random_flip
 from trainer.infra.errors import UserError
+from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 
 
 class EncodedImagesData(ImageClassificationData):

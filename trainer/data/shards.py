@@ -31,17 +31,17 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.configuration.schema import Doc, Range
 from trainer.data.badfiles import BadImageError, WorkerSafeUserError, load_rgb
 from trainer.data.base import DataInfo, EvalShare
-from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment_seeded, decode_on_host,
-                                  finish_on_host, jpeg_header)
+from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment_seeded, decode_on_host, finish_on_host,
+                                 jpeg_header)
 from trainer.data.images import EncodedImagesData
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, store_error
 from trainer.data.prepare_shards import DATASET_NAME, FORMAT
 from trainer.data.progressive_resize import ResizeSchedule
 from trainer.data.resumable import mix, own_generator
 from trainer.infra.errors import UserError
+from trainer.infra.schema import Doc, Range
 
 log = logging.getLogger("trainer")
 

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.data.resumable import own_generator
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc, Range
+from trainer.infra.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc, Range
 
 _SPLIT_OFFSET = {"train": 0, "val": 1_000_003, "test": 2_000_003}
 

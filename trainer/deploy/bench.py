@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainer.infra.atomic import write_text_atomic
-from trainer.measure.figures import new_figure, save_png
 from trainer.deploy.export import checked_eval, evaluation_images, export_folder, load_network, locate
+from trainer.infra.atomic import write_text_atomic
+from trainer.infra.figures import new_figure, save_png
 from trainer.models.fuse import fuse_for_inference
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)

@@ -33,12 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 from safetensors.torch import save_file
 from torch import nn
 
-from trainer.infra.atomic import replace_atomic, write_text_atomic
-from trainer.phases.build import build_data, build_model
-from trainer.groups.checkpoint import load_checkpoint
 from trainer.configuration.spec import validate
+from trainer.data.group import build_data
+from trainer.groups.checkpointing import load_checkpoint
+from trainer.infra.atomic import replace_atomic, write_text_atomic
 from trainer.infra.errors import UserError
 from trainer.models.fuse import fuse_for_inference
+from trainer.models.group import build_model
 
 CONFIG_NAME = "config_resolved.yaml"
 NET_PREFIX = "net."
@@ -109,8 +110,8 @@ def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Mod
     """(network with the checkpoint's weights, run spec, data module, data info); the data module
     writes what it writes (a bad-file list) into `scratch`, never into the run folder."""
     spec = validate(cast(DictConfig, OmegaConf.load(run_dir / CONFIG_NAME)))  # a run's config: a mapping
-    datamodule, info = build_data(spec, scratch)
-    net = build_model(spec, info)
+    datamodule, info = build_data(spec.data, scratch, spec.top.seed)
+    net = build_model(spec.model, info.model_inputs())
     state = load_checkpoint(checkpoint).get("state_dict")
     if not isinstance(state, Mapping) or not state:
         raise UserError(str(checkpoint), "has no state_dict", "a training checkpoint (.ckpt) of this run")

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Annotated, Literal, Optional
+
 import torch
 from torch import nn
 
-from trainer.configuration.spec import CompileConfig
+from trainer.infra.schema import ConfigGroup, Doc, check_keys
+
+
+@dataclass
+class CompileConfig:
+    """torch.compile of the network. ``mode`` off leaves the model eager; auto compiles on CUDA."""
+
+    mode: Annotated[Literal["off", "auto", "default", "reduce-overhead", "max-autotune"],
+                    Doc("torch.compile mode; auto: default on CUDA, eager elsewhere")]
+    fullgraph: Annotated[bool, Doc("fail instead of falling back to eager at a graph break")]
+    dynamic: Annotated[Optional[bool], Doc("dynamic shapes: true, false, or null to let torch decide")]
 
 
 def resolve_compile_mode(mode: str, accelerator: str) -> tuple[str, str]:
@@ -49,3 +62,7 @@ def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig) -> None:
     """
     if mode != "off":
         net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
+
+
+GROUP = ConfigGroup("compile", __name__, "torch.compile of the network",
+                    lambda values: check_keys("compile", values, CompileConfig), keys=CompileConfig)

@@ -25,10 +25,12 @@ from typing import Any, Mapping
 import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from trainer.infra.errors import exception_line
+from trainer.infra.errors import UserError, exception_line
+from trainer.infra.extras import require
+from trainer.infra.schema import ConfigGroup, check_target
 
 log = logging.getLogger("trainer")
 
@@ -211,3 +213,34 @@ def finish_loggers(loggers: list[Logger], failed: bool) -> None:
                 experiment.finish(exit_code=1 if failed else 0)
             except Exception as ex:  # noqa: BLE001 - see the docstring
                 log.warning("could not finish a logger's run: %s", exception_line(ex))
+
+
+#: Arguments the framework fills in: every logger writes into the run folder.
+INJECTED_LOGGER_ARGS = ("save_dir",)
+
+
+def validate(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    loggers = {}
+    for name, spec in values.items():
+        if spec is None:
+            continue  # a logger switched off with logger.NAME=null
+        if not isinstance(spec, dict):
+            raise UserError(f"logger.{name}", "not a mapping", "a logger config with _target_")
+        target = str(spec.get("_target_", ""))
+        for suffix, extra in (("WandbLogger", "wandb"), ("TensorBoardLogger", "tensorboard")):
+            if target.endswith(suffix):
+                require(extra, f"logger.{name}")
+        loggers[name] = check_target(f"logger.{name}", spec, skip=INJECTED_LOGGER_ARGS)
+    return loggers
+
+
+#: Docs the framework gives WandbLogger's arguments (it fills in what they leave unset).
+WANDB_DOCS = {
+    "project": "the wandb project (WANDB_PROJECT when set, else trainer)",
+    "name": "the wandb run's name; null: WANDB_NAME, else the run's name (run.name or the one given it)",
+    "group": "null: WANDB_RUN_GROUP, else the multirun's folder (the jobs of one sweep or ladder)",
+    "tags": "yours (and WANDB_TAGS'), plus recipe:NAME, ladder:NAME and the group choices (data:digits, ...)",
+}
+
+GROUP = ConfigGroup("logger", __name__, "Lightning loggers writing into the run folder", validate,
+                    argument_docs={WandbLogger: WANDB_DOCS})

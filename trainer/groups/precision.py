@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from dataclasses import dataclass
+from typing import Annotated, Any, Iterator, Literal, Union
 
 import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from trainer.configuration.spec import PrecisionConfig
 from trainer.infra.errors import UserError
+from trainer.infra.schema import AT_LEAST_ONE, POSITIVE, ConfigGroup, Doc, Range, check_keys
+
+AutoBool = Union[bool, Literal["auto"]]
 
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16_mixed": "bf16-mixed", "fp16_mixed": "16-mixed"}
+
+
+PrecisionName = Literal["auto", "fp32", "bf16_mixed", "fp16_mixed"]
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric format and memory layout. GradScaler settings apply to fp16_mixed only."""
+
+    name: Annotated[PrecisionName, Doc("auto, fp32, bf16_mixed or fp16_mixed; auto: bf16-mixed on GPUs with bf16, "
+                                       "fp16-mixed + GradScaler on older GPUs, fp32 elsewhere")]
+    channels_last: Annotated[AutoBool, Doc("NHWC memory format; auto: on for convolutional models on CUDA")]
+    tf32: Annotated[AutoBool, Doc("TF32 matmuls and cuDNN autotuning; auto: on with CUDA unless trainer.deterministic")]
+    scaler_init_scale: Annotated[float, POSITIVE, Doc("fp16 GradScaler: the first loss scale")]
+    scaler_growth_factor: Annotated[float, Range(gt=1), Doc("fp16 GradScaler: scale x this after growth_interval "
+                                                            "clean steps")]
+    scaler_backoff_factor: Annotated[float, Range(gt=0, lt=1), Doc("fp16 GradScaler: scale x this after an overflow")]
+    scaler_growth_interval: Annotated[int, AT_LEAST_ONE, Doc("fp16 GradScaler: clean steps before the scale grows")]
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -81,6 +103,19 @@ def apply_tf32(enabled: bool, accelerator: str) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+@contextlib.contextmanager
+def tf32_during(enabled: bool, accelerator: str) -> Iterator[None]:
+    """TF32 as `apply_tf32` sets it, and as it was before afterwards (a measurement before the run's
+    own is applied)."""
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    apply_tf32(enabled, accelerator)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
+
+
 def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) -> dict[str, Any]:
     """Trainer keyword arguments: a precision string, or for fp16 a plugin carrying our GradScaler."""
     if precision != "16-mixed" or accelerator != "cuda":
@@ -89,3 +124,7 @@ def lightning_precision(precision: str, accelerator: str, cfg: PrecisionConfig) 
         "cuda", init_scale=cfg.scaler_init_scale, growth_factor=cfg.scaler_growth_factor,
         backoff_factor=cfg.scaler_backoff_factor, growth_interval=cfg.scaler_growth_interval)
     return {"plugins": [MixedPrecision("16-mixed", "cuda", scaler=scaler)]}
+
+
+GROUP = ConfigGroup("precision", __name__, "numeric format, TF32, channels_last, the fp16 GradScaler",
+                    lambda values: check_keys("precision", values, PrecisionConfig), keys=PrecisionConfig)

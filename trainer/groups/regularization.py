@@ -9,12 +9,30 @@ turns the labels into class probabilities that sum to 1. Label smoothing is appl
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Annotated, Optional
 
 import torch
 from torchvision.transforms import v2
 
-from trainer.configuration.spec import RegularizationConfig
+from trainer.infra.schema import FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, check_keys
+
+UnitInterval = Annotated[float, Range(ge=0, lt=1)]
+
+
+@dataclass
+class RegularizationConfig:
+    """The accuracy practices of the loss and the batch (trainer/groups/regularization.py): label smoothing,
+    and mixup/cutmix of whole batches on the device, as torchvision's and timm's ImageNet recipes use them."""
+
+    label_smoothing: Annotated[UnitInterval, Doc("share of the target spread evenly over all classes "
+                                                 "(training loss only; 0: off)")]
+    mixup_alpha: Annotated[float, NON_NEGATIVE, Doc("mixup: blend each image with another, weight ~ "
+                                                    "Beta(alpha, alpha) (0: off)")]
+    cutmix_alpha: Annotated[float, NON_NEGATIVE, Doc("cutmix: paste a box of another image, area share ~ "
+                                                     "Beta(alpha, alpha) (0: off)")]
+    mix_prob: Annotated[float, FRACTION, Doc("probability that a training batch is mixed at all")]
+    switch_prob: Annotated[float, FRACTION, Doc("with both on: probability of cutmix rather than mixup")]
 
 
 class BatchMixing:
@@ -67,3 +85,8 @@ def describe(cfg: RegularizationConfig) -> str:
             how += f" (cutmix {cfg.switch_prob:.0%} of the time)"
         parts.append(f"{how} on {cfg.mix_prob:.0%} of the training batches, on the device")
     return "; ".join(parts) if parts else "off"
+
+
+GROUP = ConfigGroup("regularization", __name__, "label smoothing, mixup and cutmix (accuracy practices)",
+                    lambda values: check_keys("regularization", values, RegularizationConfig),
+                    keys=RegularizationConfig)

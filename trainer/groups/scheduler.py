@@ -1,31 +1,58 @@
-"""The `scheduler` group: learning-rate schedules as Lightning scheduler configs."""
+"""The `scheduler` group: the lr schedule a choice names (`_target_`: a function or class taking the
+optimizer, and `total_steps` where it needs the run's length), stepped every optimizer step or
+every epoch (`interval`). torch's schedulers are choices as they are (conf/scheduler/step.yaml is
+torch's StepLR); warmup-cosine, constant and one-cycle are here. The run's length is Lightning's
+`estimated_stepping_batches`, counted once fit has set up the loaders.
+"""
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 import torch
 
-from trainer.configuration.spec import (
-    AdamWConfig,
-    ConstantConfig,
-    LambConfig,
-    OneCycleConfig,
-    OptimizerConfig,
-    SchedulerConfig,
-    StepConfig,
-    WarmupCosineConfig,
-)
+from trainer.groups.optimizer.schema import OptimizerConfig
 from trainer.infra.errors import UserError
+from trainer.infra.schema import (FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, check_keys, check_target,
+                                  locate_target, schema_of_dataclass)
 
-__all__ = ["SchedulerConfig", "build_scheduler", "describe_one_cycle", "planned_optimizer_steps"]
+UnitInterval = Annotated[float, Range(ge=0, lt=1)]
+#: What the framework passes every schedule: the optimizer, and the run's optimizer steps where asked.
+INJECTED = ("optimizer", "total_steps")
 
 
-def warmup_steps(cfg: WarmupCosineConfig, total_steps: int) -> int:
-    if isinstance(cfg.warmup, float):
-        return int(round(cfg.warmup * total_steps))
-    return min(cfg.warmup, max(total_steps - 1, 0))
+@dataclass
+class SchedulerKeys:
+    name: Annotated[str, Doc("the schedule's name in records")]
+    interval: Annotated[Literal["step", "epoch"], Doc("step: the schedule advances every optimizer step; epoch: "
+                                                      "every epoch")]
+
+
+@dataclass
+class SchedulerConfig(SchedulerKeys):
+    target: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int,
+                  warmup: Annotated[Union[Annotated[int, NON_NEGATIVE], Annotated[float, Range(ge=0, lt=1)]],
+                                    Doc("warmup steps (an integer) or fraction of all steps (a float < 1)")],
+                  min_lr_ratio: Annotated[float, FRACTION, Doc("the lr the cosine ends at, as a fraction of the "
+                                                               "peak lr")]) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup from 0, then cosine decay to ``min_lr_ratio * lr``."""
+    steps = warmup_steps(warmup, total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine_factor(step, steps, total_steps, min_lr_ratio))
+
+
+def warmup_steps(warmup: Union[int, float], total_steps: int) -> int:
+    if isinstance(warmup, float):
+        return int(round(warmup * total_steps))
+    return min(warmup, max(total_steps - 1, 0))
 
 
 def warmup_cosine_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -42,20 +69,11 @@ def unchanged(step: int) -> float:
     return 1.0
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int) -> dict[str, Any]:
-    """A Lightning ``lr_scheduler`` dict. The constant lr gets one too, a schedule that keeps every
-    lr as derived: without a scheduler, Lightning's LearningRateMonitor names the lr curves after
-    the optimizer (``lr-AdamW/pg1``), so runs with another scheduler could not be compared."""
-    if isinstance(cfg, ConstantConfig):
-        return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, unchanged), "interval": "step"}
-    if isinstance(cfg, StepConfig):
-        return {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, cfg.step_size, cfg.gamma), "interval": "epoch"}
-    if isinstance(cfg, OneCycleConfig):
-        return {"scheduler": one_cycle(optimizer, cfg, total_steps), "interval": "step"}
-    warmup = warmup_steps(cfg, total_steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine_factor(step, warmup, total_steps, cfg.min_lr_ratio))
-    return {"scheduler": schedule, "interval": "step"}
+def constant(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """Every lr stays as derived. A schedule all the same: without one, Lightning's LearningRateMonitor
+    names the lr curves after the optimizer (``lr-AdamW/pg1``), so runs with another schedule could
+    not be compared."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, unchanged)
 
 
 class OneCycle(torch.optim.lr_scheduler.OneCycleLR):
@@ -70,59 +88,96 @@ class OneCycle(torch.optim.lr_scheduler.OneCycleLR):
         self.__dict__.update(length)
 
 
-def one_cycle(optimizer: torch.optim.Optimizer, cfg: OneCycleConfig, total_steps: int) -> OneCycle:
-    """The one-cycle schedule over `total_steps` optimizer steps, peaking at each parameter group's
-    derived lr (groups under layer-wise lr decay peak at their own)."""
-    if cfg.cycle_momentum and not {"momentum", "betas"} & set(optimizer.defaults):
-        # The four optimizer choices all have one; this guards an optimizer added later.
+def one_cycle(optimizer: torch.optim.Optimizer, total_steps: int,
+              pct_start: Annotated[float, Range(gt=0, lt=1), Doc("share of the steps over which the lr rises to its "
+                                                                  "peak")],
+              div_factor: Annotated[float, Range(ge=1), Doc("the first lr is the peak lr / div_factor")],
+              final_div_factor: Annotated[float, Range(ge=1), Doc("the last lr is the first lr / final_div_factor")],
+              anneal_strategy: Annotated[Literal["cos", "linear"], Doc("the shape of each rise and fall")],
+              three_phase: Annotated[bool, Doc("false: rise, then anneal to the last lr; true: rise, fall back to "
+                                               "the first lr as long, then anneal (fastai's is false)")],
+              cycle_momentum: Annotated[bool, Doc("move momentum (beta1 for AdamW and LAMB) inversely to the lr, "
+                                                  "replacing the optimizer's own")],
+              base_momentum: Annotated[UnitInterval, Doc("cycle_momentum: the momentum at the peak lr")],
+              max_momentum: Annotated[UnitInterval, Doc("cycle_momentum: the momentum at the first and last lr")]
+              ) -> OneCycle:
+    """The one-cycle policy (Smith 2018; fastai's fit_one_cycle), torch's OneCycleLR over the run's
+    optimizer steps: from lr/div_factor up to each parameter group's derived lr (groups under
+    layer-wise lr decay peak at their own), then annealed far below it, with momentum (beta1 for
+    Adam-family optimizers) moving the other way."""
+    if cycle_momentum and not {"momentum", "betas"} & set(optimizer.defaults):
         raise UserError("scheduler.cycle_momentum", f"{type(optimizer).__name__} has neither momentum nor betas to "
                         "cycle", "scheduler.cycle_momentum=false with this optimizer")
     peaks = [float(group["lr"]) for group in optimizer.param_groups]
-    return OneCycle(optimizer, max_lr=peaks, total_steps=max(1, total_steps), pct_start=float(cfg.pct_start),
-                    anneal_strategy=cfg.anneal_strategy, cycle_momentum=cfg.cycle_momentum,
-                    base_momentum=cfg.base_momentum, max_momentum=cfg.max_momentum, div_factor=float(cfg.div_factor),
-                    final_div_factor=float(cfg.final_div_factor), three_phase=cfg.three_phase)
+    return OneCycle(optimizer, max_lr=peaks, total_steps=max(1, total_steps), pct_start=float(pct_start),
+                    anneal_strategy=anneal_strategy, cycle_momentum=cycle_momentum, base_momentum=base_momentum,
+                    max_momentum=max_momentum, div_factor=float(div_factor), final_div_factor=float(final_div_factor),
+                    three_phase=three_phase)
 
 
-def describe_one_cycle(cfg: OneCycleConfig, peak_lr: float, total_steps: int | None,
+def _check_one_cycle(arguments: Mapping[str, Any]) -> None:
+    if arguments.get("three_phase") and arguments.get("pct_start", 0) >= 0.5:
+        raise UserError("scheduler.pct_start", f"{arguments['pct_start']:g} leaves no steps for the third phase "
+                        "(three_phase rises and falls back over 2 x pct_start of the steps)",
+                        "a pct_start below 0.5 with three_phase=true")
+    if arguments.get("cycle_momentum") and arguments.get("base_momentum", 0) > arguments.get("max_momentum", 1):
+        raise UserError("scheduler.base_momentum", f"{arguments['base_momentum']:g} is above max_momentum "
+                        f"{arguments['max_momentum']:g}", "base_momentum <= max_momentum (e.g. 0.85 and 0.95)")
+
+
+def describe_one_cycle(cfg: SchedulerConfig, peak_lr: float, total_steps: Optional[int],
                        optimizer: OptimizerConfig) -> str:
     """The schedule in one line: ``lr 8e-05 -> peak 0.002 at 25% of 300 steps -> 8e-09 (cos)``, and
     the momentum (beta1 for AdamW and LAMB) moving the other way in place of the optimizer's own."""
-    first = peak_lr / cfg.div_factor
+    a = cfg.arguments
+    first = peak_lr / a["div_factor"]
     steps = f"{total_steps:,} steps" if total_steps is not None else "the run's steps"
-    shape = f"lr {first:.3g} -> peak {peak_lr:.3g} at {cfg.pct_start * 100:.3g}% of {steps} -> "
-    if cfg.three_phase:
-        shape += f"{first:.3g} at {2 * cfg.pct_start * 100:.3g}% -> "
-    shape += f"{first / cfg.final_div_factor:.3g} ({cfg.anneal_strategy})"
-    name, configured = (("beta1", optimizer.betas[0]) if isinstance(optimizer, (AdamWConfig, LambConfig))
-                        else ("momentum", optimizer.momentum))
-    if not cfg.cycle_momentum:
+    shape = f"lr {first:.3g} -> peak {peak_lr:.3g} at {a['pct_start'] * 100:.3g}% of {steps} -> "
+    if a["three_phase"]:
+        shape += f"{first:.3g} at {2 * a['pct_start'] * 100:.3g}% -> "
+    shape += f"{first / a['final_div_factor']:.3g} ({a['anneal_strategy']})"
+    betas, momentum = optimizer.argument("betas"), optimizer.argument("momentum")
+    name, configured = ("beta1", betas[0]) if betas is not None else ("momentum", momentum)
+    if configured is None:
+        return f"{shape}; {optimizer.name} has no momentum"
+    if not a["cycle_momentum"]:
         return f"{shape}; {name} {configured:g} as configured"
-    return (f"{shape}; {name} {cfg.max_momentum:g} -> {cfg.base_momentum:g} -> {cfg.max_momentum:g} "
+    return (f"{shape}; {name} {a['max_momentum']:g} -> {a['base_momentum']:g} -> {a['max_momentum']:g} "
             f"(in place of {configured:g})")
 
 
-def planned_optimizer_steps(trainer_cfg: Mapping[str, Any], train_size: int, processes: int,
-                            batch_size: int) -> int | None:
-    """The optimizer steps a run will take, counted as Lightning's `estimated_stepping_batches`
-    counts them at fit: full batches per process (the training loaders drop the last partial one),
-    `limit_train_batches`, accumulation, epochs and `max_steps`; None for a run without an end."""
-    batches = train_size // max(1, processes) // max(1, batch_size)
-    limit = trainer_cfg.get("limit_train_batches")
-    if isinstance(limit, bool) or limit is None:
-        pass
-    elif isinstance(limit, int):
-        batches = min(batches, limit)
-    else:
-        batches = int(batches * float(limit))
-    max_steps = _given_or(trainer_cfg.get("max_steps"), -1)
-    # Lightning's defaults: 1000 epochs without max_steps, no epoch limit with it.
-    epochs = _given_or(trainer_cfg.get("max_epochs"), 1000 if max_steps == -1 else -1)
-    if epochs == -1:
-        return max_steps if max_steps != -1 else None
-    steps = math.ceil(batches / int(trainer_cfg.get("accumulate_grad_batches") or 1)) * max(epochs, 1)
-    return min(steps, max_steps) if max_steps != -1 else steps
+#: The schedules with rules beyond their signature (key: the `_target_`'s import path), and how
+#: the start-up lines and the fit's first line describe them; others are described by their config.
+CHECKS = MappingProxyType({f"{__name__}.one_cycle": _check_one_cycle})
+DESCRIBED = MappingProxyType({f"{__name__}.one_cycle": describe_one_cycle})
 
 
-def _given_or(value: Any, default: int) -> int:
-    return default if value is None else int(value)
+def describe(cfg: SchedulerConfig, peak_lr: float, total_steps: Optional[int], optimizer: OptimizerConfig) -> str:
+    describe_target = DESCRIBED.get(cfg.target)
+    if describe_target is not None:
+        return describe_target(cfg, peak_lr, total_steps, optimizer)
+    arguments = ", ".join(f"{key}={value}" for key, value in cfg.arguments.items())
+    steps = f" over {total_steps:,} optimizer steps" if total_steps is not None else ""
+    return f"{cfg.target.rsplit('.', 1)[-1]}({arguments}), per {cfg.interval}{steps}"
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int) -> dict[str, Any]:
+    """A Lightning ``lr_scheduler`` dict: the choice's schedule over `optimizer`, stepped per `interval`."""
+    factory = locate_target("scheduler", cfg.target)
+    injected = {"total_steps": total_steps} if "total_steps" in inspect.signature(factory).parameters else {}
+    return {"scheduler": factory(optimizer, **injected, **cfg.arguments), "interval": cfg.interval}
+
+
+def validate(values: dict[str, Any]) -> SchedulerConfig:
+    keys = schema_of_dataclass(SchedulerKeys)
+    own = check_keys("scheduler", {k: v for k, v in values.items() if k in keys.fields}, SchedulerKeys)
+    checked = check_target("scheduler", values, skip=INJECTED, also=keys)
+    arguments = {k: v for k, v in checked.items() if k not in keys.fields and not (k.startswith("_") and k.endswith("_"))}
+    target = locate_target("scheduler", checked["_target_"])
+    path = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+    if path in CHECKS:
+        CHECKS[path](arguments)
+    return SchedulerConfig(**vars(own), target=path, arguments=arguments)
+
+
+GROUP = ConfigGroup("scheduler", __name__, "the learning-rate schedule", validate, keys=SchedulerKeys, target=True)

@@ -20,6 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from trainer.infra.errors import UserError
+from trainer.infra.schema import ConfigGroup
 
 log = logging.getLogger("trainer")
 
@@ -90,3 +91,6 @@ def check_trial(objective: float | None) -> None:
     """An Optuna trial without a finite objective counts as failed (the sweeper would crash on NaN)."""
     if objective is not None and not math.isfinite(objective) and in_multirun() and optuna_sweep():
         raise TrialFailed(f"objective is {objective}: the trial counts as failed")
+
+
+GROUP = ConfigGroup("hparams_search", __name__, "an Optuna study (Hydra's Optuna sweeper, its SQLite storage)", None)

@@ -3,7 +3,8 @@ the SLURM launcher's resolver and the launch checks)."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
 
@@ -38,3 +39,30 @@ def count_devices(devices: Any, accelerator: str) -> int:
     if isinstance(devices, str):  # "0,1"
         return len([d for d in devices.split(",") if d.strip()])
     return int(devices)
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Where a run trains, decided once from the `trainer` group (trainer/phases/identify.py) and
+    read by every phase after: the accelerator and how it was chosen, devices per node, nodes."""
+
+    accelerator: str
+    how: str
+    per_node: int
+    nodes: int
+
+    @property
+    def processes(self) -> int:
+        """One per device on every node (Lightning's DDP and FSDP)."""
+        return self.per_node * self.nodes
+
+    def global_batch(self, batch: int, accumulation: int) -> int:
+        return batch * self.processes * accumulation
+
+
+def decide_devices(trainer_cfg: Mapping[str, Any]) -> Devices:
+    accelerator, how = resolve_accelerator(str(trainer_cfg.get("accelerator", "auto")))
+    per_node = count_devices(trainer_cfg.get("devices", 1), accelerator)
+    if per_node < 1:
+        raise UserError("trainer.devices", f"resolves to {per_node} devices", "a positive count, a list of ids, or auto")
+    return Devices(accelerator, how, per_node, int(trainer_cfg.get("num_nodes", 1) or 1))

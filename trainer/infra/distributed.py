@@ -86,11 +86,6 @@ def rank_zero_record(record: Path, needs: Sequence[str], key: str, asked: str, i
     raise UserError(key, f"{asked}: rank 0 wrote no {record} within {timeout_s:.0f} s", instead)
 
 
-def process_count(trainer_cfg: Mapping[str, Any], devices: int) -> int:
-    """Processes the run trains with: one per device on every node (Lightning's DDP and FSDP)."""
-    return devices * int(trainer_cfg.get("num_nodes", 1) or 1)
-
-
 def check_launch(processes: int, multirun: bool, launcher_target: str, diagnose: bool, strategy: Any = "auto",
                  accelerator: str = "cpu", env: Mapping[str, str] | None = None, measuring: str = "diagnose") -> None:
     """Refuse, before anything starts, the combinations that would not give one run per job.

@@ -28,10 +28,11 @@ from typing import Any, Callable, Iterable, Sequence
 import yaml
 from hydra.experimental.callback import Callback
 
-from trainer.infra.atomic import write_text_atomic
-from trainer.measure.figures import new_figure, save_png
 from trainer.configuration.diff import MISSING, changes_marked, result_overrides, same
+from trainer.infra.atomic import write_text_atomic
 from trainer.infra.errors import UserError, exception_line, exit_with, one_line, one_line_on_user_error
+from trainer.infra.figures import new_figure, save_png
+from trainer.infra.schema import ConfigGroup
 from trainer.measure.seed_groups import Setting, group_by_setting, has_repeats, setting_of
 from trainer.measure.seed_groups import markdown as settings_markdown
 
@@ -614,3 +615,6 @@ def main(argv: Iterable[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+GROUP = ConfigGroup("ladder", __name__, "an optimization ladder: stages of one multirun, compared", None)

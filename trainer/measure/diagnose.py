@@ -29,17 +29,16 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 import torch
-
 from torch.profiler import record_function
 
-from trainer.measure.figures import new_figure, save_png
 from trainer.callbacks.throughput import synchronize
 from trainer.data.base import ImageClassificationData
 from trainer.data.loader import resolve_loader, usable_cpus
 from trainer.groups.precision import compute_dtype
-from trainer.measure.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
-                             Breakdown, breakdown, ops_of, unusual)
 from trainer.infra.atomic import write_json_atomic
+from trainer.infra.figures import new_figure, save_png
+from trainer.measure.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
+                                     Breakdown, breakdown, ops_of, unusual)
 
 log = logging.getLogger("trainer")
 

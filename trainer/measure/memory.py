@@ -24,18 +24,18 @@ same model with the changed part measured again, not a rule of thumb.
 from __future__ import annotations
 
 import contextlib
-import resource
 import copy
 import math
+import resource
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
-from trainer.measure.figures import new_figure, save_png
-from trainer.infra.fingerprint import proc_kib
 from trainer.groups.precision import compute_dtype
+from trainer.infra.figures import new_figure, save_png
+from trainer.infra.fingerprint import proc_kib
 
 MIB = 2**20
 #: The two small batches the activations per sample are measured at.

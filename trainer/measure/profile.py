@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from trainer.infra.atomic import write_json_atomic, write_text_atomic
-from trainer.measure.figures import new_figure, save_png
+from trainer.infra.figures import new_figure, save_png
 from trainer.measure.mfu import peak_bandwidth, peak_flops
 
 CONV_MATMUL = "convolution/matmul"

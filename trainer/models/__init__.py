@@ -1,1 +1,1 @@
-"""Networks: one module per `conf/model/*.yaml` choice, built from the layers in `layers`."""
+"""The `model` group's room: networks and their layers (docs/architecture.md places it)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Sequence
 import torchvision
 from torch import nn
 
-from trainer.configuration.schema import Doc
+from trainer.infra.schema import Doc
 
 Stem = Literal["auto", "imagenet", "small"]
 

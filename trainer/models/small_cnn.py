@@ -11,8 +11,8 @@ from typing import Annotated, Literal, Sequence
 import torch
 from torch import nn
 
+from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 from trainer.models.layers import ClassifierHead, ConvBNAct, init_weights
-from trainer.configuration.schema import AT_LEAST_ONE, Doc, Range
 
 
 class SmallCNN(nn.Module):

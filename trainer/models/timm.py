@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional, Sequence
 from torch import nn
 
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import Doc, Range
+from trainer.infra.schema import Doc, Range
 
 #: A few names a newcomer may want, for the error that lists choices.
 EXAMPLES = ("resnet18", "resnet50", "convnext_tiny", "efficientnet_b0", "vit_small_patch16_224", "vit_tiny_patch16_224")

@@ -3,18 +3,16 @@ steps until out of memory; on a CPU, data.memory_budget_gb against the measured 
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from trainer.phases.build import Parts
 from trainer.data.base import AUTO_BATCH_START
+from trainer.infra.atomic import write_json_atomic
 from trainer.infra.distributed import rank_zero_record
 from trainer.infra.errors import UserError
 from trainer.measure.memory import autocast_for, largest_batch_that_runs, largest_batch_within, plan_memory
-from trainer.configuration.spec import RunSpec
 from trainer.modes.measuring import memory_inputs
-from trainer.phases.plan import Derived, resolve
-from trainer.infra.atomic import write_json_atomic
+from trainer.phases.plan import Derived, Probe
+from trainer.phases.state import Run
 from trainer.task import classification_loss
 
 #: data.batch_size=auto: rank 0 writes what it found here; the other ranks read it, so every rank
@@ -22,21 +20,20 @@ from trainer.task import classification_loss
 AUTO_BATCH_FILE = "batch_size_auto.json"
 
 
-def find_batch_size(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool) -> Derived:
+def find_batch_size(run: Run, probe: Probe) -> Derived:
     """The batch found, with how; rank 0 measures, the other ranks read what it found. The steps it
-    measures are planned at the finder's starting batch (device, precision, memory format and the
-    optimizer are the run's); the run's own plan is resolved afterwards, at the batch found."""
-    record = run_dir / AUTO_BATCH_FILE
-    if not rank_zero:
+    measures run as the probe says (device, precision, memory format and the optimizer's kernel are
+    the run's); the plan is resolved afterwards, at the batch found."""
+    record = run.job.run_dir / AUTO_BATCH_FILE
+    if not run.rank_zero:
         return batch_of_rank_zero(record)
-    start = dataclasses.replace(spec, data={**spec.data, "batch_size": parts.datamodule.batch_size})
-    plan = resolve(start, parts.datamodule, parts.info, parts.net, parts.clipping)
-    inputs = memory_inputs(plan, parts)
-    datamodule = parts.datamodule
-    budget = datamodule.memory_budget_gb
-    limit = max(AUTO_BATCH_START, parts.info.sizes.get("train", 0) // max(1, plan.devices))
-    context = autocast_for(plan.precision, inputs.device)
-    optimizer = inputs.optimizer_for(plan.optimizer_implementation)
+    parts = run.parts
+    inputs = memory_inputs(probe.device, probe.channels_last, probe.optimizer(run.spec, parts.net, AUTO_BATCH_START),
+                           parts.info)
+    budget = parts.datamodule.memory_budget_gb
+    limit = max(AUTO_BATCH_START, parts.info.sizes.get("train", 0) // max(1, probe.devices.per_node))
+    context = autocast_for(probe.precision, inputs.device)
+    optimizer = inputs.optimizer_for(probe.implementation)
     try:
         if inputs.device.type == "cuda":
             batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, classification_loss,

@@ -3,28 +3,24 @@ the verdict are trainer/measure/diagnose.py's)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from trainer.phases.build import Parts, build_trainer, device_of
 from trainer.callbacks.throughput import ThroughputMeter
-from trainer.configuration.spec import RunSpec
 from trainer.data.synthetic import SyntheticDataModule
-from trainer.measure.diagnose import diagnose
 from trainer.infra.library_logs import quiet_library_warnings
-from trainer.modes.measuring import measuring
-from trainer.phases.plan import Plan
-from trainer.task import ClassificationTask
+from trainer.measure.diagnose import diagnose
+from trainer.phases.build import build_trainer
+from trainer.phases.state import Run
 
 
-def run_diagnosis(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationTask, run_dir: Path) -> None:
+def run_diagnosis(run: Run) -> None:
     """The full step runs the real loop and callbacks, only shorter: no validation, checkpoints,
     loggers or progress output, and just enough steps for the throughput meter's windows. The parts
     are timed with the optimizer the plan's recipe builds, as training's is."""
+    spec, plan, parts, task = run.spec, run.plan, run.parts, run.task
     steps = spec.top.diagnose_steps
-    built = build_trainer(*measuring(spec, plan, ThroughputMeter.WARMUP_STEPS + 1 + steps), run_dir, parts)
-    device = device_of(plan)
+    built = build_trainer(run, measuring_steps=ThroughputMeter.WARMUP_STEPS + 1 + steps)
+    device = plan.device
     task.to(device)
     optimizer = plan.optimizer.build(task.net)
 
@@ -43,5 +39,5 @@ def run_diagnosis(spec: RunSpec, plan: Plan, parts: Parts, task: ClassificationT
                "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules())}
     precision = built.trainer.precision_plugin
     diagnose(parts.datamodule, task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
-             device, full_step, context, run_dir, steps=steps,
+             device, full_step, context, run.job.run_dir, steps=steps,
              sweep=not isinstance(parts.datamodule, SyntheticDataModule))

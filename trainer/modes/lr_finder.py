@@ -3,14 +3,14 @@ networks"), run by Lightning's tuner (`Tuner.lr_find`, its LearningRateFinder) b
 
 The test trains `optimizer.find_steps` steps from a copy of the network's initial weights while the
 lr rises exponentially from `find_min_lr` to `find_max_lr`, and suggests the lr where the smoothed
-loss falls fastest. It runs between the build and the final resolve (after data.batch_size=auto, so
-at the batch the run trains with), on rank 0 alone, on a Trainer of its own (one device, the run's
-accelerator and precision; no logger, checkpoints, progress bar or model summary). The run's own
-network, global random generators and data order are left as they were: a run whose test suggests X
-trains exactly as a run given X (at the same batch) does.
+loss falls fastest. It runs between the build and the resolve phase (after data.batch_size=auto, so
+at the batch the run trains with), on rank 0 alone, on a Trainer of its own (one device, the
+probe's accelerator, precision and kernel; no logger, checkpoints, progress bar or model summary).
+The run's own network, data module, TF32 setting, global random generators and data order are left
+as they were: a run whose test suggests X trains exactly as a run given X (at the same batch) does.
 
 The lr found is the lr at rank 0's per-device batch; the plan moves it to the global batch by
-`optimizer.lr_scaling` (trainer/groups/scaling.py `scale_found`). Rank 0 writes lr_find.json and
+`optimizer.lr_scaling` (trainer/groups/optimizer/scaling.py `scale_found`). Rank 0 writes lr_find.json and
 lr_find.png into the run folder; the other ranks read lr_find.json, and so does a resumed run, which
 never runs the test again when the run it carries on already did.
 """
@@ -32,23 +32,24 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-import yaml
 from lightning.pytorch.tuner import Tuner
+from lightning.pytorch.utilities.seed import isolate_rng
 from torchmetrics import Metric
 
-from trainer.callbacks.rng import capture, restore
-from trainer.configuration.recipes import CONF_DIR
-from trainer.configuration.spec import LR_FIND, ConstantConfig, RunSpec
-from trainer.groups.lightning_trainer import make_trainer
-from trainer.groups.precision import apply_tf32, lightning_precision
-from trainer.groups.scaling import FoundLr
+from trainer.configuration.spec import RunSpec, choice_values
+from trainer.data.base import ImageClassificationData
+from trainer.groups.optimizer.scaling import FoundLr
+from trainer.groups.optimizer.schema import LR_FIND
+from trainer.groups.precision import lightning_precision, tf32_during
+from trainer.groups.scheduler import SchedulerConfig
+from trainer.groups.trainer import make_trainer
 from trainer.infra.atomic import write_json_atomic
 from trainer.infra.distributed import rank_zero_record
 from trainer.infra.errors import UserError
+from trainer.infra.figures import new_figure, save_png
 from trainer.infra.library_logs import quiet_library_warnings
-from trainer.measure.figures import new_figure, save_png
-from trainer.phases.build import Parts, apply_to_data
-from trainer.phases.plan import Plan, resolve
+from trainer.phases.plan import Derived, Probe
+from trainer.phases.state import Run
 from trainer.task import ClassificationTask
 
 log = logging.getLogger("trainer")
@@ -63,14 +64,15 @@ WHAT_TO_DO = ("a fixed optimizer.lr, or a wider range (a lower optimizer.find_mi
               "optimizer.find_max_lr) or more optimizer.find_steps")
 
 
-def find_lr(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool,
-            resumed_from: Path | None = None) -> FoundLr:
-    """The lr the range test suggests at this run's per-device batch, with how it was found. Rank 0
-    runs the test (or, resuming, reads the answer the run already has); the other ranks read
-    rank 0's. `resumed_from`: the checkpoint the run carries on from."""
+def find_lr(run: Run, probe: Probe, batch: Derived | None = None) -> FoundLr:
+    """The lr the range test suggests at this run's per-device batch (`batch`, what
+    data.batch_size=auto found, else data.batch_size), with how it was found. Rank 0 runs the test
+    (or, resuming, reads the answer the run already has); the other ranks read rank 0's."""
+    spec, run_dir = run.spec, run.job.run_dir
+    resumed_from = run.identity.resume_from.path if run.identity.resume_from is not None else None
     record = run_dir / LR_FIND_FILE
     shipped = shipped_lr(spec)
-    if not rank_zero:
+    if not run.rank_zero:
         found = rank_zero_record(record, RECORD_KEYS, "optimizer.lr", LR_FIND,
                                  "a fixed optimizer.lr, or check rank 0's log")
         return found_lr(found, shipped, "rank 0's")
@@ -83,7 +85,7 @@ def find_lr(spec: RunSpec, parts: Parts, run_dir: Path, rank_zero: bool,
                 shutil.copyfile(earlier.parent / LR_FIND_PLOT, run_dir / LR_FIND_PLOT)
         log.info("optimizer.lr=find: the range test's answer of the run resumed, from %s", earlier)
         return found_lr(found, shipped, f"from {earlier.parent.name}/{LR_FIND_FILE}, resumed")
-    found = range_test(spec, parts, run_dir)
+    found = range_test(run, probe, int(batch.value) if batch is not None else int(spec.data["batch_size"]))
     return found_lr(found, shipped)
 
 
@@ -114,35 +116,35 @@ def found_lr(found: dict[str, Any], shipped: tuple[float, str] | None, note: str
 
 
 def shipped_lr(spec: RunSpec) -> tuple[float, str] | None:
-    """The lr the optimizer choice ships (its YAML in the framework's conf/optimizer/, read as
-    written), with the choice's name: what the batch rule would have started from."""
-    for choice in (spec.choices.get("optimizer"), spec.optimizer.name):
-        path = CONF_DIR / "optimizer" / f"{choice}.yaml"
-        if not choice or not path.is_file():
+    """The lr the optimizer choice ships (its YAML, composed by Hydra as the run's own config was,
+    a team's search path included), with the choice's name: what the batch rule would have started
+    from."""
+    for choice in (spec.choices.get("optimizer"), spec.optimizer.name):  # a choice, else the optimizer's name
+        try:
+            lr = choice_values("optimizer", choice).get("lr") if choice else None
+        except Exception:  # noqa: BLE001 - a choice that cannot be composed alone has nothing to compare with
             continue
-        lr = (yaml.safe_load(path.read_text()) or {}).get("lr")
         if isinstance(lr, (int, float)) and not isinstance(lr, bool):
             return float(lr), f"optimizer={choice}"
     return None
 
 
-def range_test(spec: RunSpec, parts: Parts, run_dir: Path) -> dict[str, Any]:
-    """Run Lightning's range test on a copy of the network; write lr_find.json and lr_find.png."""
-    opt = spec.optimizer
-    # A provisional plan: its lr is a placeholder (the test sets every group's lr itself).
-    plan = resolve(spec, parts.datamodule, parts.info, parts.net, parts.clipping)
-    apply_to_data(plan, parts.datamodule)  # the loaders the run will have (the final plan's are the same)
-    apply_tf32(plan.tf32, plan.accelerator)  # as the build phase will set it for the run
+def range_test(run: Run, probe: Probe, batch: int) -> dict[str, Any]:
+    """Run Lightning's range test on a copy of the network at the per-device `batch`; write
+    lr_find.json and lr_find.png. The data module, TF32 and the global random generators are as
+    they were afterwards (Lightning's `isolate_rng` for the generators, CUDA's included)."""
+    opt, datamodule, run_dir = run.spec.optimizer, run.parts.datamodule, run.job.run_dir
     log.info("optimizer.lr=find: Lightning's lr range test, %d steps from %g to %g at batch %d", opt.find_steps,
-             opt.find_min_lr, opt.find_max_lr, parts.datamodule.batch_size)
-    with rng_kept(cuda=plan.accelerator == "cuda"), tempfile.TemporaryDirectory(prefix="lr_find.") as scratch:
-        finder = _run_finder(spec, plan, parts, Path(scratch))
+             opt.find_min_lr, opt.find_max_lr, batch)
+    with isolate_rng(include_cuda=probe.accelerator == "cuda"), tf32_during(probe.tf32, probe.accelerator), \
+            _batch_during(datamodule, batch), tempfile.TemporaryDirectory(prefix="lr_find.") as scratch:
+        finder = _run_finder(run, probe, batch, Path(scratch))
     lrs, losses = [float(v) for v in finder.results["lr"]], [float(v) for v in finder.results["loss"]]
     suggested = steepest_descent(finder, SKIPPED_AT_START)
     _check_suggestion(suggested, lrs, losses, opt.find_steps)
     assert suggested is not None  # _check_suggestion refuses None
     index = lrs.index(suggested)
-    found = {"lr": float(suggested), "batch_size": parts.datamodule.batch_size, "min_lr": opt.find_min_lr,
+    found = {"lr": float(suggested), "batch_size": batch, "min_lr": opt.find_min_lr,
              "max_lr": opt.find_max_lr, "steps": opt.find_steps, "steps_run": len(lrs), "suggestion_index": index,
              "loss_at_suggestion": losses[index], "lrs": lrs, "losses": losses}
     figure = new_figure(figsize=(6, 4), layout="constrained")
@@ -156,41 +158,57 @@ def range_test(spec: RunSpec, parts: Parts, run_dir: Path) -> dict[str, Any]:
     return found
 
 
-def _run_finder(spec: RunSpec, plan: Plan, parts: Parts, scratch: Path) -> Any:
+@contextlib.contextmanager
+def _batch_during(datamodule: ImageClassificationData, batch: int) -> Iterator[None]:
+    """The data module's loaders at `batch` while the test runs; as they were afterwards (the run's
+    batch is the plan's, applied by the build phase)."""
+    before = datamodule.batch_size, datamodule.eval_batch_size
+    datamodule.set_batch_size(batch)
+    try:
+        yield
+    finally:
+        datamodule.batch_size, datamodule.eval_batch_size = before
+
+
+def _run_finder(run: Run, probe: Probe, batch: int, scratch: Path) -> Any:
     """Lightning's tuner on a Trainer of its own, with a deep copy of the network."""
+    spec, parts = run.spec, run.parts
     opt = spec.optimizer
     # A constant schedule: the test replaces the schedule with its own, and the one-cycle schedule
     # would set the momentum first (the test runs at the optimizer's own momentum, as fastai's).
-    task = ClassificationTask(copy.deepcopy(parts.net), parts.info.num_classes, plan.optimizer,
-                              ConstantConfig(name="constant"), channels_last=plan.channels_last,
+    constant = SchedulerConfig(name="constant", interval="step", target="trainer.groups.scheduler.constant")
+    task = ClassificationTask(copy.deepcopy(parts.net), parts.info.num_classes,
+                              probe.optimizer(spec, parts.net, batch), constant, channels_last=probe.channels_last,
                               regularization=spec.regularization)
+    task.announces_schedule = False
     # Under torchrun the process group exists already and rank 0 tests alone: a metric synchronized
     # over the processes as an epoch of the test ends would wait for the other ranks forever.
     for metric in task.modules():
         if isinstance(metric, Metric):
             metric.sync_on_compute = False
     with quiet_library_warnings(), warnings.catch_warnings(), _lightning_quiet(logging.WARNING), \
-            _bar_kept_off(plan.progress != "rich"):
+            _bar_kept_off(probe.progress != "rich"):
         # Lightning's hint to use srun, which the run's own Trainer gives once already.
         warnings.filterwarnings("ignore", message=".*The `srun` command is available.*")
-        trainer = make_trainer((), **_finder_trainer_arguments(spec, plan, scratch))
+        trainer = make_trainer((), **_finder_trainer_arguments(spec, probe, scratch))
         finder = Tuner(trainer).lr_find(task, datamodule=parts.datamodule, min_lr=opt.find_min_lr,
                                         max_lr=opt.find_max_lr, num_training=opt.find_steps, update_attr=False)
     del trainer, task  # the copy's memory back before the run builds its own
     gc.collect()
-    if plan.accelerator == "cuda":
+    if probe.accelerator == "cuda":
         torch.cuda.empty_cache()
     assert finder is not None  # None only under fast_dev_run, which this Trainer does not have
     return finder
 
 
-def _finder_trainer_arguments(spec: RunSpec, plan: Plan, scratch: Path) -> dict[str, Any]:
+def _finder_trainer_arguments(spec: RunSpec, probe: Probe, scratch: Path) -> dict[str, Any]:
     """One device with the run's accelerator, precision, determinism and cuDNN autotuning, and
     nothing else of the run's Trainer."""
     steps = spec.optimizer.find_steps
     return dict(
-        accelerator=plan.accelerator, devices=1, **lightning_precision(plan.precision, plan.accelerator, spec.precision),
-        deterministic=spec.trainer.get("deterministic"), benchmark=plan.cudnn_benchmark,
+        accelerator=probe.accelerator, devices=1, **lightning_precision(probe.precision, probe.accelerator,
+                                                                        spec.precision),
+        deterministic=spec.trainer.get("deterministic"), benchmark=probe.cudnn_benchmark,
         # No callbacks: Lightning's test replaces the Trainer's callbacks with its own recorder for the
         # sweep anyway; the clipping percentile would calibrate on gradients that grow with the lr,
         # and the test stops itself where the loss diverges (4x its best) instead of a guard.
@@ -236,21 +254,6 @@ def _check_suggestion(suggested: float | None, lrs: list[float], losses: list[fl
     if window and min(window[1:], default=math.inf) >= window[0]:
         raise UserError("optimizer.lr", f"find: the smoothed loss never fell below {window[0]:.4g}, its value at "
                         f"{lrs[SKIPPED_AT_START]:.3g} ({what})", WHAT_TO_DO)
-
-
-@contextlib.contextmanager
-def rng_kept(cuda: bool) -> Iterator[None]:
-    """The global random generators (python, numpy, torch CPU, and CUDA's with `cuda`) as they were
-    before, whatever the test drew from them (dropout, on-device augmentation, mixing). Lightning's
-    callback isolates them around its own sweep; this holds for all of the test (the Trainer's
-    setup and teardown, the data module's hooks) whatever a Lightning version does there."""
-    if cuda:
-        torch.cuda.init()  # so that their states are captured before the test draws from them
-    state = capture()
-    try:
-        yield
-    finally:
-        restore(state)
 
 
 @contextlib.contextmanager

@@ -3,33 +3,30 @@ trainer/measure/memory.py's), drawn, and kept for the start-up lines and summary
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from trainer.phases.build import Parts
-from trainer.configuration.spec import RunSpec
+from trainer.groups.precision import compute_dtype
 from trainer.measure.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
 from trainer.modes.measuring import memory_inputs
-from trainer.phases.plan import Plan
-from trainer.groups.precision import compute_dtype
+from trainer.phases.state import Run
 from trainer.task import classification_loss
 
 
-def measure_memory_plan(spec: RunSpec, plan: Plan, parts: Parts, run_dir: Path, rank_zero: bool) -> MemoryPlan:
+def measure_memory_plan(run: Run) -> MemoryPlan:
     """Measured on a copy of the network before it is compiled or checkpointed."""
-    inputs = memory_inputs(plan, parts)
+    spec, plan, parts = run.spec, run.plan, run.parts
+    inputs = memory_inputs(plan.device, plan.channels_last, plan.optimizer, parts.info)
     device = inputs.device
     half = autocast_for("bf16-mixed", device) if compute_dtype(plan.precision) == torch.float32 else None
     memory = plan_memory(parts.net, inputs.optimizer_for(plan.optimizer_implementation), inputs.make_batch,
                          classification_loss, autocast_for(plan.precision, device), device,
-                         int(spec.data["batch_size"]), half_context=half,
+                         plan.batch_size, half_context=half,
                          make_fused=None if plan.optimizer_implementation == "fused" else inputs.optimizer_for("fused"))
     if plan.checkpointed_stages:
         memory.notes.append(f"measured without the configured checkpointing of {', '.join(plan.checkpointed_stages)}")
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    if rank_zero:
-        plot_plan(memory, run_dir / "memory_plan.png", f"{spec.model['_target_'].rsplit('.', 1)[-1]}, "
+    if run.rank_zero:
+        plot_plan(memory, run.job.run_dir / "memory_plan.png", f"{spec.model['_target_'].rsplit('.', 1)[-1]}, "
                                                        f"{plan.precision}, {plan.optimizer_implementation} optimizer")
     return memory

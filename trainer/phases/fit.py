@@ -9,17 +9,14 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
-
 from trainer.infra import attempts
 from trainer.infra.errors import UserError
 from trainer.infra.library_logs import quiet_library_warnings
-from trainer.phases.build import Built, Parts
-from trainer.phases.identify import Identity
-from trainer.infra.resume import Checkpoint, read_resumable
-from trainer.measure.memory import peak_memory, reset_peak_memory
 from trainer.infra.summary import split_metrics
-from trainer.task import ClassificationTask
+from trainer.measure.memory import peak_memory, reset_peak_memory
+from trainer.phases.products import Built
+from trainer.phases.resume import Checkpoint, read_resumable
+from trainer.phases.state import Run
 
 log = logging.getLogger("trainer")
 
@@ -36,11 +33,11 @@ class Fitted(NamedTuple):
     final_checkpoint: str | None
 
 
-def fit(built: Built, task: ClassificationTask, parts: Parts, resume_from: Checkpoint | None,
-         memory_device: torch.device) -> Fitted:
+def fit(run: Run) -> Fitted:
     """Fit, from the checkpoint resumed from if any; a signal stop or an interruption raises. A run
     resumed after its training had ended fits nothing: what its training reached comes from that
     checkpoint (trainer/callbacks/logged_metrics.py)."""
+    built, parts, resume_from, memory_device = run.built, run.parts, run.identity.resume_from, run.plan.device
     trainer = built.trainer
     # The jobs of a multirun share this process: collect the previous job's reference cycles
     # (trainer <-> module) before counting this run's peak, or its model would still be resident.
@@ -48,12 +45,12 @@ def fit(built: Built, task: ClassificationTask, parts: Parts, resume_from: Check
     peak_reset = reset_peak_memory(memory_device)
     with quiet_library_warnings():
         started = time.perf_counter()
-        trainer.fit(task, datamodule=parts.datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
+        trainer.fit(run.task, datamodule=parts.datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
                     weights_only=True)
         fit_seconds = time.perf_counter() - started
     if trainer.interrupted:
         raise KeyboardInterrupt
-    records = {"throughput": built.meter.summary(), "loss": built.losses.summary(),
+    records = {"throughput": built.meter.summary(), "loss": built.losses.summary(), "scheduler": run.task.schedule,
                "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
     if built.target is not None:
         records["target"] = built.target.summary()
@@ -80,19 +77,20 @@ def _final_checkpoint(built: Built, resume_from: Checkpoint | None) -> str | Non
     return None
 
 
-def training_fields(built: Built, fitted: Fitted, identity: Identity) -> dict[str, Any]:
+def training_fields(run: Run, fitted: Fitted) -> dict[str, Any]:
     """What the fit reached, written into summary.json as the test starts (with the steps this
     attempt reached: an attempt killed from here on has lost none)."""
-    steps = built.trainer.global_step
+    trainer, identity = run.built.trainer, run.identity
+    steps = trainer.global_step
     return {"metrics": fitted.metrics, **fitted.training_records, "steps": steps,
-            "epochs": built.trainer.current_epoch, "fit_time_s": fitted.fit_seconds,
+            "epochs": trainer.current_epoch, "fit_time_s": fitted.fit_seconds,
             "final_checkpoint": fitted.final_checkpoint,
             **attempts.totals([*identity.earlier_attempts, {**identity.attempt, "steps": steps}])}
 
 
-def test_after_fit(built: Built, task: ClassificationTask, parts: Parts, fitted: Fitted) -> Fitted:
+def test_after_fit(run: Run, fitted: Fitted) -> Fitted:
     """Test the best checkpoint (or the final weights without checkpointing)."""
     with quiet_library_warnings():
-        tested = built.trainer.test(task, datamodule=parts.datamodule, ckpt_path="best" if fitted.use_best else None,
+        tested = run.built.trainer.test(run.task, datamodule=run.parts.datamodule, ckpt_path="best" if fitted.use_best else None,
                                     verbose=False, weights_only=True)
     return fitted._replace(metrics={**fitted.metrics, **split_metrics(tested[0] if tested else {})})

@@ -1,27 +1,28 @@
-"""The prepare phase's record: the run, what it resumes from and the plan printed; env.json and
-config_resolved.yaml written."""
+"""The prepare phase: the run, what it resumes from and the plan printed with the start-up warnings
+(the studies', the alignment's); env.json and config_resolved.yaml written."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from omegaconf import OmegaConf
 
-from trainer.infra.atomic import write_text_atomic
-from trainer.configuration.spec import RunSpec
+from trainer.infra.atomic import write_json_atomic, write_text_atomic
 from trainer.infra.fingerprint import fingerprint
-from trainer.phases.compose import Job
-from trainer.phases.identify import Identity
-from trainer.phases.plan import Plan
-from trainer.infra.atomic import write_json_atomic
+from trainer.measure.alignment import check_alignment
+from trainer.measure.memory import MemoryPlan
+from trainer.models.layers import count_parameters
+from trainer.phases.state import Run
 
 log = logging.getLogger("trainer")
 
 
-def announce(spec: RunSpec, plan: Plan, job: Job, identity: Identity, rank_zero: bool) -> dict[str, Any]:
-    """Print the run, what it resumes from and the plan; write env.json and config_resolved.yaml."""
-    log.info("run %s, folder %s", identity.name, job.run_dir)
+def announce(run: Run, memory: MemoryPlan | None = None) -> None:
+    """Print the run, what it resumes from, the plan and the memory plan; `run.environment` and
+    `run.model_facts` (the network's size and its dimensions' alignment), env.json and
+    config_resolved.yaml written."""
+    plan, identity = run.plan, run.identity
+    log.info("run %s, folder %s", identity.name, run.job.run_dir)
     if identity.resume_from is not None:
         source = identity.resume_from
         log.info("resuming from %s (step %d, epoch %d%s)", source.path, source.global_step, source.epoch,
@@ -30,9 +31,12 @@ def announce(spec: RunSpec, plan: Plan, job: Job, identity: Identity, rank_zero:
         log.info("  %s", line)
     for warning in plan.warnings:
         log.warning("%s", warning)
-    environment = fingerprint()
-    if rank_zero:
-        write_json_atomic(job.run_dir / "env.json", environment)
+    run.model_facts = {"parameters": count_parameters(run.parts.net),
+                       "alignment": check_alignment(run.parts.net, plan.batch_size, plan.accelerator)}
+    for line in memory.lines() if memory is not None else []:
+        log.info(line)
+    run.environment = fingerprint()
+    if run.rank_zero:
+        write_json_atomic(run.job.run_dir / "env.json", run.environment)
         # Hydra's .hydra/config.yaml keeps interpolations as written; this is what the run used.
-        write_text_atomic(job.run_dir / "config_resolved.yaml", OmegaConf.to_yaml(spec.resolved))
-    return environment
+        write_text_atomic(run.job.run_dir / "config_resolved.yaml", OmegaConf.to_yaml(run.spec.resolved))

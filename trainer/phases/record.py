@@ -11,29 +11,34 @@ from typing import Any
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from trainer.infra import attempts
 from trainer.callbacks.graceful import StoppedBySignal
-from trainer.configuration.spec import RunSpec
+from trainer.configuration.recipes import lineage_record
+from trainer.groups.logger import finish_loggers
+from trainer.infra import attempts
 from trainer.infra.distributed import launched_by
 from trainer.infra.errors import UserError, exception_line, full_error_requested
-from trainer.infra.failures import ending_for, was_interrupted
-from trainer.groups.logger import finish_loggers
-from trainer.phases.build import Built, Parts
-from trainer.phases.compose import Job
-from trainer.phases.fit import Fitted
-from trainer.phases.identify import Identity
-from trainer.phases.plan import Plan
-from trainer.configuration.recipes import lineage_record
 from trainer.infra.signals import is_preemption
 from trainer.infra.summary import RunRecord, log_result, optimizer_param_groups
+from trainer.phases.failures import ending_for, was_interrupted
+from trainer.phases.fit import Fitted
+from trainer.phases.state import Run
 
 log = logging.getLogger("trainer")
 
 
-def what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Parts, built: Built,
-              model: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+def begin_record(run: Run, memory: dict[str, Any] | None = None) -> None:
+    """`run.record`: summary.json begun with what is known before training (`what_ran`), and the
+    memory plan's measurement where one was made."""
+    run.record = RunRecord(run.job.run_dir / "summary.json", writes=run.rank_zero, fields=what_ran(run))
+    if memory is not None:
+        run.record.fields["memory_plan"] = memory
+    run.record.begin()
+
+
+def what_ran(run: Run) -> dict[str, Any]:
     """summary.json's fields known before training: the command, choices, recipe, plan and setup."""
-    trainer, info, resumed = built.trainer, parts.info, identity.resume_from
+    job, spec, plan, identity, environment = run.job, run.spec, run.plan, run.identity, run.environment
+    trainer, info, resumed = run.built.trainer, run.parts.info, identity.resume_from
     return {
         "run_name": identity.name,
         "run_dir": str(job.run_dir),
@@ -48,13 +53,14 @@ def what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Par
         "seed": spec.top.seed,
         "derived": plan.to_dict(),
         "hyperparameters": {
-            "batch_size": spec.data["batch_size"], "global_batch_size": plan.global_batch_size,
+            "batch_size": plan.batch_size, "global_batch_size": plan.global_batch_size,
             "optimizer": spec.optimizer.name, "lr": plan.lr, "weight_decay": plan.weight_decay,
             "scheduler": spec.scheduler.name, "precision": plan.precision,
             "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps},
         "data": {"target": spec.data["_target_"], "num_classes": info.num_classes, "in_channels": info.in_channels,
                  "image_size": list(info.image_size), "sizes": info.sizes, "notes": info.notes},
-        "model": {"target": spec.model["_target_"], **model, "activation_checkpointing": spec.activation_checkpointing},
+        "model": {"target": spec.model["_target_"], **run.model_facts,
+                  "activation_checkpointing": spec.activation_checkpointing},
         "device": {"accelerator": plan.accelerator, "devices": plan.devices,
                    "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
         "processes": {"count": trainer.world_size, "strategy": type(trainer.strategy).__name__,
@@ -62,22 +68,22 @@ def what_ran(job: Job, spec: RunSpec, plan: Plan, identity: Identity, parts: Par
     }
 
 
-def record_failure(ex: BaseException, spec: RunSpec, built: Built, parts: Parts, record: RunRecord,
-                    started: float, identity: Identity) -> BaseException | None:
+def record_failure(run: Run, ex: BaseException) -> BaseException | None:
     """summary.json of a run that failed, was preempted or was interrupted (Lightning ends a
     SIGTERM'd fit with its own SIGTERMException: the checkpoint was written by GracefulStop at the
     end of that step, so the run stopped cleanly); the exception to end with, or None to re-raise."""
+    built, record, identity = run.built, run.record, run.identity
     ex = built.stopper.outcome() or ex
     status = _ending_status(ex)
     steps = built.trainer.global_step
     signum = ex.signum if isinstance(ex, StoppedBySignal) else None
-    _wrap_up(built, parts, record, identity.name, failed=True)
-    record.end(status, error=exception_line(ex), nonfinite=parts.guard.summary(),
-               wall_time_s=time.perf_counter() - started, steps=steps,
+    _wrap_up(run, failed=True)
+    record.end(status, error=exception_line(ex), nonfinite=run.parts.guard.summary(),
+               wall_time_s=time.perf_counter() - run.started, steps=steps,
                **attempts.totals([*identity.earlier_attempts,
                                   attempts.ended(identity.attempt, status, steps, signum, record.working)]))
     last = built.checkpoint.last_model_path if built.checkpoint is not None else None
-    return ending_for(ex, spec, last)
+    return ending_for(ex, run.spec, last)
 
 
 def _ending_status(ex: BaseException) -> str:
@@ -87,18 +93,18 @@ def _ending_status(ex: BaseException) -> str:
     return "interrupted" if was_interrupted(ex) else "failed"
 
 
-def record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
-                       started: float, identity: Identity) -> dict[str, Any]:
+def record_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
     """summary.json of a completed run: metrics, which weights were tested, cost; printed. A failure
     while recording is recorded as that, in one line: the checkpoints already written stay valid,
     and the run's next start (resume=if_any) tests and records it again."""
+    record, identity = run.record, run.identity
     try:
-        summary = _write_completion(spec, built, parts, fitted, record, started, identity)
+        summary = _write_completion(run, fitted)
     except Exception as ex:  # noqa: BLE001 - recorded and reported as one line, see the docstring
         if full_error_requested():
             raise
         problem = f"recording the completed run failed ({exception_line(ex, 300)})"
-        steps = built.trainer.global_step
+        steps = run.built.trainer.global_step
         try:
             record.end("failed", error=problem, **attempts.totals(
                 [*identity.earlier_attempts, attempts.ended(identity.attempt, "failed", steps, stopped_in="recording")]))
@@ -115,8 +121,8 @@ def record_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted,
     return summary
 
 
-def _tested_weights(spec: RunSpec, built: Built, fitted: Fitted) -> str:
-    checkpoint, monitor = built.checkpoint, spec.checkpointing.monitor
+def _tested_weights(run: Run, fitted: Fitted) -> str:
+    checkpoint, monitor = run.built.checkpoint, run.spec.checkpointing.monitor
     if not (fitted.use_best and checkpoint):
         return "weights at the end of training"
     score = checkpoint.best_model_score
@@ -124,28 +130,28 @@ def _tested_weights(spec: RunSpec, built: Built, fitted: Fitted) -> str:
     return f"best checkpoint by {monitor} ({Path(checkpoint.best_model_path).name}{shown})"
 
 
-def _write_completion(spec: RunSpec, built: Built, parts: Parts, fitted: Fitted, record: RunRecord,
-                      started: float, identity: Identity) -> dict[str, Any]:
-    trainer, checkpoint = built.trainer, built.checkpoint
-    _wrap_up(built, parts, record, identity.name, failed=False)
-    summary = record.end(
-        "completed", metrics=fitted.metrics, tested_weights=_tested_weights(spec, built, fitted),
+def _write_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
+    trainer, checkpoint, identity = run.built.trainer, run.built.checkpoint, run.identity
+    _wrap_up(run, failed=False)
+    summary = run.record.end(
+        "completed", metrics=fitted.metrics, tested_weights=_tested_weights(run, fitted),
         best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
         final_checkpoint=fitted.final_checkpoint,
         optimizer_param_groups=optimizer_param_groups(trainer.optimizers), **fitted.training_records,
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
-        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - started,
+        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - run.started,
         **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
     return summary
 
 
-def _wrap_up(built: Built, parts: Parts, record: RunRecord, name: str, failed: bool) -> None:
+def _wrap_up(run: Run, failed: bool) -> None:
     """What every ending does before its summary is written: the loggers' runs finished,
     curves.png drawn (as far as training got), and the files the data module found unreadable
     (image folders: by the scan and while loading) noted."""
+    built, record = run.built, run.record
     finish_loggers(list(built.trainer.loggers), failed=failed)
     if record.writes:
-        built.curves.try_write_png(record.path.parent / "curves.png", title=name)
-    report = getattr(parts.datamodule, "bad_files_summary", None)
+        built.curves.try_write_png(record.path.parent / "curves.png", title=run.identity.name)
+    report = getattr(run.parts.datamodule, "bad_files_summary", None)
     if report is not None:
         record.fields["data"]["bad_files"] = report()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import importlib
+import importlib.util
 import inspect
 import math
 import os
@@ -19,7 +21,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 from trainer.infra.errors import UserError, choices
 
@@ -326,3 +328,122 @@ def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)
+
+
+# --- a config group, as its room declares it ----------------------------------------------------
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    """A config group as the module that owns it declares it (``GROUP = ConfigGroup(...)``): the one
+    schema style of every group. Its keys are the fields of a dataclass (`keys`: the framework's
+    own), the constructor arguments of the `_target_` a choice names (`target`), or both (the
+    optimizer: the batch rules are the framework's, the rest is torch's or timm's); `validate` turns
+    a choice's plain values into what the run reads, and raises `UserError` naming the full key."""
+
+    name: str
+    #: The module that owns the group (its schema, rules and builder): ``trainer.groups.optimizer``.
+    module: str
+    #: What a choice of the group chooses, in a few words (--help, docs/architecture.md).
+    chooses: str
+    validate: Optional[Callable[[dict[str, Any]], Any]]
+    keys: Optional[type] = None
+    #: Whether a choice names a `_target_` whose constructor takes (the rest of) its keys.
+    target: bool = False
+    #: A callable whose signature documents the keys when no `_target_` names one (the Trainer).
+    signature: Optional[Callable[..., Any]] = None
+    #: Docs of keys the framework adds to the group that neither the dataclass nor a target documents.
+    docs: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: Docs the framework gives the arguments of library classes the group builds, where their
+    #: docstrings are silent or the framework gives them a meaning of its own: {class: {argument: doc}}.
+    argument_docs: Mapping[Any, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    #: Arguments of `signature` that are not this group's keys (the framework sets them elsewhere).
+    hidden: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        """The owning module as a path in the checkout: ``trainer/groups/precision.py``, or a folder."""
+        found = importlib.util.find_spec(self.module)
+        package = found is not None and found.submodule_search_locations is not None
+        return self.module.replace(".", "/") + ("/" if package else ".py")
+
+
+def check_keys(prefix: str, values: Mapping[str, Any], cls: type, **extra: Any) -> Any:
+    """`values` checked against the dataclass `cls` (with `extra` fields given as they are), the
+    instance's own `check(prefix)` run, lists of a tuple field made tuples."""
+    checked = check_mapping(prefix, values, schema_of_dataclass(cls), f"{prefix} ({cls.__name__})")
+    for name, field in schema_of_dataclass(cls).fields.items():
+        if isinstance(checked.get(name), list) and _is_tuple(field.annotation):
+            checked[name] = tuple(checked[name])
+    instance = cls(**checked, **extra)
+    check = getattr(instance, "check", None)
+    if check:
+        check(prefix)
+    return instance
+
+
+def _is_tuple(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _is_tuple(typing.get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return any(_is_tuple(arg) for arg in typing.get_args(annotation))
+    return origin is tuple or annotation is tuple
+
+
+def check_target(prefix: str, values: Mapping[str, Any], skip: tuple[str, ...] = (),
+                 also: Optional[Schema] = None, filled_from: str = "",
+                 bounds: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """A `_target_` mapping checked against the target's signature: only what the person wrote
+    (defaults stay the callee's), plus Hydra's keys. `skip`: arguments the framework fills in
+    (`filled_from` says from what), refused in the config; `also`: the framework's own keys beside
+    the target's (checked by the caller), accepted here and named among the allowed keys; `bounds`:
+    tighter annotations for some arguments than the signature's."""
+    target_path = values.get("_target_")
+    if not isinstance(target_path, str) or not target_path:
+        raise UserError(f"{prefix}._target_", "missing", "the import path of a class or function (pkg.module.Name)")
+    target = locate_target(prefix, target_path)
+    kwargs = {k: v for k, v in values.items() if not (k.startswith("_") and k.endswith("_"))}
+    for name in skip:
+        if name in kwargs and (also is None or name not in also.fields):
+            raise UserError(f"{prefix}.{name}", f"is filled in by the framework{filled_from}", "remove the key")
+    schema = schema_of_callable(target, skip=skip)
+    if bounds:  # tighter than the signature's own types (a constructor that checks only when it runs)
+        schema = Schema({name: dataclasses.replace(f, annotation=bounds.get(name, f.annotation))
+                         for name, f in schema.fields.items()}, open=schema.open)
+    if also is not None:
+        optional = {name: dataclasses.replace(f, required=False) for name, f in also.fields.items()}
+        schema = Schema({**optional, **schema.fields}, open=schema.open)
+    checked = check_mapping(prefix, kwargs, schema, target_path)
+    out = {k: v for k, v in values.items() if k.startswith("_") and k.endswith("_")}
+    out.update({k: checked[k] for k in kwargs})
+    return out
+
+
+def locate_target(prefix: str, path: str) -> Any:
+    """Import `path` (``pkg.module.Name``); a failure names the key and the missing part."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as ex:
+            if ex.name and (module_name == ex.name or module_name.startswith(ex.name + ".")):
+                continue  # this prefix is not a module; try a shorter one
+            reason = f"importing '{module_name}' failed: {ex}"
+            break
+        except Exception as ex:  # noqa: BLE001 - the person's module failed to import
+            reason = f"importing '{module_name}' failed: {type(ex).__name__}: {ex}"
+            break
+        for attribute in parts[cut:]:
+            if not hasattr(obj, attribute):
+                reason = f"'{module_name}' has no attribute '{attribute}'"
+                break
+            obj = getattr(obj, attribute)
+            module_name = f"{module_name}.{attribute}"
+        else:
+            return obj
+        break
+    else:
+        reason = f"no module named '{parts[0]}'"
+    raise UserError(f"{prefix}._target_", f"cannot import '{path}': {reason}",
+                    "an importable class or function (pkg.module.Name)")

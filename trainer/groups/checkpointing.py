@@ -18,8 +18,9 @@ import argparse
 import pickle
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Callable, Literal, Mapping, Optional
 
 import lightning as L
 import torch
@@ -27,13 +28,32 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from safetensors.torch import save_file
 
-from trainer.infra.atomic import replace_atomic
 from trainer.callbacks.steps import StepBoundary
-from trainer.configuration.spec import CheckpointingConfig
+from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError, first_line, one_line_on_user_error
+from trainer.infra.schema import AT_LEAST_ONE, POSITIVE, ConfigGroup, Doc, Range, check_keys
 
 COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
+
+
+MonitoredMetric = Literal["val/acc", "val/loss", "train/loss", "train/acc"]
+
+
+@dataclass
+class CheckpointingConfig:
+    """Keep the last checkpoint and the best ones by a validation metric."""
+
+    enabled: Annotated[bool, Doc("write checkpoints at all (false: none, and the test uses the final weights)")]
+    monitor: Annotated[MonitoredMetric, Doc("the metric that picks the best checkpoint, which the test uses")]
+    mode: Annotated[Literal["max", "min"], Doc("whether a larger or a smaller monitor value is better")]
+    save_last: Annotated[bool, Doc("keep checkpoints/last.ckpt, which resume carries on from")]
+    save_top_k: Annotated[int, Range(ge=-1), Doc("best checkpoints kept (-1: all, 0: none)")]
+    every_n_epochs: Annotated[int, AT_LEAST_ONE, Doc("epochs between checkpoints")]
+    every_n_steps: Annotated[Optional[Annotated[int, AT_LEAST_ONE]],
+                             Doc("also write last.ckpt every N optimizer steps inside an epoch (null: no)")]
+    every_minutes: Annotated[Optional[Annotated[float, POSITIVE]],
+                             Doc("also write last.ckpt every N minutes of training (null: only at epoch ends)")]
 
 
 class LatestAndBest(ModelCheckpoint):
@@ -44,7 +64,8 @@ class LatestAndBest(ModelCheckpoint):
     was also written. A run whose monitored metric stopped improving then kept a last.ckpt from
     its best epoch (a 20-epoch run here ended with last.ckpt at epoch 18), and ``resume=auto``
     after a preemption would redo every epoch since; with ``save_top_k=0`` no last.ckpt was
-    written at all.
+    written at all. The ModelCheckpoint methods this relies on are pinned by
+    tests/unit/test_library_pins.py.
     """
 
     @property
@@ -106,10 +127,14 @@ def build_periodic(cfg: CheckpointingConfig, run_dir: Path) -> PeriodicCheckpoin
 
 class PeriodicCheckpoint(StepBoundary):
     """Writes ``checkpoints/last.ckpt`` inside epochs: every `every_n_steps` optimizer steps and/or
-    once `every_minutes` of training have passed since the last one. (ModelCheckpoint saves the
-    best ones at epoch ends; one instance cannot also do this without turning off its per-epoch
-    saving, and a second one would version the name to last-v1.ckpt.) The checkpoint holds the
-    loader's place in the epoch, so `resume` carries on from the next batch."""
+    once `every_minutes` of training have passed since the last one. The checkpoint holds the
+    loader's place in the epoch, so `resume` carries on from the next batch.
+
+    Deliberately not a second ModelCheckpoint(every_n_train_steps=..., train_time_interval=...):
+    Lightning refuses the two together in one instance, it saves at an epoch's last batch (where an
+    epoch cut short by limit_train_batches would resume as mid-epoch and be trained again), and
+    beside the epoch-end one it would write last-v1.ckpt; tests/unit/test_library_pins.py pins the
+    first two."""
 
     def __init__(self, dirpath: Path, every_n_steps: int | None, every_minutes: float | None) -> None:
         self.path = Path(dirpath) / "last.ckpt"
@@ -225,8 +250,8 @@ def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m trainer.groups.checkpoint export CKPT OUT.safetensors``"""
-    parser = argparse.ArgumentParser(prog="python -m trainer.groups.checkpoint")
+    """``python -m trainer.groups.checkpointing export CKPT OUT.safetensors``"""
+    parser = argparse.ArgumentParser(prog="python -m trainer.groups.checkpointing")
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="write a checkpoint's model weights as safetensors")
     export.add_argument("checkpoint", type=Path)
@@ -239,3 +264,8 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+GROUP = ConfigGroup("checkpointing", __name__, "last and best checkpoints, periodic ones inside epochs",
+                    lambda values: check_keys("checkpointing", values, CheckpointingConfig),
+                    keys=CheckpointingConfig)

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from trainer.groups.optimizer.schema import OptimizerConfig
+
 Rule = Literal["sqrt", "linear", "none"]
 RULES: tuple[str, ...] = ("sqrt", "linear", "none")
 
@@ -77,6 +79,19 @@ def scale_found(found: FoundLr, rule: str, global_batch: int, ref_batch: int) ->
                  else f"{found.shipped_from}'s {found.shipped:g} (rule none)")
         how += f"; {start} would give {by_rule:.3g} ({moved.value / by_rule:.2f}x)"
     return Scaled(moved.value, how)
+
+
+def at_batch(cfg: OptimizerConfig, global_batch: int, found: FoundLr | None = None) -> tuple[Scaled, Scaled]:
+    """The lr and weight decay `cfg` gives at `global_batch` by its rules, each with its derivation:
+    the configured lr, or the one the range test found (`found`); with lr=find and nothing found
+    yet (a measurement before the test), the range's start stands in and is said to."""
+    if found is not None:
+        lr = scale_found(found, cfg.lr_scaling, global_batch, cfg.ref_batch_size)
+    elif isinstance(cfg.lr, str):  # lr=find, not yet run
+        lr = Scaled(cfg.find_min_lr, "find: Lightning's lr range test, before training (not run yet)")
+    else:
+        lr = scale("lr", cfg.lr, cfg.lr_scaling, global_batch, cfg.ref_batch_size)
+    return lr, scale("weight_decay", cfg.weight_decay, cfg.wd_scaling, global_batch, cfg.ref_batch_size)
 
 
 @dataclass(frozen=True)

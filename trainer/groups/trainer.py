@@ -16,19 +16,24 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import logging
 import os
 import warnings
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Annotated, Any, Iterable, Iterator, Mapping, Optional, Union
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.plugins import CheckpointIO, ClusterEnvironment, LayerSync, Precision
 
 from trainer.infra.errors import UserError, first_line
-from trainer.configuration.instantiation import construct
-from trainer.configuration.schema import describe, matches, schema_of_callable
+from trainer.infra.instantiation import construct
+from trainer.infra.schema import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, ConfigGroup, Range, Schema, check_mapping,
+                                  check_target, describe, locate_target, matches, schema_of_callable)
 
 #: What each argument allows, where Lightning's own message does not say it.
 ALLOWED: dict[str, str] = {
@@ -52,6 +57,38 @@ ALLOWED: dict[str, str] = {
     "plugins": "a list of {_target_: ...} cluster environments or layer syncs",
     "benchmark": "true, false or null",
     "barebones": "false while the run has loggers, checkpoints or progress output (barebones mode turns them off)",
+}
+
+
+# Trainer arguments the framework sets from its own groups; setting them under `trainer.` would
+# silently fight those groups, so they are refused with a pointer to the right place.
+TRAINER_KEYS_OWNED_ELSEWHERE = {
+    "precision": "the precision group (precision=bf16_mixed, ...)",
+    "logger": "the logger group (logger=csv, ...)",
+    "callbacks": "the callbacks group (callbacks=[early_stopping,ema], +callbacks.NAME._target_=pkg.Class)",
+    "enable_checkpointing": "the checkpointing group (checkpointing=off)",
+    "enable_progress_bar": "the top-level key progress (progress=off)",
+    "default_root_dir": "the Hydra run folder (hydra.run.dir=...)",
+    "gradient_clip_val": "the clipping group (clipping=fixed_norm clipping.max_norm=1.0, ...)",
+    "gradient_clip_algorithm": "the clipping group (clipping=value, ...)",
+}
+
+#: Tighter bounds than lightning.Trainer's signature, for arguments Lightning accepts when the
+#: Trainer is built but fails on once fit starts (0 accumulation, 0 epochs or batches between
+#: validations: a ZeroDivisionError mid-run), reads as "always" (negative counts), or that the
+#: batch rules multiply before any Trainer exists (num_nodes, accumulate_grad_batches).
+TRAINER_BOUNDS: dict[str, Any] = {
+    "accumulate_grad_batches": Annotated[int, AT_LEAST_ONE],
+    "num_nodes": Annotated[int, AT_LEAST_ONE],
+    "check_val_every_n_epoch": Optional[Annotated[int, AT_LEAST_ONE]],
+    "val_check_interval": Optional[Union[Annotated[int, AT_LEAST_ONE], Annotated[float, FRACTION], str,
+                                         dict[str, int]]],
+    "log_every_n_steps": Optional[Annotated[int, NON_NEGATIVE]],
+    "min_epochs": Optional[Annotated[int, NON_NEGATIVE]],
+    "min_steps": Optional[Annotated[int, NON_NEGATIVE]],
+    "num_sanity_val_steps": Optional[Annotated[int, Range(ge=-1)]],
+    # Plugin objects come as {_target_: ...} mappings; each is checked by `_plugins`.
+    "plugins": Optional[Union[dict[str, Any], list[Any]]],
 }
 
 
@@ -188,3 +225,91 @@ def _restore_torch_flags(flags: tuple[bool, bool, bool, str | None]) -> None:
         os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     else:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
+
+
+def validate(values: dict[str, Any]) -> dict[str, Any]:
+    """Checked against `lightning.Trainer`'s own signature; only the keys given are kept."""
+    for key in values:
+        if key in TRAINER_KEYS_OWNED_ELSEWHERE:
+            raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
+    checked = check_mapping("trainer", values, _trainer_schema(L.Trainer), "lightning.Trainer")
+    given = {k: v for k, v in checked.items() if k in values}
+    for key, value in given.items():
+        # An object argument given as {_target_: ...}: made by trainer/groups/trainer.py.
+        if key == "plugins":
+            given[key] = _plugins(value)
+        elif isinstance(value, dict) and "_target_" in value:
+            given[key] = check_target(f"trainer.{key}", value)
+    return given
+
+
+def _plugins(value: Any) -> list[dict[str, Any]]:
+    """The person's Trainer plugins: cluster environments and layer syncs, each a `_target_` mapping.
+    The precision plugin is the precision group's, and every checkpoint is written by the framework's
+    SafeCheckpointIO (atomic, weights-only): a plugin of either kind would replace them."""
+    entries = [] if value is None else value if isinstance(value, list) else [value]
+    plugins = []
+    for i, entry in enumerate(entries):
+        key = f"trainer.plugins[{i}]"
+        if not (isinstance(entry, dict) and isinstance(entry.get("_target_"), str)):
+            raise UserError(key, "not a plugin mapping", "{_target_: pkg.module.Plugin, ...its arguments}")
+        plugin_cls = locate_target(key, entry["_target_"])
+        if inspect.isclass(plugin_cls):  # (a factory function: Lightning checks what it returns)
+            _check_plugin_kind(key, entry["_target_"], plugin_cls)
+        plugins.append(check_target(key, entry))
+    return plugins
+
+
+def _check_plugin_kind(key: str, path: str, plugin_cls: type) -> None:
+    if issubclass(plugin_cls, Precision):
+        raise UserError(f"{key}._target_", f"'{path}' is a precision plugin, which the framework sets itself",
+                        "use the precision group (precision=bf16_mixed|fp16_mixed|fp32, precision.scaler_* for "
+                        "fp16's GradScaler)")
+    if issubclass(plugin_cls, CheckpointIO):
+        raise UserError(f"{key}._target_", f"'{path}' is a CheckpointIO, and every checkpoint is written by the "
+                        "framework's SafeCheckpointIO (atomic, weights-only)",
+                        "use the checkpointing group (checkpointing=default|off, checkpointing.every_n_steps=...)")
+    if not issubclass(plugin_cls, (ClusterEnvironment, LayerSync)):
+        raise UserError(f"{key}._target_", f"'{path}' is not a Lightning plugin",
+                        "a ClusterEnvironment (lightning.pytorch.plugins.environments.SLURMEnvironment, ...) "
+                        "or a LayerSync (lightning.pytorch.plugins.TorchSyncBatchNorm, ...)")
+
+
+def _trainer_schema(trainer_cls: type) -> Schema:
+    schema = schema_of_callable(trainer_cls)
+    fields = {k: dataclasses.replace(v, annotation=TRAINER_BOUNDS.get(k, v.annotation))
+              for k, v in schema.fields.items() if k not in TRAINER_KEYS_OWNED_ELSEWHERE}
+    return Schema(fields, open=False)
+
+
+def slurm_environment(plugins: Any) -> bool:
+    """Whether the Trainer gets Lightning's SLURM environment: inside a SLURM job, unless the
+    person's plugins bring a cluster environment of their own. Deliberately without Lightning's
+    auto-requeue: its SIGUSR1 handler writes an hpc_ckpt and requeues on its own, and a requeued
+    run then restores that file whatever `resume` says. Preemption is submitit's signal and
+    GracefulStop's checkpoint here."""
+    with warnings.catch_warnings():  # Lightning's own test, without its srun hint (see _SRUN_HINT)
+        warnings.simplefilter("ignore")
+        if not SLURMEnvironment.detect():
+            return False
+    for plugin in plugins if isinstance(plugins, (list, tuple)) else [plugins] if plugins is not None else []:
+        target = plugin.get("_target_") if isinstance(plugin, Mapping) else type(plugin)
+        try:
+            cls = locate_target("trainer.plugins", target) if isinstance(target, str) else target
+        except UserError:
+            continue  # an unknown target is reported where it is built
+        if isinstance(cls, type) and issubclass(cls, ClusterEnvironment):
+            return False
+    return True
+
+
+#: Trainer arguments whose docstring is silent, or to which the framework gives a meaning of its own.
+ARGUMENT_DOCS = {
+    "benchmark": "cuDNN autotuning; null: follows precision.tf32 on CUDA (trainer/phases/plan.py)",
+    "accelerator": "cpu, gpu, cuda, mps, ... or auto: a GPU when there is one",
+    "devices": "devices per node: a count, a list of indices, or auto (all)",
+    "max_epochs": "stop training once this number of epochs is reached (-1: no limit)",
+}
+
+GROUP = ConfigGroup("trainer", __name__, "the lightning.Trainer's own arguments", validate, signature=L.Trainer,
+                    argument_docs={L.Trainer: ARGUMENT_DOCS}, hidden=tuple(TRAINER_KEYS_OWNED_ELSEWHERE))

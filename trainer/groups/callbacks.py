@@ -20,21 +20,16 @@ from typing import Any, Mapping
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import (
-    Callback,
-    DeviceStatsMonitor,
-    EMAWeightAveraging,
-    GradientAccumulationScheduler,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    ProgressBar,
-    WeightAveraging,
-)
+from lightning.pytorch.callbacks import (Callback, DeviceStatsMonitor, EarlyStopping, EMAWeightAveraging,
+                                         GradientAccumulationScheduler, LearningRateMonitor, ModelCheckpoint,
+                                         ProgressBar, WeightAveraging)
 from torch.optim.swa_utils import AveragedModel
 
+from trainer.groups.checkpointing import MonitoredMetric
 from trainer.infra.errors import UserError
-from trainer.configuration.instantiation import construct
-from trainer.configuration.schema import Schema, check_mapping, schema_of_callable
+from trainer.infra.instantiation import construct
+from trainer.infra.schema import (ConfigGroup, Schema, check_mapping, check_target, check_value, locate_target,
+                                  schema_of_callable)
 
 log = logging.getLogger("trainer")
 
@@ -50,8 +45,8 @@ OWNED_LIGHTNING_CALLBACKS: tuple[tuple[type, str], ...] = (
     (LearningRateMonitor, "the logger group: the learning rate is logged whenever a logger is on (logger=csv, ...)"),
 )
 
-#: The framework's own callbacks (trainer/callbacks/, trainer/groups/checkpoint.py), by class name, and
-#: what sets each. Named rather than imported: trainer/groups/checkpoint.py imports the config module,
+#: The framework's own callbacks (trainer/callbacks/, trainer/groups/checkpointing.py), by class name, and
+#: what sets each. Named rather than imported: trainer/groups/checkpointing.py imports the config module,
 #: which imports this one. Any other Callback class of this package is the framework's as well.
 OWNED_FRAMEWORK_CALLBACKS: dict[str, str] = {
     "GradientClipping": "the clipping group (clipping=percentile|autoclip|fixed_norm|value|off)",
@@ -178,3 +173,38 @@ def _check_device_stats(key: str, spec: Mapping[str, Any], has_logger: bool, acc
     if (cpu_stats or (cpu_stats is None and accelerator == "cpu")) and importlib.util.find_spec("psutil") is None:
         raise UserError(f"{key}.cpu_stats", "CPU statistics need the psutil package, which is not installed",
                         "false, or pip install psutil")
+
+
+def validate(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The callbacks group's entries (name -> `_target_` mapping), each checked against its
+    constructor; `check_callback` says what is refused."""
+    callbacks = {}
+    for name, spec in values.items():
+        key = f"callbacks.{name}"
+        if spec is None:
+            continue  # a callback switched off with callbacks.NAME=null
+        if not isinstance(spec, dict):
+            raise UserError(key, "not a mapping", "{_target_: pkg.module.Callback, ...its arguments}")
+        if not isinstance(spec.get("_target_"), str):
+            raise UserError(f"{key}._target_", "missing", "the import path of a Lightning callback class")
+        # What it is first (a callback, not one the framework sets), then whether its keys fit.
+        target = locate_target(key, spec["_target_"])
+        check_callback(key, target, {k: v for k, v in spec.items() if not (k.startswith("_") and k.endswith("_"))})
+        checked = check_target(key, spec)
+        if inspect.isclass(target) and issubclass(target, EarlyStopping) and "monitor" in checked:
+            # Lightning looks the metric up only after the first validation, and stops the run there.
+            check_value(f"{key}.monitor", checked["monitor"], MonitoredMetric)
+        callbacks[name] = checked
+    return callbacks
+
+
+#: Docs Lightning's docstring does not give EMAWeightAveraging's arguments (it passes them on).
+EMA_DOCS = {
+    "decay": "averaged = decay x averaged + (1 - decay) x current, at each update",
+    "update_every_n_steps": "optimizer steps between two updates of the average",
+    "update_starting_at_step": "the first step that updates the average (null: from the start)",
+    "update_starting_at_epoch": "the first epoch that updates the average (null: from the start)",
+}
+
+GROUP = ConfigGroup("callbacks", __name__, "callbacks added after the framework's: early stopping, EMA, a team's "
+                    "own (+callbacks.NAME._target_=...)", validate, argument_docs={EMAWeightAveraging: EMA_DOCS})

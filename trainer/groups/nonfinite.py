@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from trainer.infra.errors import UserError
-from trainer.configuration.schema import AT_LEAST_ONE, Doc
+from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
 
 
 class NonFiniteTraining(UserError):
@@ -134,3 +134,6 @@ def _first_nonfinite(named: Sequence[tuple[str, torch.Tensor]]) -> str:
         if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
             return name
     return "(the loss; every gradient was finite)"
+
+
+GROUP = ConfigGroup("nonfinite", __name__, "the guard that skips NaN/Inf steps", lambda values: check_target("nonfinite", values), target=True)
