@@ -1,7 +1,7 @@
 """Images per second per host core for each ``data.decode`` mode, next to torchvision's standard pipeline.
 
     .venv/bin/python benchmarks/input_pipeline.py                       # 400 photos, 5 interleaved rounds
-    .venv/bin/python benchmarks/input_pipeline.py --write               # also the README table and the results page
+    .venv/bin/python benchmarks/input_pipeline.py --write               # also the results page and docs/measured.md's table
     .venv/bin/python benchmarks/input_pipeline.py --images 64 --rounds 1 --batches 4   # smoke check
 
 The folder is ImageNet-like: scikit-learn's two bundled photos (no download) cut at random places
@@ -58,7 +58,7 @@ DESCRIPTIONS = {"standard": "torchvision ImageFolder + reference preset", "pil":
                 "fast": "data.decode=fast", "device": "data.decode=device (loader only)",
                 "randaugment": "data.decode=fast data.augment=randaugment",
                 "trivialaugment": "data.decode=fast data.augment=trivialaugment"}
-README_START, README_END = "<!-- input-pipeline:start -->", "<!-- input-pipeline:end -->"
+TABLE_START, TABLE_END = "<!-- input-pipeline:start -->", "<!-- input-pipeline:end -->"
 RESULTS = REPO / "benchmarks" / "results" / "input_pipeline_cpu.md"
 
 
@@ -242,12 +242,12 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace,
 
 def write(text: str) -> None:
     RESULTS.write_text("# Input pipeline: images per host core\n\n" + text + "\n")
-    readme = REPO / "README.md"
-    content = readme.read_text()
-    if README_START in content and README_END in content:
-        head, rest = content.split(README_START, 1)
-        _, tail = rest.split(README_END, 1)
-        readme.write_text(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+    page = REPO / "docs" / "measured.md"
+    content = page.read_text()
+    if TABLE_START in content and TABLE_END in content:
+        head, rest = content.split(TABLE_START, 1)
+        _, tail = rest.split(TABLE_END, 1)
+        page.write_text(f"{head}{TABLE_START}\n{text}\n{TABLE_END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=16, help="timed batches per pipeline per round")
     parser.add_argument("--batch", type=int, default=32, help="images per batch")
     parser.add_argument("--folder", type=Path, help="use (or make) the photo folder here instead of a temp one")
-    parser.add_argument("--write", action="store_true", help=f"write {RESULTS.relative_to(REPO)} and the README table")
+    parser.add_argument("--write", action="store_true", help=f"write {RESULTS.relative_to(REPO)} and docs/measured.md's table")
     parser.add_argument("--device-side", action="store_true",
                         help="also time the device mode's decoding on CUDA (on the CPU without one)")
     parser.add_argument("--out", type=Path, help="write the report to this file as well")
