@@ -12,4 +12,4 @@ def test_help_shows_each_key_with_its_doc_for_the_chosen_groups(tmp_path):
     group = next(line for line in lines if line.startswith("optimizer:") and "#" in line)
     assert "optimizer=sgd" in group and "trainer/groups/optimizer/" in group
     momentum = next(line for line in lines if line.startswith("  momentum: 0.9"))
-    assert momentum.split("# ", 1)[1] == "momentum factor"
+    assert momentum.split("# ", 1)[1] == "momentum factor (default: 0)"  # torch.optim.SGD's own doc
