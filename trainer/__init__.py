@@ -5,8 +5,7 @@ The command line is `python train.py` (Hydra); this is the public Python surface
 scripts and a team's own code. Everything else in the package may change without notice.
 
 Names are imported on first use (PEP 562): every `python train.py` imports this package before
-Hydra composes, and an error or `--help` should not pay for importing torch and Lightning.
-"""
+Hydra composes, and an error or `--help` should not pay for importing torch and Lightning."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The command line: `python train.py` in a checkout, `python -m trainer` or `gpu-practice-train`
 where the package is installed. All three are this one Hydra entry point, composing the configs the
 package carries (trainer/conf, trainer/recipes; a checkout shows them as conf/ and recipes/) and a
-team folder's (trainer/configuration/recipes.py); `scaffold DIR` writes such a folder.
-"""
+team folder's (trainer/configuration/recipes.py); `scaffold DIR` writes such a folder."""
 
 import gc
 import sys
@@ -24,9 +23,8 @@ def train(cfg: DictConfig) -> float | None:
     # without importing torch and Lightning (several seconds).
     from trainer.run import run
 
-    # The several hundred thousand objects the imports made live as long as the process: moved out
-    # of the collector's reach, they cost no garbage-collection pass, and the interpreter's exit
-    # stops spending about a second traversing them (measured: docs/measured.md).
+    # The imports' several hundred thousand objects live as long as the process: frozen, they cost no GC
+    # pass, and the interpreter's exit stops spending about a second traversing them (docs/measured.md).
     gc.freeze()
     return run(cfg)
 

@@ -1,11 +1,8 @@
 """``python -m trainer scaffold DIR [--package NAME]``: a starter team folder.
 
-What a team keeps in its own repository, with the framework as a dependency: a recipe that builds on
-a shipped one, its own network and data module (config groups with a ``_target_`` into the team's
-package), and a test that composes and checks every recipe of the folder. Run from that folder (or
-name it in ``TRAINER_TEAM_DIRS``), its recipes and groups sit beside the shipped ones
-(trainer/configuration/recipes.py). Compare torchtune's ``tune cp`` and the Lightning-Hydra template.
-"""
+A recipe that builds on a shipped one, the team's own network and data module, and a test that
+composes and checks every recipe of the folder; docs/install.md ("A team's own folder") says how it
+is used. Compare torchtune's ``tune cp`` and the Lightning-Hydra template."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoot
     return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
 
 
-#: Top-5 accuracy is reported from this many classes on (below it, top-5 says little).
+#: Top-5 accuracy, as ImageNet recipes report it, from this many classes on (below, it says little).
 TOP5_MIN_CLASSES = 10
 
 
@@ -59,21 +59,18 @@ class ClassificationTask(L.LightningModule):
         # cross-entropy, comparable between runs with and without it (as timm reports them).
         self.label_smoothing = regularization.label_smoothing if regularization else 0.0
         self.mixing = BatchMixing(regularization, num_classes) if regularization else None
-        # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes.
-        # logger=False: the loggers get the whole resolved config and the plan instead
-        # (trainer.logger.run_hyperparameters), not these five values.
+        # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes; logger=False:
+        # the loggers get the whole resolved config and the plan instead (trainer.groups.logger.run_hyperparameters).
         self.save_hyperparameters({"num_classes": num_classes, "lr": optimizer.lr, "weight_decay": optimizer.weight_decay,
                                    "optimizer": optimizer.cfg.name, "scheduler": scheduler.name}, logger=False)
-        # The training loss as a metric: each step's value is this process's own (no communication),
-        # and the epoch mean is combined over all processes once, when it is computed. Lightning's
-        # `self.log(..., on_step=True, sync_dist=True)` would all-reduce at every step instead.
-        # "disable": no NaN check (it would cost a host sync per step); a non-finite step makes the
-        # epoch mean non-finite, as it should. Unweighted: training batches are all one size (drop_last).
+        # The training loss as a metric: each step's value is this process's own, and the epoch mean is
+        # combined over all processes once (`self.log(..., sync_dist=True)` would all-reduce every step).
+        # "disable": no NaN check (a host sync per step); a non-finite step makes the epoch mean
+        # non-finite, as it should. Unweighted: training batches are all one size (drop_last).
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # Top-5 accuracy, as ImageNet recipes report it, where there are at least 10 classes.
         top5 = num_classes >= TOP5_MIN_CLASSES
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
@@ -110,11 +107,10 @@ class ClassificationTask(L.LightningModule):
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
         return loss
 
-    # The training metrics' running states (this epoch's batches so far) go into every checkpoint
-    # written inside an epoch, one entry per process: a run resumed mid-epoch ends that epoch with
-    # the mean over all of its batches, as the uninterrupted run does, not only those after the
-    # resume. (Lightning saves neither the metrics' states nor its own running means.) A checkpoint
-    # written at an epoch's end holds none: the next epoch starts afresh either way.
+    # The training metrics' running states go into every checkpoint written inside an epoch, one entry
+    # per process, so a run resumed mid-epoch ends that epoch with the mean over all of its batches
+    # (Lightning saves neither the metrics' states nor its own running means). A checkpoint written
+    # at an epoch's end holds none: the next epoch starts afresh either way.
     TRAIN_METRICS_KEY = "train_metric_states"
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -178,9 +174,8 @@ class ClassificationTask(L.LightningModule):
                          "how": describe(self.scheduler_cfg, self.optimizer_recipe.lr, steps, self.optimizer_recipe.cfg)}
         if self.announces_schedule:
             _announce(self.schedule)
-        # The name the loggers' lr curves get from LearningRateMonitor (trainer/groups/logger.py): train/lr,
-        # with /pg1 (decaying weights) and /pg2 (norm weights and biases) when there are two groups,
-        # whatever the scheduler.
+        # The loggers' lr curves (LearningRateMonitor, trainer/groups/logger.py): train/lr, with /pg1 (decaying
+        # weights) and /pg2 (norm weights and biases) when there are two groups, whatever the scheduler.
         return {"optimizer": optimizer, "lr_scheduler": {**scheduler, "name": "train/lr"}}
 
 

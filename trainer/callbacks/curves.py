@@ -1,14 +1,9 @@
 """Every run's loss and metric curves, drawn into its run folder as ``curves.png``.
 
-Whatever logger a run uses (or none), a person opening the run folder sees how training went:
-the training loss per step with its moving average, validation loss and accuracy per epoch,
-training accuracy per epoch, and the learning rate per step. A failed or interrupted run draws what
-it got through.
-
-The per-step losses and lrs are the run's loss record's (trainer/callbacks/loss_record.py: one
-record, read back from the device a window at a time); this callback keeps the metrics of each
-validation and each training epoch, and draws.
-"""
+Whatever logger a run uses (or none): the training loss per step with its moving average,
+validation loss and accuracy and training accuracy per epoch, and the lr per step; a failed or
+interrupted run draws what it got through. The per-step losses and lrs are the run's loss record's
+(trainer/callbacks/loss_record.py); this callback keeps the epochs' metrics, and draws."""
 
 from __future__ import annotations
 

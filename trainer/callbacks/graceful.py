@@ -1,23 +1,11 @@
 """Stop signals end a run at the next step boundary, after a checkpoint is written.
 
-A scheduler's preemption signal (submitit's USR2, or the one `SUBMITIT_PREEMPT_SIGNAL` names),
-its SIGTERM (preemption, `scancel`) or a person's Ctrl-C should not cost the work since the last
-epoch's checkpoint. `SignalLatch` is installed when the run starts and only records the signal; at
-the end of the current training step (the optimizer step, under gradient accumulation) `GracefulStop`
-writes `checkpoints/last.ckpt` (atomically, see trainer/groups/checkpointing.py) and asks Lightning to stop;
-the run carries on exactly from there with ``resume=auto`` or ``resume=if_any``. A signal that came
-before training started stops the run after its first step. A second SIGINT interrupts at once.
-
-After training, a signal stops the test at the end of its current batch, provided the run's final
-state is in a checkpoint (`final_checkpoint`, set by the run): the resumed run finds its training over and only tests
-again. Without such a checkpoint (checkpointing off) the test goes on to the end, as there would be
-nothing to carry on from; a signal during the last test batch or the summary lets the run complete.
-
-Under submitit the preemption signal is submitit's to act on: it saves the job's resubmission and
-asks SLURM to requeue it. We deliberately delay that until the checkpoint and summary are written
-(submitit's own handler exits on the spot, mid-step): the latch keeps submitit's handler and
-`StoppedBySignal.hand_over` calls it once the run has recorded how it ended.
-"""
+What a run does on a stop signal is in docs/reliability.md ("Signals and crashes") and
+docs/scale-out.md ("Preemption and requeue"). `SignalLatch` only records the signal; at the end of
+the training step `GracefulStop` writes `checkpoints/last.ckpt` and stops Lightning. The test stops
+early only when the final state is in a checkpoint (`final_checkpoint`). Under submitit the latch
+keeps submitit's handler (which exits on the spot, mid-step) and `StoppedBySignal.hand_over` calls it
+once the run has recorded how it ended: the requeue is deliberately delayed until then."""
 
 from __future__ import annotations
 
@@ -129,10 +117,9 @@ class GracefulStop(StepBoundary):
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
         self.checkpoint, self.step = str(path), int(trainer.global_step)
-        # Raised, not `trainer.should_stop = True`: on should_stop Lightning still validates and
-        # ends the epoch, and ModelCheckpoint then replaces this mid-epoch last.ckpt with one whose
-        # loops say the epoch is over, so a resumed run would skip the epoch's remaining batches.
-        # Lightning passes an exception from a hook through on_exception and teardown to fit's caller.
+        # Raised, not `trainer.should_stop = True`: on should_stop Lightning still validates and ends the
+        # epoch, and ModelCheckpoint replaces this mid-epoch last.ckpt with one that says the epoch is
+        # over (a resumed run would skip its remaining batches). An exception reaches fit's caller.
         self._stop()
 
     def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,13 +1,10 @@
 """The metrics the run has logged so far travel with every checkpoint.
 
 Lightning keeps `trainer.callback_metrics` in memory only. A run killed after its last training
-step (in the last validation, the test or the summary write) resumes from a checkpoint whose loops
-say training is over: the resumed fit runs no step and logs nothing, yet the run's record must say
-what training reached, as the uninterrupted run's does. Every checkpoint therefore carries the
-logged values as they stood when it was written (the last one of a fit is written after the last
-validation and the epoch's training metrics), and `final` merges them under whatever this attempt
-logged itself.
-"""
+step resumes from a checkpoint whose loops say training is over: the resumed fit logs nothing, yet
+the run's record must say what training reached. Every checkpoint therefore carries the logged
+values as they stood (a fit's last one is written after the last validation and the epoch's
+training metrics), and `final` merges this attempt's over them."""
 
 from __future__ import annotations
 

@@ -2,14 +2,11 @@
 takes the first and last steps and the spikes, the ladder its loss columns, and curves.png its loss
 and lr panels (trainer/callbacks/curves.py draws it).
 
-The losses stay on the device as detached tensors and are read back in one synchronization every
-`spike_window` steps (and when a summary or a checkpoint asks), so recording costs no
-synchronization per step. A spike is a step whose loss is above `spike_factor` times the median of
-the steps before it (up to `spike_window` of them, at least `MIN_HISTORY`): the measure the clipping
-study reports. The first and last steps, the spike counts and the history they are judged against
-go into every checkpoint (as numbers), so a resumed run's record covers its whole training; the
-per-step series covers this attempt.
-"""
+The losses stay on the device and are read back in one synchronization every `spike_window` steps
+(and when a summary or a checkpoint asks), not one per step. A spike is a loss above `spike_factor`
+times the median of the steps before it (up to `spike_window`, at least `MIN_HISTORY`): the clipping
+study's measure. The first and last steps, the spike counts and their history go into every
+checkpoint, so a resumed run's record covers its whole training; the per-step series, this attempt."""
 
 from __future__ import annotations
 

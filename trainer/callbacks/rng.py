@@ -1,15 +1,10 @@
 """The random number generators' states travel with every checkpoint.
 
-Lightning saves the model, optimizers, schedulers, scaler, loops and callback states, but not the
-RNGs that dropout and on-device augmentation draw from; a resumed run would draw different numbers
-from the point of the checkpoint on. This callback puts the python, numpy, torch CPU and CUDA
-states in the checkpoint (as tensors and plain containers, so weights-only loading reads them)
-and puts them back when training resumes.
-
-They are put back at ``on_train_start``, not when the checkpoint is read: the sanity-check
-validation runs in between, and nothing of it must count. (The loaders draw from generators of
-their own, so creating their iterators does not move these states either.)
-"""
+Lightning's checkpoint holds no RNG states, so a resumed run's dropout and on-device augmentation
+would draw different numbers. This callback saves the python, numpy, torch CPU and CUDA states (as
+tensors and plain containers, for weights-only loading) and puts them back at ``on_train_start``,
+not when the checkpoint is read: the sanity-check validation runs in between, and nothing of it
+must count. (The loaders draw from generators of their own.)"""
 
 from __future__ import annotations
 

@@ -31,8 +31,6 @@ class StepBoundary(Callback):
     @staticmethod
     def ends_epoch(trainer: L.Trainer, batch_idx: int) -> bool:
         """The epoch's last training batch (`limit_train_batches` counted). A checkpoint written
-        there, before the epoch's validation and end, does not always read back as what it is:
-        when the epoch was cut short by `limit_train_batches` the loader was not exhausted, and
-        Lightning resumes it as mid-epoch and trains that epoch again. The epoch end is a moment
-        to write one instead."""
+        there is not what it seems when `limit_train_batches` cut the epoch short: the loader was not
+        exhausted, and Lightning resumes it as mid-epoch and trains it again. The epoch end writes one."""
         return batch_idx + 1 >= trainer.num_training_batches

@@ -1,12 +1,8 @@
 """``target.metric=val/acc target.value=0.98``: time to accuracy, as MLPerf measures training.
 
-After every validation (every epoch, or every ``trainer.val_check_interval`` steps) and at the end
-of every training epoch (for train metrics), the metric is compared with the target. The first time
-it is reached, the wall time since training started, the optimizer steps, the samples (steps x the
-global batch) and the epoch are recorded; `summary` says so in summary.json, or that the target was
-never reached, with the best value seen. A resumed run carries on from the checkpoint's record and
-its elapsed training time.
-"""
+The metric is compared with the target after every validation and at the end of every training
+epoch (for train metrics); what summary.json then records is in docs/config.md (below the top-level
+keys). A resumed run carries on from the checkpoint's record and its elapsed training time."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Training throughput, measured honestly.
 
-Lightning ships a ThroughputMonitor, but it reports rolling means and has no notion of warm-up;
-this one follows the project's rule: skip the warm-up steps, synchronize the device before reading
-the clock, time windows of consecutive steps within an epoch (so validation and the loader's start
-are never inside a window) and report the median window.
-"""
+Lightning's ThroughputMonitor reports rolling means and has no notion of warm-up; this one skips the
+warm-up steps, times windows of steps within an epoch with the device synchronized only at their
+ends, and reports the median window (docs/diagnosis.md, "Throughput and MFU, honestly")."""
 
 from __future__ import annotations
 
@@ -62,9 +60,8 @@ class ThroughputMeter(Callback):
         self._partial: list[tuple[int, float]] = []
         self._warmup_left = warmup_steps
         self._side: int | None = None
-        # (clock at the window's start, samples and steps since); the clock is read only after a
-        # device synchronize, at the start and the end of a window: syncing every step would stop
-        # the host from queueing the next step while the device finishes this one.
+        # (clock at the window's start, samples and steps since); the clock is read after a device sync only
+        # at a window's ends: syncing every step would stop the host queueing the next step.
         self._anchor: tuple[float, int, int] | None = None
         #: Processes training in step with this one (DDP, FSDP): each step of this process is one
         #: step of all of them, so samples/s counts the global batch and MFU divides by the devices.

@@ -1,8 +1,6 @@
 """The composed config as `python train.py --help` shows it: every key with its one-line doc.
 
-The docs come from trainer/configuration/key_docs.py, the one place each key's doc is read from (the
-schema that checks the key); a key without a doc is shown without one.
-"""
+The docs come from trainer/configuration/key_docs.py (the schema that checks each key)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 the person's mistakes into one line; and the answer to `--version`, the project's own rather than Hydra's.
 
 Imported by every `python train.py`, so it imports neither torch nor Lightning at the top: a
-composition error or `--help` answers without paying for them.
-"""
+composition error or `--help` answers without paying for them."""
 
 from __future__ import annotations
 
@@ -64,10 +63,9 @@ def install() -> None:
 
 
 def _install_error_reporter() -> None:
-    # Hydra reports every failure through `run_and_report`: composition mistakes as several lines
-    # with exit code 1, errors in the task with a traceback. We replace it so that mistakes in the
-    # person's input end as a single line with exit code 2, and hand everything else (real bugs)
-    # back to Hydra's own reporter unchanged. HYDRA_FULL_ERROR=1 still shows full tracebacks.
+    # Hydra reports every failure through `run_and_report` (composition mistakes as several lines with
+    # exit code 1, task errors with a traceback). Replaced: the person's mistakes end as one line with exit
+    # code 2; everything else (real bugs) goes to Hydra's reporter unchanged. HYDRA_FULL_ERROR=1 still works.
     original = hydra_utils.run_and_report
 
     def run_and_report(func: Callable[[], Any]) -> Any:
@@ -93,11 +91,9 @@ def _register_resolvers() -> None:
 
 def config_help(*, _root_: DictConfig) -> str:
     """``${config_help:}`` (conf/hydra/help/trainer.yaml): the composed config with each key's doc,
-    in place of Hydra's bare YAML. Hydra fills the help template with `string.Template`, so a
-    ``$`` in the text is doubled.
-
-    OmegaConf also evaluates the template while Hydra merges the hydra configs of every run; the
-    text (and Lightning's import) is only made when the command asks for help."""
+    in place of Hydra's bare YAML (a ``$`` doubled: Hydra fills the template with `string.Template`).
+    OmegaConf evaluates the template whenever Hydra merges a run's hydra configs, so the text (and
+    Lightning's import) is made only when the command asks for help."""
     if not {"--help", "-h"} & set(sys.argv[1:]):
         return ""
     from trainer.configuration.help import annotated_config  # imports Lightning: only when --help asks

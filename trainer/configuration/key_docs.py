@@ -1,11 +1,9 @@
 """Each config key's one-line doc, read from the one place it is written.
 
-A key is documented once, by the schema that checks it: the `Doc` of a group's dataclass field (in
-the group's own module), of a `_target_`'s annotated parameter, or else the first
-sentence of that parameter in the callable's Google-style ``Args:`` docstring (Lightning's Trainer,
-loggers and callbacks). `--help` (help.py), the comments on the keys of conf/ and the key tables of
-docs/ (reference.py) are all produced from here, so they cannot disagree.
-"""
+A key is documented once, by the schema that checks it: the `Doc` of a group's dataclass field or of
+a `_target_`'s annotated parameter, else the first sentence of that parameter in the callable's
+Google-style ``Args:`` docstring (Lightning's Trainer, loggers and callbacks). `--help` (help.py),
+the comments on the keys of conf/ and docs/' key tables (reference.py) all come from here."""
 
 from __future__ import annotations
 

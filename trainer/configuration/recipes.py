@@ -2,16 +2,10 @@
 used as ``+recipe=NAME``.
 
 Hydra finds a config group only as a folder of that name on its search path, and the group is
-``recipe`` while the folder is ``recipes/`` (one YAML per recipe, no second copy under ``conf/``).
-This config source maps the one to the other.
-
-A team keeps its own recipes, config groups and code in its own folder, with no absolute path
-anywhere: the working directory when it holds ``recipes/`` or ``conf/``, and every folder of
-``TRAINER_TEAM_DIRS`` (separated by ``:``). Each such folder's ``recipes/`` and ``conf/`` are added
-to the search path after the shipped ones (a shipped name wins over a team's: give yours their
-own), and the folder itself to ``sys.path``, so that the ``_target_`` of its configs imports from
-its own packages. ``python -m trainer scaffold DIR`` writes a starter folder (trainer/scaffold.py).
-"""
+``recipe`` while the folder is ``recipes/`` (no second copy under ``conf/``): this config source
+maps the one to the other. It also puts a team's own folders (the working directory when it holds
+``recipes/`` or ``conf/``, and ``TRAINER_TEAM_DIRS``) on the search path after the shipped ones, and
+on ``sys.path`` for their ``_target_``s, as docs/install.md ("A team's own folder") describes."""
 
 from __future__ import annotations
 

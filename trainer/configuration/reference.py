@@ -7,8 +7,7 @@ on the key's line in conf/, the tables of docs/keys.md and docs/config.md's top-
 In conf/ the comment at the end of a key's line is the key's doc and nothing else; a note on why a
 choice sets this value goes on a comment line of its own above the key, which is left as written.
 The keys of Hydra's own settings (`defaults`, `hydra`, the ladders' and searches' sweeper
-parameters) are left as written too.
-"""
+parameters) are left as written too."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """`validate`: the composed config checked in one pass, each group against the declaration of the
 room that owns it (`GROUPS`; a group's schema, rules and builder stand together there), into the
 frozen `RunSpec` every phase reads. The top-level keys of conf/train.yaml are checked here. Anything
-wrong stops the run before anything is built, with one line naming the full key.
-"""
+wrong stops the run before anything is built, with one line naming the full key."""
 
 from __future__ import annotations
 

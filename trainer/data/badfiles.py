@@ -1,23 +1,9 @@
 """Unreadable files in an image folder: finding them, listing them, and loading around them.
 
-A real image folder holds more than clean RGB JPEGs: truncated downloads, zero-byte files, HTML
-error pages saved as ``.jpg``, stray ``notes.txt``, grayscale, palette, CMYK and 16-bit images.
-torchvision's ``ImageFolder`` with its ``pil_loader`` either crashes on the first bad file, deep
-inside a loader worker and hours into a run, or (16-bit images) silently saturates them to white.
-This module gives the image-folder data module what it needs instead:
-
-- `load_rgb`: every PIL mode to 8-bit RGB, with 16/32-bit images scaled by their range; any
-  failure becomes a `BadImageError` naming the file and one of a few reasons.
-- `check_files`: the scan before training (header only, or a full decode) on a thread pool.
-- `BadFileList`: the list of bad files, kept in memory and written to ``bad_files.tsv`` in the run
-  folder; loader worker processes append to it what they find while loading.
-- `ImageFiles`: the data set of one split; with policy ``skip`` a file that fails to load is
-  replaced by the next loadable one of the split (deterministic), with ``error`` the run stops.
-
-The errors here are `UserError`s that survive PyTorch's worker re-raise (``ExceptionWrapper``
-rebuilds the exception in the main process from its class and one message string), so a bad file
-found by a worker still ends the run with one line.
-"""
+Replaces torchvision's ``ImageFolder`` and ``pil_loader``, which crash on the first bad file deep in
+a loader worker hours into a run, or (16-bit images) saturate to white; docs/reliability.md ("Bad
+data") describes the behaviour. The errors survive PyTorch's worker re-raise (`WorkerSafeUserError`),
+so a bad file found by a worker still ends the run with one line."""
 
 from __future__ import annotations
 
@@ -69,12 +55,10 @@ def is_image_name(name: str) -> bool:
 # -- errors that survive a loader worker ------------------------------------------------------------
 class WorkerSafeUserError(UserError):
     """A `UserError` that PyTorch can rebuild in the main process.
-
     A DataLoader worker sends its exception home as (class, formatted traceback) and the main process
     calls ``cls(message)`` with one string (torch ``ExceptionWrapper.reraise``); a class that needs
     more arguments turns into a plain RuntimeError with the whole traceback. So the constructor also
-    takes that one string and recovers the original line from the traceback's last line.
-    """
+    takes that one string and recovers the original line from the traceback's last line."""
 
     def __init__(self, where: str, problem: str | None = None, allowed: str | None = None) -> None:
         if problem is None:
@@ -129,16 +113,14 @@ def load_rgb(path: str | os.PathLike[str], data: Optional[bytes | bytearray] = N
              before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image:
     """The image at `path` decoded and converted to 8-bit RGB (see `to_rgb`).
 
-    Replaces torchvision's ``pil_loader`` (``Image.open(f).convert("RGB")``), which is right for
-    8-bit images but saturates 16-bit ones (PIL clips I;16 at 255 when converting, so a value of
-    30000 out of 65535 becomes white) and lets PIL's own exceptions escape with no file name.
+    Replaces torchvision's ``pil_loader`` (``Image.open(f).convert("RGB")``), which saturates 16-bit
+    images (PIL clips I;16 at 255) and lets PIL's exceptions escape with no file name.
     Truncated files are an error here: PIL's ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False, so a
     cut-off JPEG is not filled up with grey and trained on.
 
-    `data`: the file's bytes when the caller has read them already (`path` then only names it).
-    `before_decode`: called with the opened image before its pixels are decoded, when its size and
-    format are known (the fast path picks its crop and a reduced JPEG decoding scale there).
-    """
+    `data`: the file's bytes when the caller has read them (`path` then only names it).
+    `before_decode`: called with the opened image once its size and format are known, before its
+    pixels are decoded (the fast path picks its crop and JPEG scale there)."""
     image = _open(str(path), decode=True, convert=True, data=data, before_decode=before_decode)
     assert image is not None  # only decode=False gives None
     return image
@@ -233,17 +215,14 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """8-bit RGB from any PIL mode.
 
     - L, 1, CMYK, YCbCr and the like: PIL's conversion.
-    - Alpha (RGBA, LA, PA, and P with a transparent colour) is dropped, not composited: that is what
-      torchvision's and timm's loaders do, so pixels match those of the pipelines that pretrained
-      weights and published results come from. Palette images with transparency go through RGBA,
-      which is what PIL itself asks for.
-    - 16-bit (I;16, I;16L, I;16B): the high byte (value >> 8), so 30000 of 65535 is mid-grey, not
-      the white that PIL's clipping conversion gives.
+    - Alpha (RGBA, LA, PA, and P with a transparent colour) is dropped, not composited, as
+      torchvision's and timm's loaders do (the pipelines pretrained weights and published results
+      come from). Palette images with transparency go through RGBA, as PIL itself asks.
+    - 16-bit (I;16, I;16L, I;16B): the high byte, so 30000 of 65535 is mid-grey, not PIL's white.
     - 32-bit integer (I): as 16-bit when every value is in 0..65535 (how older PIL opened 16-bit
       PNG and how most 16-bit TIFFs arrive), else stretched from the image's minimum to maximum.
     - Float (F): values in [0, 1] scaled by 255, any other range stretched from minimum to maximum;
-      NaN becomes 0.
-    """
+      NaN becomes 0."""
     mode = image.mode
     if mode == "RGB":
         return image
@@ -339,11 +318,9 @@ class BadFileList:
     """The bad files of one data set: those the scan found and those found while loading.
 
     In memory always; in ``bad_files.tsv`` once `attach` has named the run folder. The scan's list
-    is written whole and atomically; a file found later while loading, possibly in a loader worker
-    process whose memory the main process never sees, is appended with one ``os.write`` on an
-    ``O_APPEND`` descriptor (short lines from several processes do not interleave), and
-    `records` reads the file back.
-    """
+    is written whole and atomically; a file found later, possibly in a loader worker whose memory the
+    main process never sees, is appended with one ``os.write`` on an ``O_APPEND`` descriptor (short
+    lines from several processes do not interleave), and `records` reads the file back."""
 
     def __init__(self, policy: Policy, scan: Scan, max_share: float, totals: dict[str, int],
                  scanned: Iterable[BadFile]) -> None:
@@ -435,17 +412,14 @@ class BadFileList:
 class ImageFiles(Dataset[tuple[Any, int]]):
     """(transformed image, label) for a list of files of one split, loaded with `load_rgb`.
 
-    Policy ``skip``: a file that fails to load (say a truncated JPEG the header scan let through)
-    is recorded in `bad_list` and its sample replaced by the next loadable index of the split,
-    wrapping around, with that file's own label. The replacement depends only on the files, never
-    on which worker or epoch met the bad file first, so runs stay reproducible. Policy ``error``:
-    the `BadImageError` goes up and stops the run.
+    Policy ``skip``: a file that fails to load is recorded in `bad_list` and its sample replaced by
+    the next loadable index of the split (wrapping around, with that file's label): it depends only
+    on the files, never on which worker or epoch met the bad file, so runs stay reproducible. Policy
+    ``error``: the `BadImageError` stops the run.
 
-    An item is an index, or ``(index, sample_seed)`` for data sets that draw their random crops
-    from the seed themselves (`takes_seeds`; see trainer/data/resumable.py), or ``(index,
-    sample_seed, size)`` with progressive resizing (`use_size`). Subclasses that load
-    files another way override `load` (trainer/data/decode.py: the fast and device paths).
-    """
+    An item is an index, ``(index, sample_seed)`` for data sets that draw their crops from the seed
+    (`takes_seeds`, trainer/data/resumable.py), or ``(index, sample_seed, size)`` with progressive
+    resizing (`use_size`). trainer/data/decode.py's fast and device paths override `load`."""
 
     #: Items arrive as (index, seed) and `load` draws from the seed (else `SeededSamples` seeds the
     #: global RNG around the call, which torchvision's random transforms use).

@@ -43,15 +43,11 @@ class DataInfo:
 class ImageClassificationData(L.LightningDataModule):
     """Base of the framework's data modules.
 
-    Subclasses implement `inspect` (cheap checks of the source that raise `UserError` naming the
-    ``data.*`` key, before training starts) and `setup` (build ``train_set``, ``val_set`` and
-    ``test_set``). They may override `device_transform` to augment or normalize whole batches on
-    the device after the host-to-device copy.
-
-    `device_normalize` (default true) says where batches are finished: on the device after the copy
-    (uint8 or raw tensors travel, timm's PrefetchLoader idea), or on the host inside the loader, one
-    sample at a time, as a plain PyTorch pipeline does (the baseline a ladder starts from).
-    """
+    Subclasses implement `inspect` (cheap checks of the source, a `UserError` naming the ``data.*``
+    key) and `setup` (``train_set``, ``val_set``, ``test_set``), and may override `device_transform`
+    to augment or normalize whole batches on the device. `device_normalize` (default true) finishes
+    batches there (timm's PrefetchLoader idea); false finishes them on the host, one sample at a
+    time, as a plain PyTorch pipeline does (the baseline a ladder starts from)."""
 
     #: The data set lives in memory as tensors: loader workers would only add copies.
     in_memory: ClassVar[bool] = False
@@ -92,8 +88,8 @@ class ImageClassificationData(L.LightningDataModule):
             raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
         self.device_normalize = device_normalize
         self.decode = decode
-        #: batch_size=auto: sized by trainer/measure/memory.py's finder before the plan is resolved; until
-        #: then the smallest batch it would choose stands in.
+        #: batch_size=auto: sized by the batch finder (trainer/modes/batch_finder.py), applied with the plan;
+        #: until then the smallest batch it would choose stands in.
         self.batch_size_auto = batch_size == "auto"
         self.memory_budget_gb = memory_budget_gb
         self._eval_batch_size = eval_batch_size
@@ -235,11 +231,10 @@ class ImageClassificationData(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    # The place in the data order travels with the data module's state, which Lightning saves in
-    # every checkpoint and restores before anything asks for a loader. (Lightning's own route,
-    # `state_dict` on the DataLoader, is loaded only after `configure_optimizers` has already
-    # made the loader and its first iterator to count the steps for the schedule, and is then
-    # never applied: it resumed every epoch from its first batch in our tests.)
+    # The place in the data order travels with the data module's state, which Lightning saves in every
+    # checkpoint and restores before anything asks for a loader. (Lightning's own route, the DataLoader's
+    # `state_dict`, is loaded only after `configure_optimizers` has made the loader and its first
+    # iterator, and is then never applied: it resumed every epoch from its first batch in our tests.)
     def state_dict(self) -> dict[str, Any]:
         if self._train_sampler is None or self.trainer is None:
             return {}
@@ -266,12 +261,10 @@ class ImageClassificationData(L.LightningDataModule):
 class EvalShare(DistributedSampler):
     """One process's share of an evaluation split: every sample exactly once over all processes.
 
-    Deliberately not Lightning's choice: it gives evaluation loaders a DistributedSampler, which
-    pads the split with repeated samples until every process has the same count, so val/test
-    metrics of a multi-process run would count some samples twice. Shares of unequal length are
-    safe here: metrics sync once at the end of the epoch (torchmetrics, ``sync_dist``), not per
-    batch. Being a DistributedSampler keeps Lightning from replacing it.
-    """
+    Deliberately not Lightning's DistributedSampler, which pads the split with repeated samples to
+    equal counts, so val/test metrics would count some samples twice. Unequal shares are safe:
+    metrics sync once at the epoch's end (torchmetrics, ``sync_dist``), not per batch. Being a
+    DistributedSampler keeps Lightning from replacing it."""
 
     def __init__(self, size: int, replicas: int, rank: int) -> None:  # no process group needed
         self.size, self.num_replicas, self.rank = size, replicas, rank

@@ -2,8 +2,7 @@
 
 torchvision's `CIFAR10` is not used on purpose: it insists on the official files' MD5 sums (so a
 subset or a re-pack is "corrupted") and unpickles them unrestricted. The format is simple enough
-to read here with an unpickler that accepts only numpy arrays and plain containers.
-"""
+to read here with an unpickler that accepts only numpy arrays and plain containers."""
 
 from __future__ import annotations
 

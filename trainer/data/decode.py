@@ -1,27 +1,15 @@
 """Image files to training crops, three ways (``data.decode``), each giving the same samples.
 
-- ``pil``: the reference. PIL decodes the whole file, torchvision's v2 transforms crop and resize
-  (`ImageFiles` with a v2 pipeline, built by the image-folder module).
-- ``fast``: the same crops for less host time per image (`DecodedFiles`). Measured on 500x375
-  photos (benchmarks/input_pipeline.py), the pil path spends as much again beyond decoding:
-  seeding the global RNG per sample (about 0.25 ms: the sample's seed now feeds its own
-  generator), copying PIL's pixels into numpy (0.25 ms: JPEGs are decoded by
-  ``torchvision.io.decode_jpeg`` straight into a tensor, pixel for pixel what PIL gives), and v2's
-  per-call dispatch. The crop and resize stay torchvision's uint8 kernel on the channels-last
-  tensor. When the crop is at least twice the output size, the JPEG is decoded at 1/2, 1/4 or
-  1/8 scale (PIL's draft, libjpeg's DCT scaling). A libjpeg-turbo binding (simplejpeg) was
-  measured too: 10-15% faster to decode than PIL, slower with its 7/8..5/8 scales, not worth a
-  dependency.
-- ``device``: loader workers only read the bytes, parse the JPEG header and draw the crop box
-  (`EncodedFiles`). The training process decodes each batch in one ``decode_jpeg`` call on the
-  device, then crops and resizes there (`decode_batch`). A file the device decoder is not given or
-  refuses (not a JPEG, CMYK, 12-bit, arithmetic-coded, a missing end marker) is decoded on the host.
-  Without CUDA the same code decodes batches on the CPU.
+- ``pil``: the reference: PIL decodes, torchvision's v2 transforms crop and resize (`ImageFiles`).
+- ``fast``: the same crops for less host time per image (`DecodedFiles`; how and how much: docs/data.md,
+  benchmarks/input_pipeline.py).
+- ``device``: loader workers read the bytes, parse the JPEG header and draw the crop box
+  (`EncodedFiles`); the training process decodes, crops and resizes each batch on the device
+  (`decode_batch`; on the CPU without CUDA). A file the device decoder is not given or refuses
+  (not a JPEG, CMYK, 12-bit, arithmetic-coded, a missing end marker) is decoded on the host.
 
 Every mode draws the crop box with torchvision's RandomResizedCrop algorithm from the sample's
-seed (`random_crop_box`), so the boxes of a sample are the same in every mode; evaluation resizes
-the shorter side and takes the centre, as torchvision's Resize and CenterCrop do.
-"""
+seed (`random_crop_box`), so a sample's boxes are the same in every mode."""
 
 from __future__ import annotations
 
@@ -67,7 +55,6 @@ class JpegHeader:
 
 def jpeg_header(data: Union[bytes, bytearray, memoryview]) -> Optional[JpegHeader]:
     """The frame header of a JPEG, or None when `data` is not one (or the header is cut off).
-
     Walks the marker segments up to the first frame (SOF) segment; reads nothing else."""
     size = len(data)
     if size < 4 or data[0] != 0xFF or data[1] != 0xD8:

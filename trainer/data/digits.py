@@ -29,10 +29,8 @@ def stratified_split(labels: np.ndarray, val_fraction: float, test_fraction: flo
 
 class DigitsDataModule(ImageClassificationData):
     """The default data set. Pixel values 0..16 are standardized with the training split's statistics.
-
     The split is fixed by `split_seed`, independent of the run's seed, so runs with different seeds
-    are compared on the same test images.
-    """
+    are compared on the same test images."""
 
     in_memory = True
 

@@ -2,19 +2,10 @@
 matters: by default 52,794 training images (42 distortions of each of the 1,257 training
 originals), 2,160 for validation and 2,160 for the test, at 16 px. Nothing is downloaded.
 
-How it is made (`expand`), deterministically from `split_seed` and `distortion_seed`:
-
-1. The 1,797 originals are split first (stratified 70/15/15, as `data=digits`), so no original
-   digit, in any of its distortions, appears in two splits.
-2. Each original is upsampled to 3/4 of `image_size` (bilinear, ink 0..16 to 0..255), centred in
-   a frame of `image_size`, and drawn `copies`
-   times (the training split) or `eval_copies` times (validation, test) through one random affine
-   map (rotation, scale, shear, shift) and one elastic displacement field (Simard et al. 2003:
-   uniform noise smoothed by a Gaussian, times `elastic_alpha`), in one `grid_sample` per chunk.
-3. The images are kept as uint8 in a cache file named by every setting that shapes them
-   (`cache_dir`, ``~/.cache/gpu-practice-trainer`` by default; about a second to make the default
-   set on 2 cores), written atomically; a later run reads it back.
-"""
+Made by `expand`, deterministically from `split_seed` and `distortion_seed`: the originals split
+first (stratified 70/15/15, so no digit appears in two splits in any of its distortions), then
+drawn through random affine maps and elastic fields (Simard et al. 2003), and cached as uint8 in a
+file named by every setting that shapes them, written atomically; docs/data.md gives the steps."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Images in torchvision's ImageFolder layout: ``root/train/<class>/*``, ``root/val/<class>/*``
 (and optionally ``test/``), robust to the bad files real folders hold.
 
-Before training, every file in the class folders is checked (``data.scan``); unreadable ones are
-skipped and listed in the run folder (``data.bad_files=skip``) or stop the run naming the file
-(``error``); more than ``data.max_bad_share`` of a split unreadable stops the run either way. Files
-the scan cannot catch cheaply (a truncated JPEG has a valid header) are caught when loaded. Every
-image mode reaches the model as 8-bit RGB. The machinery is in `trainer.data.badfiles`.
-"""
+Bad files are checked, skipped or refused as docs/reliability.md ("Bad data") describes; the
+machinery is in `trainer.data.badfiles`."""
 
 from __future__ import annotations
 
@@ -71,11 +67,9 @@ def _names(names: Sequence[str], limit: int = 5) -> str:
 
 class ImageFolderDataModule(EncodedImagesData):
     """An image folder, decoded and cropped as `EncodedImagesData` says.
-
     Bad files: `bad_files` (skip | error), `max_bad_share` and `scan` (header | full | off); see
     ``conf/data/imagefolder.yaml``. Set `run_dir` before `inspect` to get ``bad_files.tsv`` there;
-    `bad_files_summary` reports what was found, including files found later by loader workers.
-    """
+    `bad_files_summary` reports what was found, including files found later by loader workers."""
 
     def __init__(
         self,

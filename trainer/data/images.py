@@ -1,12 +1,10 @@
 """What every source of encoded images shares (an image folder, shards): the crops, the decode
 paths and where batches are finished.
 
-Training takes a RandomResizedCrop of each image (and, on the host or the device, a flip and the
-normalization); evaluation resizes the shorter side and takes the centre. The three decode paths of
-``data.decode`` (trainer/data/decode.py) give the same crop of an image for the same sample seed,
-whichever source the bytes came from. A subclass says where the bytes are: `inspect`, `setup`, and
-`_jpeg_share` for the auto decode choice.
-"""
+Training takes a RandomResizedCrop (and a flip and the normalization, on the host or the device);
+evaluation resizes the shorter side and takes the centre. The decode paths (trainer/data/decode.py)
+give an image the same crop for the same sample seed, whichever source the bytes came from. A
+subclass says where the bytes are: `inspect`, `setup`, and `_jpeg_share` for the auto decode choice."""
 
 from __future__ import annotations
 
@@ -27,10 +25,8 @@ class EncodedImagesData(ImageClassificationData):
     """Decoded and cropped on the host by loader workers (RandomResizedCrop for training, resize and
     centre crop for evaluation). Every image mode is converted to 8-bit RGB (`badfiles.to_rgb`).
 
-    With `device_normalize` (default) batches travel as uint8, a quarter of the bytes of float32
-    over PCIe and through the workers' shared memory, and are flipped and normalized on the device
-    (timm's PrefetchLoader idea); otherwise the workers do it in float32.
-    """
+    With `device_normalize` (default) batches travel as uint8 (a quarter of float32's bytes over PCIe
+    and shared memory) and are flipped and normalized on the device; otherwise the workers do it."""
 
     finishes_on_host_itself = True  # torchvision transforms v2 in the workers, in float32
     random_on_host = True  # RandomResizedCrop in the workers: a seed per sample (trainer/data/resumable.py)

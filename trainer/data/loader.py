@@ -46,10 +46,8 @@ class WorkerStart:
     """A loader worker's `worker_init_fn`. SLURM signals every process of a job step, loader workers
     included: USR2's default action would kill a worker mid-epoch, and the training process would
     fail on the dead worker before it could write its checkpoint. Workers ignore the scheduler's
-    signals and leave them to the training process, which stops them when it stops.
-
-    Setting a worker_init_fn replaces the one Lightning adds under ``seed_everything(workers=True)``
-    (it adds one only where none is set), so that one is called here."""
+    signals and leave them to the training process, which stops them when it stops. Lightning's own
+    worker_init_fn (``seed_everything(workers=True)``, added only where none is set) is called here."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -83,12 +81,10 @@ def resolve_loader(
     memory_fraction: float = 0.1,
 ) -> LoaderSettings:
     """Turn ``auto`` into concrete values.
-
     Workers: none for data already in memory (they would only add inter-process copies); else one
     per usable CPU minus one for the training process, at most 8 (past that the gains are rarely
     worth the memory, and too many workers hurt). Prefetch: PyTorch's 2 batches per worker, fewer
-    when the batches in flight would take more than `memory_fraction` of the available memory.
-    """
+    when the batches in flight would take more than `memory_fraction` of the available memory."""
     cpus = cpus or usable_cpus()
     reasons: dict[str, str] = {}
     if num_workers == "auto":
@@ -161,17 +157,12 @@ _WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? (?P<pids>[\d, ]+
 def loader_failure(ex: BaseException) -> UserError | None:
     """One actionable line for a failure inside a DataLoader worker, or None if `ex` is not one.
 
-    PyTorch reports these in ways that are hard to act on: an exception raised by the data set in a
-    worker comes back as ``Caught X in DataLoader worker process N`` followed by a whole traceback;
-    a worker that died (the kernel's OOM killer, a bus error when /dev/shm is full) comes back as a
-    bare "exited unexpectedly" or "is killed by signal". Recognized here:
-
-    - a `UserError` raised by the data set (such as a `BadImageError` naming a file), whether
-      re-raised from a worker or raised in the main process with ``num_workers=0``: that error;
-    - any other exception raised in a worker: its own last line, with the hint to rerun with
-      ``data.num_workers=0``, where the full traceback appears in the main process;
-    - a worker that died: the signal or exit code, the likely causes and what to try.
-    """
+    PyTorch reports these as ``Caught X in DataLoader worker process N`` and a whole traceback, or,
+    for a worker that died (the OOM killer, a bus error when /dev/shm is full), a bare "exited
+    unexpectedly" or "is killed by signal". Here a `UserError` raised by the data set (in a worker or
+    with ``num_workers=0``) is returned as it is; any other worker exception becomes its last line
+    and the hint ``data.num_workers=0`` (the full traceback then appears in the main process); a dead
+    worker, its signal or exit code, the likely causes and what to try."""
     for cause in _chain(ex):
         if isinstance(cause, UserError):
             return cause
@@ -222,10 +213,8 @@ def _exception_line(text: str, name: str) -> str:
 
 def _exit_code_of_dead_worker(ex: BaseException) -> int | None:
     """The exit code (negative: the signal) of the worker PyTorch found dead.
-
     Its "exited unexpectedly" message names only the pid; the process objects are still in the
-    frame that raised it (``_try_get_data``'s ``failed_workers``). Best effort: None if not found.
-    """
+    frame that raised it (``_try_get_data``'s ``failed_workers``). Best effort: None if not found."""
     tb = ex.__traceback__
     while tb is not None:
         workers = tb.tb_frame.f_locals.get("failed_workers")

@@ -1,14 +1,9 @@
 """Where shards live: a local folder or ``s3://bucket/prefix`` on any S3-compatible store.
 
-Credentials and the region come the standard way (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``; a custom CA with ``AWS_CA_BUNDLE``
-for boto3 and ``SSL_CERT_FILE`` for LitData's faster chunk reader, obstore). The endpoint of a store
-that is not AWS (MinIO, Ceph, R2, a test server) is ``data.endpoint_url`` or ``AWS_ENDPOINT_URL``.
-
-The store's answers become one line naming the source (`store_error`): wrong credentials, a missing
+Credentials, region, endpoint and CA come the standard way (docs/data.md, "Shards": object storage). The
+store's answers become one line naming the source (`store_error`): wrong credentials, a missing
 bucket or prefix, an endpoint that cannot be reached. boto3 retries what may pass (its standard
-retry mode: throttling, 5xx, dropped connections) before the line is given.
-"""
+retry mode: throttling, 5xx, dropped connections) before the line is given."""
 
 from __future__ import annotations
 

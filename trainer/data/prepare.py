@@ -1,23 +1,12 @@
 """A resized copy of an image folder: ``python -m trainer.data.prepare SRC DST --max-side 500``
 (``--format shards`` writes LitData shards instead: trainer/data/prepare_shards.py).
 
-Decoding costs grow with the pixels, and JPEG decoding in the loader workers is often what keeps a
-run waiting. ImageNet's photos average about 400x350, but a raw photo folder holds 12-megapixel
-images, some 80 times the pixels, which training throws away at its first resize to 224. Shrinking
-the folder once (the usual ImageNet preprocessing: longer side 500) makes every epoch cheaper.
-
-DST gets SRC's layout and file names, walked as training walks it (`imagefolder.list_split`: hidden
-files and folders left out, sub-folders followed, files directly in SRC not part of it). An image
-whose longer side exceeds ``--max-side`` is resized to exactly that, aspect kept, in the format its
-extension names (JPEGs decoded at a reduced DCT scale first); a smaller one is copied byte for byte.
-Non-images and unreadable images (fully decoded: a truncated JPEG is caught) are not written but
-listed in ``DST/bad_files.tsv`` as training lists them. Pixels stay what training sees: no EXIF
-rotation, no metadata carried over, alpha kept where the format stores it (training drops it).
-
-Each file is written under a hidden temporary name and renamed into place: a killed run leaves no
-partial file, and a rerun does only what is missing. ``DST/.prepare.json`` holds the settings, so a
-rerun with others cannot mix two sizes in one folder.
-"""
+A raw photo folder holds 12-megapixel images, some 80 times the pixels of ImageNet's (about
+400x350), which training throws away at its first resize to 224; shrinking the folder once makes
+every epoch's decoding cheaper. What is written, and how a killed run resumes, is in docs/data.md
+("Prepare a folder once"). SRC is walked as training walks it (`imagefolder.list_split`). Pixels
+stay what training sees: no EXIF rotation, no metadata carried over, alpha kept where the format
+stores it (training drops it)."""
 
 from __future__ import annotations
 

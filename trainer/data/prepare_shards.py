@@ -1,26 +1,11 @@
 """An image folder written once as shards: ``python -m trainer.data.prepare SRC DST --format shards``.
 
-Past one machine, a folder of a million files is slow to read from a shared file system (every
-open crosses the network) and every node reads all of it. Shards hold thousands of images each and
-stream from object storage; ``data=shards`` reads them (trainer/data/shards.py).
-
-The format is LitData's (Lightning's streaming library): ``optimize`` writes chunks of about
-``--chunk-mb`` and an ``index.json`` per split, in parallel over the cores, locally or to
-``s3://bucket/prefix``, and with ``use_checkpoint`` a killed run carries on where it stopped. Chosen
-over WebDataset (tar shards, no saved position inside an epoch) and MosaicML Streaming (its own
-loader and launcher conventions, pinned to its own torch releases) because its streaming loader
-saves and restores its place mid-epoch, splits the data over ranks and nodes itself, and comes
-from the Lightning project this framework is built on.
-
-Each sample is the image's bytes as they are (or resized when longer than ``--max-side``, as the
-folder output does), its label, its place in the folder's order and its file name. Files training
-could not read (every file is fully decoded first) are left out and listed in ``bad_files.tsv``.
+In LitData's format (``optimize``, resumable with ``use_checkpoint``), read by ``data=shards``
+(trainer/data/shards.py). Why shards, why LitData and what a shard holds are in docs/data.md.
 The samples of a split are written in an order shuffled once with a fixed seed, so that each chunk
 holds every class (LitData shuffles chunks and items within a window, not the whole split).
-
-``DST/dataset.json`` (the class names, the split sizes, the settings, the share of JPEGs) is
-written last, when every split is complete: a reader that finds it finds whole shards.
-"""
+``DST/dataset.json`` is written last, when every split is complete: a reader that finds it finds
+whole shards."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Progressive resizing: train the first epochs on smaller crops and raise the size to the final one.
 
-FFCV's ResNet recipes (``min_res``/``max_res`` with ``start_ramp``/``end_ramp`` epochs, sizes
-rounded to 32 px) and MosaicML Composer's ``ProgressiveResizing`` (an initial scale, a delay and a
-fine-tune fraction at full size) both hold a low resolution for part of training, raise it linearly,
-and end at full size. A step costs about (size / final)^2 of a full-size step in the network and,
-on the fast decode path, the JPEG is decoded at a reduced DCT scale when the crop allows it, so
-the early epochs are cheaper from the file to the loss.
-
-The size changes per epoch, not per step: the crop is taken where the image is decoded (a loader
-worker, or the device path's batch), and a loader's epoch is the unit every sample of a batch shares.
-Evaluation always runs at the final size.
-"""
+As FFCV's ResNet recipes (``min_res``/``max_res``, ``start_ramp``/``end_ramp``) and MosaicML
+Composer's ``ProgressiveResizing`` do: hold a low resolution, raise it linearly, end at full size.
+The schedule, why the size changes per epoch and not per step, and what each size costs are in
+docs/data.md ("Progressive resizing"). Evaluation always runs at the final size."""
 
 from __future__ import annotations
 

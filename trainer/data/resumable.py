@@ -1,21 +1,13 @@
 """A training loader that can stop mid-epoch and carry on exactly where it was.
 
-PyTorch's shuffling `RandomSampler` draws its seed from the global torch RNG when an epoch's
-iterator is created, and loader workers draw theirs the same way, so the order of an epoch and the
-random crops in the workers depend on everything that used the RNG before. A run resumed from a
-checkpoint cannot replay that. Here instead:
-
-- `EpochSampler` orders each epoch from (seed, epoch) alone and can start an epoch after the
-  batches already trained on. Its `position` is saved with the data module's state in every
-  checkpoint and given back to the new sampler before its first iterator exists (see
-  `ImageClassificationData.load_state_dict` for why not through Lightning's stateful loaders).
-- Host-side random transforms (random crops, or a module's augmentation run per sample in the
-  workers) draw from a seed given with each index (`SeededSamples`), so they do not depend on how
-  the samples were spread over workers or on which sample a worker served before.
-- Every loader gets its own `torch.Generator`, so making an iterator never moves the global RNG
-  that dropout and on-device augmentation use (the run saves and restores that one, see
-  trainer/callbacks/rng.py).
-"""
+PyTorch's `RandomSampler` and loader workers draw their seeds from the global torch RNG when an
+epoch's iterator is created, so an epoch's order and the workers' random crops depend on everything
+that used the RNG before, which a resumed run cannot replay. Here `EpochSampler` orders each epoch
+from (seed, epoch) alone and restarts after the batches already trained on
+(`ImageClassificationData.load_state_dict` says why not through Lightning's stateful loaders),
+host-side random transforms draw from a seed given with each index (`SeededSamples`), and every
+loader has its own `torch.Generator`, so making an iterator never moves the global RNG that dropout
+and on-device augmentation use (trainer/callbacks/rng.py saves that one)."""
 
 from __future__ import annotations
 
@@ -48,24 +40,19 @@ def own_generator(seed: int) -> torch.Generator:
 class EpochSampler(DistributedSampler):
     """Indices of one epoch, shuffled from (seed, epoch) when `shuffle`; `seeded` yields
     ``(index, sample_seed)`` pairs for `SeededSamples`, and ``(index, sample_seed, size)`` with a
-    `sizes` schedule (progressive resizing: the epoch's crop side, trainer/data/progressive_resize.py).
-    The size travels with the index because persistent loader workers keep their copy of the data
-    set from the first epoch: only what the sampler sends reaches them each epoch.
+    `sizes` schedule (progressive resizing: persistent loader workers keep their copy of the data set
+    from the first epoch, so only what the sampler sends reaches them each epoch).
 
-    With several processes (`replicas`), each epoch's one order is dealt out: process `rank` takes
-    items ``rank, rank + replicas, ...``, every process the same count (the rest of the order is
-    left for the next epoch's shuffle, as DistributedSampler with ``drop_last`` does). A position
-    counts the items all processes consumed, so a run can resume on another number of processes.
+    With several processes (`replicas`), process `rank` takes items ``rank, rank + replicas, ...`` of
+    each epoch's one order, every process the same count (the rest is left, as DistributedSampler
+    with ``drop_last`` does). A position counts the items all processes consumed, so a run can
+    resume on another number of processes. `taken` counts the batches training has consumed this
+    epoch on this process (counted as they reach the step, not when prefetched); `restore` makes the
+    next iterator skip what the checkpointed run had consumed."""
 
-    `taken` counts the batches that training has consumed this epoch on this process (the data
-    module counts them as they reach the step, so batches only prefetched are not counted);
-    `restore` makes the next iterator skip what the checkpointed run had consumed.
-    """
-
-    # A DistributedSampler in Lightning's eyes, so that it is used as it is: Lightning would wrap
-    # any other sampler in its DistributedSamplerWrapper, whose own seed and epoch re-shuffle the
-    # indices and whose position this class cannot restore. DistributedSampler.__init__ is not
-    # called: it asks a process group for the rank, which the data module already knows.
+    # A DistributedSampler in Lightning's eyes, so that it is used as it is: Lightning wraps any other in
+    # its DistributedSamplerWrapper, whose own seed and epoch re-shuffle the indices and whose position
+    # cannot be restored. DistributedSampler.__init__ is not called: it asks a process group for the rank.
     def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False, replicas: int = 1,
                  rank: int = 0, sizes: Optional[Callable[[int], int]] = None) -> None:
         if not 0 <= rank < replicas:

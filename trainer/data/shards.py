@@ -1,23 +1,11 @@
 """``data=shards``: images streamed from LitData shards in a folder or on object storage.
 
-Written once by ``python -m trainer.data.prepare SRC DST --format shards`` (trainer/data/
-prepare_shards.py). LitData's `StreamingDataset` reads them, downloading chunks ahead into a local
-cache of at most ``data.cache_limit_gb`` (evicting chunks it has read), and its
-`StreamingDataLoader` deals the chunks out over ranks, nodes and loader workers: over an epoch each
-rank reads its own share, no sample twice (``drop_last`` evens the shares, as DistributedSampler
-does). Validation and test read each process's block of the split by index (`EvalBlocks`): every
-image once, shares that differ by one image at most.
-
-The images are decoded and cropped by the same code as the image folder's (trainer/data/images.py):
-the three ``data.decode`` paths and the augmentations. A sample's random crop is drawn from
-``(seed, epoch, its place in the folder's order)``, the image-folder source's own per-sample seed,
-so an image gets the same crop in the same epoch from either source, bit for bit; the order of the
-samples is LitData's (chunks shuffled, then items within a window), not the folder source's.
-
-Resuming mid-epoch: the loader's position is saved with the data module's state in every checkpoint,
-counted in batches that reached a training step (Lightning fetches one batch ahead, which LitData
-counts as read), and given to LitData's loader before its first iterator (`ShardLoader`).
-"""
+Written by ``python -m trainer.data.prepare SRC DST --format shards`` (trainer/data/prepare_shards.py);
+the cache, each rank's share and resuming mid-epoch are described in docs/data.md. Validation and
+test read each process's block of the split by index (`EvalBlocks`). The images are decoded and
+cropped by the image folder's code (trainer/data/images.py), with the folder source's per-sample
+seed ``(seed, epoch, its place in the folder's order)``, so an image gets the same crop in the same
+epoch from either source, bit for bit. The loader's place is restored by `ShardLoader`."""
 
 from __future__ import annotations
 
@@ -132,11 +120,10 @@ class ShardLoader(StreamingDataLoader):
     steps taken, and would restore it so (the batch fetched but not trained on would be lost)."""
 
     def _get_iterator(self) -> Any:
-        # LitData iterates torch's iterator inside a generator, out of Lightning's reach: kept here so
-        # that `close` can stop its workers when the run fails (they ignore SIGTERM, see
-        # trainer/data/loader.py, so the interpreter's exit would otherwise wait for them forever).
-        # A weak reference: an iterator nobody holds any more still shuts its workers down when
-        # it is collected, as torch's do.
+        # LitData iterates torch's iterator inside a generator, out of Lightning's reach: kept here so that
+        # `close` can stop its workers when the run fails (they ignore SIGTERM, trainer/data/loader.py, and
+        # the interpreter's exit would wait for them forever). Weakly: an iterator nobody holds any more
+        # still shuts its workers down when it is collected, as torch's do.
         iterator = super()._get_iterator()
         self.live: Optional[weakref.ref[Any]] = weakref.ref(iterator)
         return iterator

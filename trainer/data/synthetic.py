@@ -32,11 +32,9 @@ class _BatchIndices(Dataset[int]):
 
 class SyntheticDataModule(ImageClassificationData):
     """Each class has a fixed random pattern; a sample is ``signal * pattern + N(0, 1)`` noise.
-
     The loader carries only a batch number; `transfer_batch_to_device` draws the batch on the device
     from a generator seeded by (seed, split, batch number), so every epoch sees the same samples and
-    runs are reproducible, with no host work and no host-to-device copy.
-    """
+    runs are reproducible, with no host work and no host-to-device copy."""
 
     in_memory = True
 

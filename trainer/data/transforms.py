@@ -1,7 +1,6 @@
 """Batched augmentation and normalization on the device, after the host-to-device copy.
 
-Whole-batch tensor ops: one kernel per batch instead of a Python call per image in a worker.
-"""
+Whole-batch tensor ops: one kernel per batch instead of a Python call per image in a worker."""
 
 from __future__ import annotations
 
@@ -29,9 +28,7 @@ def random_flip(images: torch.Tensor) -> torch.Tensor:
 
 def random_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
     """Shift each image by up to `pad` pixels in each direction, filling with zeros.
-
-    The same as padding then a random crop of the original size (the CIFAR recipe).
-    """
+    The same as padding then a random crop of the original size (the CIFAR recipe)."""
     if pad <= 0:
         return images
     n, _, h, w = images.shape

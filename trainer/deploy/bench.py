@@ -1,13 +1,8 @@
 """``python -m trainer.deploy bench RUN_DIR|CKPT``: inference latency and throughput per batch size.
 
-Variants side by side, in one process, interleaved per batch size so that a busy machine slows all
-of them alike: eager (the trained network in eval mode), folded (Conv-BN folded), compiled (the
-folded network under torch.compile, CUDA only) and ONNX Runtime (the exported model; exported first
-when the run has no export of the checkpoint timed). Each call is timed alone after warm-up, with
-the device synchronized before the clock is read; P50/P90/P99 are over the timed calls, throughput
-is the batch over the median. Written into the run folder as ``deploy_bench.md``,
-``deploy_bench.json`` and ``deploy_bench.png``.
-"""
+Eager, folded, compiled (CUDA only) and ONNX Runtime side by side in one process, interleaved per
+batch size so that a busy machine slows all of them alike; each call timed alone after warm-up,
+with the device synchronized before the clock is read. docs/deploy.md ("bench") gives the rest."""
 
 from __future__ import annotations
 
@@ -55,7 +50,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 def time_calls(call: Callable[[], Any], synchronize: Callable[[], None], warmup: int, calls: int,
                budget_s: float) -> list[float]:
     """Milliseconds of each of up to `calls` timed calls (fewer when `budget_s` runs out, at least 5).
-
     Not torch.utils.benchmark's Timer, deliberately: it times blocks of calls and reports their
     means, while a serving latency table needs each call's own time for its p90 and p99 tails."""
     for _ in range(warmup):

@@ -1,22 +1,10 @@
 """``python -m trainer.deploy export RUN_DIR|CKPT``: the inference form of a trained run.
 
 From the run folder alone (its ``config_resolved.yaml``, its best or last checkpoint, its
-``summary.json``), with nothing repeated by the user:
-
-1. the network is rebuilt from the run's config and loaded from the checkpoint (a checkpoint of
-   another model is refused, naming the keys that do not fit);
-2. eval mode is checked module by module: a module still in training mode after ``eval()`` (a
-   Dropout or BatchNorm whose ``train`` was overridden) is refused with its name, and so is a forward
-   that is still random or still updates BatchNorm statistics;
-3. Conv-BN pairs are folded (`trainer.models.fuse.fuse_for_inference`), checked against the
-   unfolded network;
-4. written into ``RUN_DIR/export/``: ``model.onnx`` (dynamic batch; ONNX Runtime's output on real
-   evaluation images compared with PyTorch's, the difference reported and bounded), ``model.pt2``
-   (a ``torch.export`` program, loaded back and compared the same way), ``weights.safetensors``
-   (the trained weights, unfolded, for `build_model`) and ``model.json``, the model card: classes,
-   input shape, the evaluation preprocessing of training, the run's accuracy and the checkpoint's
-   SHA-256.
-"""
+``summary.json``): the network rebuilt and loaded, eval mode checked module by module, Conv-BN pairs
+folded (`trainer.models.fuse.fuse_for_inference`), and ``model.onnx``, ``model.pt2``,
+``weights.safetensors`` (unfolded, for `build_model`) and ``model.json`` written into
+``RUN_DIR/export/``, each checked against PyTorch; docs/deploy.md ("export") gives the details."""
 
 from __future__ import annotations
 

@@ -1,17 +1,10 @@
 """``python -m trainer.deploy load RUN_DIR|CKPT``: the batching server under load, batching on and off.
 
-Two servers of the same export are started (``serve``, on free loopback ports): one with dynamic
-batching (``--max-batch-size``, ``--batch-timeout-ms``), one that serves each request alone (max
-batch 1). A real HTTP client (aiohttp, keep-alive connections, one per concurrent caller) sends
-the run's own test images, encoded as the files a client would send, at each concurrency; the two
-servers take turns per concurrency and round, so a busy machine slows both alike. Bounded: at most
-``--requests`` requests and ``--budget-s`` seconds per measurement.
-
-Reported per concurrency and server: QPS (completed requests over the measurement's wall time),
-P50/P99 latency (request sent to answer read), the mean batch the server formed, the share of
-answers whose top class is the image's label, and errors. Written into the run folder as
-``deploy_load.md`` and ``deploy_load.json``.
-"""
+Two servers of the same export (``serve`` on free loopback ports), one batching and one serving each
+request alone, measured by a real HTTP client sending the run's own test images; docs/deploy.md
+("load") gives what is reported. The two servers take turns per concurrency and round, so a busy
+machine slows both alike. QPS is completed requests over the measurement's wall time; latency is
+from request sent to answer read."""
 
 from __future__ import annotations
 

@@ -1,21 +1,14 @@
 """The evaluation preprocessing of training, applied to a client's image bytes, from the model card.
 
-Each data module states its evaluation preprocessing once (``inference_preprocessing``); export
-writes it into ``model.json`` and everything that serves the model reads it from there:
+Each data module states it once (``inference_preprocessing``); export writes it into ``model.json``:
+- ``color``: ``"L"`` or ``"RGB"``; bytes decoded by `trainer.data.badfiles.load_rgb`, training's
+  loader, then made grey when the network takes one channel;
+- ``resize``: an int for the shorter side (torchvision's ``Resize(int)``), ``[h, w]`` for exactly
+  that; ``interpolation``: ``bilinear`` (antialiased on uint8, as in training) or ``area`` (how
+  scikit-learn's 8x8 digits were made from 32x32 bitmaps); ``center_crop``: ``[h, w]`` or null;
+- ``scale``, ``mean``, ``std``: ``(pixels * scale - mean) / std``, per batch by `Normalizer`.
 
-- ``color``: ``"L"`` (grey) or ``"RGB"``; the bytes are decoded by `trainer.data.badfiles.load_rgb`,
-  the loader training used (8-bit RGB, 16-bit images scaled rather than clipped, truncated files
-  refused), then made grey when the network takes one channel;
-- ``resize``: an int resizes the shorter side to it (torchvision's ``Resize(int)``), a pair
-  ``[h, w]`` resizes to exactly that; ``interpolation`` is ``bilinear`` (antialiased, on the uint8
-  tensor, as the training transforms do) or ``area`` (the mean of each pixel's box: how
-  scikit-learn's 8x8 digits were made from 32x32 bitmaps);
-- ``center_crop``: ``[h, w]`` or null;
-- ``scale``, ``mean``, ``std``: ``(pixels * scale - mean) / std`` per channel, done per batch by
-  `Normalizer` on the device that runs the network.
-
-`pixels` stops at uint8 (what travels to the inference worker: a quarter of the float bytes).
-"""
+`pixels` stops at uint8 (what travels to the inference worker: a quarter of the float bytes)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """``python -m trainer.deploy serve RUN_DIR|CKPT|EXPORT_DIR``: the exported model behind a batching HTTP server.
 
-Built on LitServe (Lightning's serving library): its inference worker process, its dynamic batching
-(``max_batch_size`` requests or ``batch_timeout`` seconds, whichever comes first), its ``/health``
-(200 once the worker has loaded and warmed up the model) and its graceful shutdown.
-
-``POST /predict`` takes the image's bytes as the body (``Content-Type: image/jpeg`` or
-``image/png``; ``?k=N`` for the top N), or JSON with the image base64-encoded
-(``{"image": "<base64>", "k": 3}``; ``input`` for ``image`` as LitServe's generated client names it),
-and answers ``{"top_k": [{"class": ..., "index": ..., "probability": ...}, ...], "batch": n}``,
-``batch`` being the size of the batch the request was served in. ``/openapi.json`` (and ``/docs``)
-documents both bodies and the answer; ``GET /metrics`` gives Prometheus the requests by status, their
-latency and the batch sizes.
-
-Where this replaces LitServe's behaviour, deliberately:
-
-- LitServe reads every body that is not a form as JSON (LitServe issue #732), so the request
-  handler is ours: it reads the raw bytes (or the JSON's base64), and it checks and preprocesses the image in the HTTP
-  process, before the request is queued. A bad image is then a 4xx for that request alone; in
-  LitServe's batched loop one request whose ``decode_request`` raises fails its whole batch. What
-  crosses to the inference worker is the uint8 pixels, and the worker normalizes whole batches.
-- SIGTERM: LitServe installs no handler (the process would die with its queue manager's children
-  left behind); here SIGTERM takes LitServe's Ctrl+C path: uvicorn stops accepting, finishes the
-  requests in flight, then the inference worker is stopped.
-"""
+Built on LitServe (its inference worker, dynamic batching, ``/health`` and graceful shutdown); the
+API and where LitServe's behaviour is replaced, and why, are in docs/deploy.md. LitServe reads every
+non-form body as JSON (LitServe #732), so the handler is ours, and the image is checked and decoded
+in the HTTP process, before queueing: a bad one is a 4xx for its request alone (in LitServe's batched
+loop one failing ``decode_request`` fails its whole batch); the worker gets uint8 pixels and normalizes
+whole batches. SIGTERM takes LitServe's Ctrl+C path: LitServe installs no handler, and the process
+would die leaving its queue manager's children behind."""
 
 from __future__ import annotations
 
@@ -175,8 +159,7 @@ class WaitingBatchLoop(BatchedLoop):
     process for a request every millisecond even when the server is idle (18% of a core measured
     here, at rest) and, with ``batch_timeout=0``, spins on ``get_nowait``. Here the first request is
     waited for (up to a second, then the loop checks in again), the rest of the batch until
-    ``batch_timeout`` after it arrived, whichever of that and ``max_batch_size`` comes first.
-    """
+    ``batch_timeout`` after it arrived, whichever of that and ``max_batch_size`` comes first."""
 
     def get_batch_requests(self, lit_api: ls.LitAPI, request_queue: Any, transport: Any) -> tuple[list, list]:
         payloads: list[tuple[Any, Any, Any]] = []
@@ -333,9 +316,9 @@ class ImageServer(ls.LitServer):
         self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], include_in_schema=True,
                                summary="Prometheus metrics: requests by status, latency, batch sizes")
 
-    # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject):
-    # the same route, served by our handler, with the raw Request as its one parameter; its bodies and
-    # its answer are declared for /openapi.json, since FastAPI cannot see them in the raw Request.
+    # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject): the
+    # same route, our handler, the raw Request as its one parameter, its bodies and answer declared for
+    # /openapi.json (FastAPI cannot see them in the raw Request).
     def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
         handler = ImageRequestHandler(lit_api, self)
         metrics = self.metrics

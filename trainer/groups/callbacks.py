@@ -3,12 +3,9 @@
     callbacks=[early_stopping,ema]                  ready choices, one YAML each
     +callbacks.mine._target_=my_pkg.MyCallback      a team's own (+callbacks.mine.ARG=VALUE for its arguments)
 
-Each entry is checked when the config is validated (trainer/configuration/spec.py: its keys against its
-constructor's signature; `check_callback` here: that it is a Lightning callback the framework does
-not set itself) and built by `build_callbacks`, after the framework's own callbacks, so Lightning
-calls it after them at every hook. A callback's `state_dict` goes into every checkpoint under its
-`state_key` and comes back when a run resumes.
-"""
+Each entry is checked when the config is validated (trainer/configuration/spec.py, and
+`check_callback` here) and built by `build_callbacks` after the framework's own, so Lightning calls
+it after them at every hook; docs/config.md ("Callbacks and Lightning objects") has the rest."""
 
 from __future__ import annotations
 
@@ -119,12 +116,10 @@ def build_callbacks(specs: Mapping[str, Mapping[str, Any]], has_logger: bool, ac
 
 class EMAHorizonCheck(Callback):
     """Warns once, as fit starts, when an EMA's decay averages over more steps than the run has.
-
     An EMA with decay d weighs about the last 1/(1-d) updates, and its start (the random initial
     weights) fades as d^steps. With Lightning's default 0.999 a run of a few hundred steps is
     validated and tested on weights still mostly at their initialization: the digits ViT recipe
-    measured val accuracy 0.14 with it against 0.89 with decay 0.95 (benchmarks/accuracy_practices.sh).
-    """
+    measured val accuracy 0.14 with it against 0.89 with decay 0.95 (benchmarks/accuracy_practices.sh)."""
 
     #: The initial weights' share of the average at the end of the run above which it warns.
     STALE_SHARE = 0.05
@@ -149,12 +144,10 @@ class EMAHorizonCheck(Callback):
 class AveragedWeightsUnderTest(Callback):
     """Makes the test measure a weight-averaging callback's (EMA, SWA) averaged weights.
 
-    The run tests the best checkpoint with the Trainer that trained (`trainer.test(ckpt_path=
-    "best")`). Its state_dict holds the average, but Lightning 2.6's WeightAveraging, still set up
-    from fit, then loads the checkpoint's raw weights (current_model_state) back into the model, so
-    the test would measure the weights the average was meant to replace. The average it restored
-    from the same checkpoint goes back into the model before the first test batch.
-    """
+    The run tests the best checkpoint with the Trainer that trained (`trainer.test(ckpt_path="best")`).
+    Lightning 2.6's WeightAveraging, still set up from fit, loads the checkpoint's raw weights
+    (current_model_state) into the model, so the test would measure what the average was meant to
+    replace; the average restored from the same checkpoint goes back in before the first test batch."""
 
     def __init__(self, averaging: WeightAveraging) -> None:
         self.averaging = averaging

@@ -1,16 +1,9 @@
 """The `checkpointing` group, and checkpoints that cannot be half-written or poisoned.
 
-- Writes are atomic: a temporary file in the checkpoint's folder, fsync, rename. A crash at any
-  moment leaves the previous file as it was. (Lightning's own writer streams into the target
-  path, so a kill mid-write leaves a truncated file under the real name.)
-- Reads use ``torch.load(weights_only=True)``: tensors, plain containers and numbers only. A
-  checkpoint whose pickle would import or call anything else is refused with one line, before any
-  of it runs.
-- Saved keys are those of the plain model: no ``_orig_mod.`` (torch.compile) or leading
-  ``module.`` (DataParallel / DDP wrappers); loading strips them too, so checkpoints move freely
-  between compiled, wrapped and plain models.
-- `export_safetensors` writes the model's weights alone as safetensors, for sharing.
-"""
+Atomic writes, ``torch.load(weights_only=True)`` reads and keys of the plain model (no
+``_orig_mod.`` or ``module.``, on saving and loading) are described in docs/reliability.md
+("Checkpoints"). Lightning's own writer streams into the target path, so a kill mid-write leaves a
+truncated file under the real name. `export_safetensors` writes the weights alone, for sharing."""
 
 from __future__ import annotations
 
@@ -60,13 +53,10 @@ class LatestAndBest(ModelCheckpoint):
     """Lightning's ModelCheckpoint, with ``last.ckpt`` written at every epoch end (and every
     validation inside an epoch), as Lightning did before 2.6.
 
-    Deliberately replaced: Lightning 2.6 writes last.ckpt only at a step where a top-k checkpoint
-    was also written. A run whose monitored metric stopped improving then kept a last.ckpt from
-    its best epoch (a 20-epoch run here ended with last.ckpt at epoch 18), and ``resume=auto``
-    after a preemption would redo every epoch since; with ``save_top_k=0`` no last.ckpt was
-    written at all. The ModelCheckpoint methods this relies on are pinned by
-    tests/unit/test_library_pins.py.
-    """
+    Deliberately replaced: Lightning 2.6 writes last.ckpt only beside a new top-k checkpoint, so a run
+    whose metric stopped improving kept a last.ckpt from its best epoch (a 20-epoch run here ended
+    with last.ckpt at epoch 18) and ``resume=auto`` would redo every epoch since; with
+    ``save_top_k=0`` none was written. tests/unit/test_library_pins.py pins the methods used."""
 
     @property
     def state_key(self) -> str:
@@ -75,11 +65,10 @@ class LatestAndBest(ModelCheckpoint):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Deliberately replaced: Lightning restores only `best_model_path` when the checkpoint was
-        written in another folder. A run resumed with ``resume=auto`` lands in a new Hydra folder
-        but is the same run: forgetting its best score would make the next validation "best"
-        whatever its value, and the test would then take worse weights than the uninterrupted run
-        does. The earlier folder's files stay where they are: Lightning never removes a checkpoint
-        outside this callback's own folder."""
+        written in another folder. A run resumed with ``resume=auto`` lands in a new Hydra folder but
+        is the same run: forgetting its best score would make the next validation "best" whatever its
+        value, and the test would take worse weights than the uninterrupted run. The earlier folder's
+        files stay: Lightning never removes a checkpoint outside this callback's own folder."""
         super().load_state_dict({**state_dict, "dirpath": self.dirpath})
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -130,11 +119,10 @@ class PeriodicCheckpoint(StepBoundary):
     once `every_minutes` of training have passed since the last one. The checkpoint holds the
     loader's place in the epoch, so `resume` carries on from the next batch.
 
-    Deliberately not a second ModelCheckpoint(every_n_train_steps=..., train_time_interval=...):
-    Lightning refuses the two together in one instance, it saves at an epoch's last batch (where an
-    epoch cut short by limit_train_batches would resume as mid-epoch and be trained again), and
-    beside the epoch-end one it would write last-v1.ckpt; tests/unit/test_library_pins.py pins the
-    first two."""
+    Deliberately not a second ModelCheckpoint(every_n_train_steps=..., train_time_interval=...): it
+    refuses the two together, saves at an epoch's last batch (an epoch cut short by
+    limit_train_batches would resume as mid-epoch and be trained again), and would write
+    last-v1.ckpt beside the epoch-end one; tests/unit/test_library_pins.py pins the first two."""
 
     def __init__(self, dirpath: Path, every_n_steps: int | None, every_minutes: float | None) -> None:
         self.path = Path(dirpath) / "last.ckpt"
@@ -215,10 +203,8 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
 
 class SafeCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint reader and writer, made atomic, weights-only and prefix-free.
-
     Replaces `TorchCheckpointIO` deliberately (see the module docstring): every checkpoint the
-    Trainer writes or reads, `last.ckpt`, the best ones and `ckpt_path=` loads, goes through here.
-    """
+    Trainer writes or reads, `last.ckpt`, the best ones and `ckpt_path=` loads, goes through here."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         if storage_options is not None:

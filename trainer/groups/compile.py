@@ -56,10 +56,8 @@ def allow_recompiles(sizes: int) -> None:
 
 def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig) -> None:
     """Compile `net` in place in the resolved `mode` (see `resolve_compile_mode`); ``off`` leaves it eager.
-
     `nn.Module.compile` (not `torch.compile(net)`) keeps the module and its state-dict keys as they
-    are, so checkpoints never carry `_orig_mod.` prefixes.
-    """
+    are, so checkpoints never carry `_orig_mod.` prefixes."""
     if mode != "off":
         net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
 

@@ -1,16 +1,9 @@
 """The `logger` group: Lightning loggers, writing into the run folder.
 
-Several loggers at once: ``logger=[csv,tensorboard,wandb]`` (each choice adds its own key).
-A Weights & Biases run gets an id chosen here and kept in the run folder's ``run.json``; a resumed
-run passes the id of the run it resumes, so wandb continues that run instead of starting another.
-
-What every logger receives besides the task's metrics (`logger_callbacks`): the learning rate of
-each parameter group at every logged step, and once, as training starts, the run's
-hyper-parameters: the whole resolved config plus the values the plan derived
-and the group choices (`run_hyperparameters`). A wandb run is also named after the run, grouped by
-the multirun it is a job of, and tagged with its recipe and group choices (`run_labels`), unless the
-config or wandb's own environment (`WANDB_NAME`, ...) says otherwise (`wandb_settings`).
-"""
+Several loggers at once: ``logger=[csv,tensorboard,wandb]``. A wandb run's id is chosen here and
+kept in ``run.json``, so a resumed run continues that wandb run. What every logger receives
+(`logger_callbacks`, `run_hyperparameters`) and how a wandb run is named, grouped and tagged
+(`run_labels`, `wandb_settings`) is in docs/config.md ("Groups and choices")."""
 
 from __future__ import annotations
 
@@ -109,10 +102,8 @@ WANDB_ENVIRONMENT = {"name": "WANDB_NAME", "group": "WANDB_RUN_GROUP", "save_dir
 def wandb_settings(spec: Mapping[str, Any], labels: RunLabels, run_dir: str,
                    environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The arguments the framework gives a WandbLogger: the run's name and group, the run folder to
-    write into, and its tags. What the person set wins: the config (`logger.wandb.name=...`), then
-    wandb's own environment (`WANDB_NAME`, `WANDB_RUN_GROUP`, `WANDB_DIR`; the other `WANDB_*`
-    settings the framework does not touch). Tags are added to the person's (`logger.wandb.tags`,
-    `WANDB_TAGS`), not put in their place."""
+    write into, and its tags; what the person set (the config, then `WANDB_*`) wins, and tags are
+    added to the person's (docs/config.md)."""
     settings: dict[str, Any] = {}
     for key, value in (("name", labels.name), ("group", labels.group), ("save_dir", run_dir)):
         if environ.get(WANDB_ENVIRONMENT[key]):
@@ -132,11 +123,8 @@ def wandb_settings(spec: Mapping[str, Any], labels: RunLabels, run_dir: str,
 def run_hyperparameters(resolved: Mapping[str, Any], derived: Mapping[str, Any],
                         choices: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What the loggers record as the run's hyper-parameters: the whole resolved config; under
-    ``choices`` the group choices (``data: digits``, ``recipe: ...``), by which runs are filtered and
-    compared; and under ``derived`` each value the plan decided by its key (``optimizer.lr``: the
-    effective lr, ``global_batch_size``, ``precision``, ...). Plain values only; each logger flattens
-    the nesting its own way (csv: hparams.yaml as is; tensorboard: ``optimizer/lr``; wandb: its
-    nested config)."""
+    ``choices`` the group choices, by which runs are filtered and compared; under ``derived`` each
+    value the plan decided, by its key. Plain values only; each logger flattens the nesting its own way."""
     return {**_plain(resolved), "choices": {str(group): str(choice) for group, choice in (choices or {}).items()},
             "derived": {str(key): _plain(value) for key, value in derived.items()}}
 

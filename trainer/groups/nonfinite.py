@@ -1,20 +1,10 @@
 """The non-finite guard: a step whose loss or gradients hold NaN or Inf is skipped, not applied.
 
-One bad batch (a corrupt sample, a spike) should cost one step, not the run: the guard checks the
-loss and the gradients just before the optimizer step and, when anything is non-finite, drops the
-gradients, so the optimizer skips every parameter (PyTorch's optimizers leave a parameter without a
-gradient untouched: no update, no momentum or Adam moment, no step count). The step is counted and
-logged. When `max_consecutive` steps in a row are bad the run is diverging, not unlucky: the guard
-writes a diagnostic checkpoint (the last good weights) and stops the run with one line naming the
-first parameter whose gradient went non-finite.
-
-With an fp16 GradScaler, overflowing steps are routine: the scaler skips them and lowers its
-scale. The guard then leaves the skipping to the scaler and only counts; it stops the run only once
-the scale has fallen below 1 and steps still overflow, which no loss scaling can cure.
-
-Costs one device synchronization per optimizer step (the check must be known before the step);
-`nonfinite=off` removes it. The learning-rate schedule still advances on a skipped step.
-"""
+Its behaviour is in docs/reliability.md ("The non-finite guard"). The skip drops the gradients:
+PyTorch's optimizers leave a parameter without a gradient untouched (no update, no momentum or Adam
+moment, no step count). Under an fp16 GradScaler overflows are routine, so the guard only counts
+and stops once the scale is below 1 and steps still overflow, which no loss scaling can cure. Costs
+one device synchronization per optimizer step (the check must be known before the step)."""
 
 from __future__ import annotations
 

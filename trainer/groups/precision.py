@@ -47,10 +47,8 @@ def compute_dtype(precision: str) -> torch.dtype:
 
 def resolve_precision(name: str, accelerator: str) -> tuple[str, str]:
     """Return the Lightning precision string and a one-line derivation.
-
     ``auto``: bf16-mixed on CUDA devices with bf16 support (no GradScaler needed), fp16-mixed with
-    a GradScaler on older CUDA devices, fp32 elsewhere.
-    """
+    a GradScaler on older CUDA devices, fp32 elsewhere."""
     cuda = accelerator == "cuda"
     bf16_ok = cuda and torch.cuda.is_bf16_supported()
     if name == "auto":

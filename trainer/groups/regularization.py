@@ -1,11 +1,8 @@
 """The `regularization` group: label smoothing, and mixup/cutmix of training batches on the device.
 
-Mixup and cutmix are torchvision's `v2.MixUp` and `v2.CutMix`: whole-batch tensor ops, run here on
-the batch after it reached the device (one kernel per batch, nothing per image in the loader
-workers). Each pairs every image with its neighbour in the batch (the loader has shuffled it) and
-turns the labels into class probabilities that sum to 1. Label smoothing is applied by the loss
-(`F.cross_entropy(label_smoothing=...)`), to integer and mixed targets alike.
-"""
+Mixup and cutmix are torchvision's `v2.MixUp` and `v2.CutMix` on the batch after it reached the
+device (docs/config.md, "Accuracy practices"); each pairs every image with its neighbour in the
+(shuffled) batch. Label smoothing is applied by the loss, to integer and mixed targets alike."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ raises `TrialFailed` for the Optuna sweeper).
 
 `PrepareStorage` (a Hydra callback, registered by the ``hparams_search`` configs) creates the
 folder of a SQLite study storage before the sweeper opens it: SQLite creates the file but not its
-folder, and a fresh checkout has no ``outputs/``.
-"""
+folder, and a fresh checkout has no ``outputs/``."""
 
 from __future__ import annotations
 
@@ -62,12 +61,10 @@ def job_failed(line: str, ex: BaseException | None) -> float:
     """One job of a sweep failed: say so (with the traceback of an unexpected error in the job's
     log) and go on with the sweep. The job's summary.json, where it got that far, says failed.
 
-    Hydra's basic sweeper ends the whole sweep after a batch in which a job raised, without the
-    comparison table, so there the job returns NaN instead. Hydra's Optuna sweeper (1.3 with optuna
-    2.10) crashes on a NaN value (it tells the study twice), but records a job that raised as a
-    failed trial and goes on while the failure share is within ``max_failure_rate``, so there it
-    raises `TrialFailed`.
-    """
+    Hydra's basic sweeper ends the whole sweep, without the comparison table, after a job raised, so
+    there the job returns NaN. Hydra's Optuna sweeper (1.3 with optuna 2.10) crashes on NaN (it tells
+    the study twice) but goes on after a raising job while failures stay within ``max_failure_rate``,
+    so there it raises `TrialFailed`."""
     if ex is not None:
         log.error("job failed", exc_info=ex)
     log.error("error: %s", line)

@@ -1,17 +1,11 @@
 """The `trainer` group (conf/trainer/): lightning.Trainer's own arguments, made into the Trainer.
 
-- An argument given as a mapping with `_target_` (``trainer.strategy``, ``trainer.profiler``, each
-  entry of ``trainer.plugins``, any other) is instantiated here, so Lightning receives the object
-  and not a dict; trainer/configuration/spec.py checked at validation that it imports and that its keys fit its
-  constructor. Each Trainer made gets fresh objects: Lightning attaches its accelerator and
-  environment to a strategy, so one instance cannot serve two Trainers.
-- Whatever Lightning rejects while the Trainer is built ends as one line naming the argument.
-  Lightning's messages do not always name it (``set_benchmark_cudnn expects a bool``) and some of
-  its checks look at several arguments, so on failure, and only then, the Trainer is made again
-  with each argument the person gave alone on top of the framework's own, and the first one that
-  fails alone is named; two that fail only together are named together. (Values Lightning accepts
-  here but fails on once fit starts are bounded in the schema instead: config.TRAINER_BOUNDS.)
-"""
+- An argument given as a mapping with `_target_` (``trainer.strategy``, ``trainer.plugins``, ...)
+  is instantiated here, fresh for each Trainer: Lightning attaches its accelerator and environment
+  to a strategy, so one instance cannot serve two.
+- Whatever Lightning rejects while the Trainer is built ends as one line naming the argument (found
+  by trial Trainers when Lightning's message does not name it: docs/config.md). Values Lightning
+  accepts here but fails on once fit starts are bounded in the schema instead (TRAINER_BOUNDS)."""
 
 from __future__ import annotations
 
@@ -73,10 +67,9 @@ TRAINER_KEYS_OWNED_ELSEWHERE = {
     "gradient_clip_algorithm": "the clipping group (clipping=value, ...)",
 }
 
-#: Tighter bounds than lightning.Trainer's signature, for arguments Lightning accepts when the
-#: Trainer is built but fails on once fit starts (0 accumulation, 0 epochs or batches between
-#: validations: a ZeroDivisionError mid-run), reads as "always" (negative counts), or that the
-#: batch rules multiply before any Trainer exists (num_nodes, accumulate_grad_batches).
+#: Tighter bounds than lightning.Trainer's signature, for arguments Lightning accepts when the Trainer is
+#: built but fails on once fit starts (0 accumulation, 0 epochs or batches between validations: a
+#: ZeroDivisionError mid-run), reads as "always" (negative counts), or that the batch rules multiply first.
 TRAINER_BOUNDS: dict[str, Any] = {
     "accumulate_grad_batches": Annotated[int, AT_LEAST_ONE],
     "num_nodes": Annotated[int, AT_LEAST_ONE],
@@ -92,9 +85,8 @@ TRAINER_BOUNDS: dict[str, Any] = {
 }
 
 
-#: Lightning's hint, on any machine where `srun` is installed, to prefix the command with srun.
-#: Dropped: here SLURM jobs are started by hydra/launcher=slurm (which does use srun), and the hint
-#: would send people the wrong way.
+#: Lightning's hint, wherever `srun` is installed, to prefix the command with srun. Dropped: here SLURM
+#: jobs are started by hydra/launcher=slurm (which does use srun), and the hint would mislead.
 _SRUN_HINT = "The `srun` command is available on your system but is not used"
 
 
@@ -115,9 +107,8 @@ def make_trainer(given: Iterable[str], /, **arguments: Any) -> L.Trainer:
                                  warning.line)
         return trainer
     except Exception as ex:  # noqa: BLE001 - Lightning refuses values with many exception types
-        # Lightning sets determinism and cuDNN autotuning early in its constructor: a Trainer that
-        # could not be made (nor the trials that look for why) leaves the process as it was, for
-        # the next job of a sweep.
+        # Lightning sets determinism and cuDNN autotuning early in its constructor: a Trainer that could not
+        # be made (nor the trials that look for why) leaves the process as it was, for a sweep's next job.
         try:
             fault = None if isinstance(ex, UserError) else _find_fault(arguments, given, ex)
         finally:

@@ -1,14 +1,9 @@
 """A run's attempts: the history of a run that was preempted, requeued and carried on.
 
-A requeued SLURM job starts again in its own folder (the same job, the same Hydra folder) and a run
-resumed with ``resume=auto`` in another; either way the summary.json beside the checkpoint it
-resumes from holds the attempts so far. Each attempt records the step it started from, the step
-it reached and how it ended; the work an attempt did past the checkpoint the next one resumed from
-is lost (none after a preemption that wrote its checkpoint at the step it stopped; unknown after a
-kill that left no summary), and the phase it stopped in (`training`, `testing`, `recording`; for a
-killed attempt, the last phase its summary recorded). The final summary counts the requeues and the
-steps lost.
-"""
+A requeued SLURM job starts again in its own folder and a run resumed with ``resume=auto`` in
+another; either way the summary.json beside the checkpoint it resumes from holds the attempts so
+far. What each attempt records and how steps lost are counted is in docs/scale-out.md ("Preemption
+and requeue") and docs/reliability.md ("Where a run stands")."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Several processes, one run: who starts them, which of them writes, and one launch time for all.
 
-Lightning's strategies (``trainer=ddp``, ``trainer=fsdp``) do the training; the processes come from
-one of three places, and each needs the same run folder:
-
-- **Lightning itself** (``python train.py trainer=ddp``): the first process re-runs the script for
-  the other ranks when `fit` starts, passing them its ``hydra.run.dir``. They inherit this
-  process's environment, so the launch time is handed over in ``TRAINER_LAUNCH_TIME``.
-- **torchrun, or srun without Hydra's launcher**: every rank starts as its own Hydra run, so each
-  would resolve ``${now:...}`` (the run folder's name) a few milliseconds apart and make its own
-  folder. `SharedLaunchTime` initializes the process group before the folder is resolved and
-  takes rank 0's clock; Lightning then finds the group ready and uses it.
-- **Hydra's submitit launcher** (``-m hydra/launcher=slurm``): the sweep folder is resolved once on
-  the submitting machine and travels with each job's config, so the tasks of a job share it.
-
-Only the global rank 0 writes the run's records (run.json, env.json, summary.json, curves);
-checkpoints and loggers are rank-zero in Lightning already. The other ranks log warnings and
-errors only, to the console, and write no Hydra files of their own (``.hydra/``, the log file).
-"""
+Lightning's strategies do the training; one run folder and rank 0 writing are described in
+docs/scale-out.md. The processes come from Lightning (its first process re-runs the script with
+``hydra.run.dir`` and ``TRAINER_LAUNCH_TIME`` in the environment), from torchrun or a plain srun
+(each rank its own Hydra run: `SharedLaunchTime` sets up the process group before the folder is
+resolved and takes rank 0's clock), or from Hydra's submitit launcher (the sweep folder is resolved
+once where the job is submitted and travels with each job's config)."""
 
 from __future__ import annotations
 
@@ -126,11 +115,9 @@ class LaunchRefused(UserError):
 
 class SharedLaunchTime(Callback):
     """Hydra callback (conf/train.yaml): every rank resolves ``${now:...}`` to one time, rank 0's.
-
     Hydra registers ``now`` itself at start-up and resolves the run folder after ``on_run_start``,
     so replacing the resolver here decides the folder name. Ranks other than 0 also drop Hydra's
-    ``.hydra/`` copy and the log file: rank 0 writes both in the shared folder.
-    """
+    ``.hydra/`` copy and the log file: rank 0 writes both in the shared folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         stamp = shared_launch_time(config.get("trainer"))

@@ -2,8 +2,7 @@
 
 A `UserError` is bad input (config, data, checkpoint, environment): the person can fix it. It is
 reported as a single line naming the key or file, what is wrong and what is allowed, with exit
-code 2 and no traceback. Anything else is a bug in the framework and keeps its traceback.
-"""
+code 2 and no traceback. Anything else is a bug in the framework and keeps its traceback."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 extra is not installed stops in one line that names the pip command, before anything is built.
 
 The core trains (torch, Lightning, Hydra, torchmetrics, the digits data, csv logs); `make install`
-installs every extra, so the README's commands and CI use them all.
-"""
+installs every extra, so the README's commands and CI use them all."""
 
 from __future__ import annotations
 

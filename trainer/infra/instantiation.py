@@ -2,8 +2,7 @@
 
 The config was checked against the target's signature when it was validated (trainer/configuration/spec.py);
 what the constructor itself refuses (a value its checks reject, an argument clash) is known only
-when it runs, here.
-"""
+when it runs, here."""
 
 from __future__ import annotations
 

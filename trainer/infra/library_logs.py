@@ -1,8 +1,7 @@
 """Library messages during a run: through the run's own handlers, without the noise.
 
 Lightning installs stream handlers of its own and prints advertising tips; some of its warnings
-contradict settings the run chose and printed with their reasons. Both are handled here, once.
-"""
+contradict settings the run chose and printed with their reasons. Both are handled here, once."""
 
 from __future__ import annotations
 

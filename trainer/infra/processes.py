@@ -1,8 +1,7 @@
 """This machine's processes and ports, as the benchmarks, the load test and the tests need them (Linux).
 
 CPU time is read from /proc rather than measured by the wall clock, so what another program or a
-VM's steal takes is not counted.
-"""
+VM's steal takes is not counted."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ choices, they cannot describe a ``_target_`` whose schema is the constructor's o
 their messages span several lines. So this module deliberately replaces that layer: a schema is
 either a dataclass (the framework's own groups) or a callable's signature (anything built from
 ``_target_``: data modules, models, loggers, a team's own ``nn.Module``), and every mismatch
-becomes a `UserError` naming the full key.
-"""
+becomes a `UserError` naming the full key."""
 
 from __future__ import annotations
 
@@ -134,9 +133,7 @@ def schema_of_callable(target: Callable[..., Any], skip: tuple[str, ...] = ()) -
 def _add_parameters(fields: dict[str, Field], signature: inspect.Signature, hints: dict[str, Any],
                     skip: tuple[str, ...], inherited: bool = False) -> bool:
     """Add keyword parameters not yet in `fields`; return whether the signature takes **kwargs.
-
-    A parent's parameters (`inherited`) are never required: the child may pass them itself.
-    """
+    A parent's parameters (`inherited`) are never required: the child may pass them itself."""
     var_keyword = False
     for name, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -174,10 +171,8 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 def check_mapping(prefix: str, values: Mapping[str, Any], schema: Schema, what: str) -> dict[str, Any]:
     """Check `values` against `schema`; return them with defaults filled in.
-
     `prefix` is the full key of the mapping (``data``), `what` names the schema in messages
-    (``DigitsDataModule``).
-    """
+    (``DigitsDataModule``)."""
     result: dict[str, Any] = {}
     for key, value in values.items():
         full_key = f"{prefix}.{key}" if prefix else str(key)

@@ -3,8 +3,7 @@
 A SLURM job under submitit gets USR2 (or the signal `SUBMITIT_PREEMPT_SIGNAL` names) ahead of its
 time limit or a preemption, and SIGTERM when it is stopped; a person sends SIGINT (Ctrl-C). The
 training process acts on them at a step boundary (trainer/callbacks/graceful.py); loader workers
-leave them to it (trainer/data/loader.py).
-"""
+leave them to it (trainer/data/loader.py)."""
 
 from __future__ import annotations
 

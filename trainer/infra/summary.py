@@ -15,21 +15,15 @@ from trainer.infra.atomic import write_json_atomic
 log = logging.getLogger("trainer")
 
 
-#: Where a run stands, in summary.json's ``phase`` at every write: ``training`` (written as it
-#: starts), ``testing`` (the fit has ended: what it reached is written before the test starts),
-#: then how it ended: ``completed``, ``preempted``, ``interrupted`` or ``failed``, with ``stopped_in``
-#: naming the phase it stopped in (``training``, ``testing`` or ``recording``: the final write).
-#: ``status`` keeps its older meaning: ``running`` until the run ends, then as ``phase``.
+#: The phases a run works in, as summary.json's ``phase`` and ``stopped_in`` name them (the table is in
+#: docs/reliability.md, "Where a run stands"); ``status`` stays ``running`` until the run ends, then as ``phase``.
 WORKING_PHASES = ("training", "testing", "recording")
 
 
 class RunRecord:
     """The run's summary.json: started with what ran (status ``running``, phase ``training``),
-    written again when the fit has ended (phase ``testing``), ended with how it ended.
-
-    Only the process that writes the run's records (rank 0) writes the file; every write replaces
-    it atomically, so a run killed at any moment leaves a complete summary of where it stood.
-    """
+    written again when the fit has ended (phase ``testing``), ended with how it ended. Only rank 0
+    writes it; every write replaces it atomically, so a killed run leaves a summary of where it stood."""
 
     def __init__(self, path: Path, fields: dict[str, Any], writes: bool = True) -> None:
         self.path = path

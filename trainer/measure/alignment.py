@@ -2,13 +2,9 @@
 
 NVIDIA tensor cores run half-precision GEMMs (and the implicit GEMMs behind convolutions) fastest
 when the dimensions are multiples of 8 elements (16 bytes); otherwise cuBLAS/cuDNN pad internally
-or fall back to slower kernels. The dimensions that matter here are the batch size (the GEMM's M
-for linear layers, part of it for convolutions), channel counts per group, and feature counts.
-
-The report is advice, not an error: a misaligned layer still trains, only slower. A few dimensions
-are set by the data (the input channels of the first layer, the number of classes at the end) and
-are listed separately so they are not mistaken for something to change in the model config.
-"""
+or fall back to slower kernels. What matters here: the batch size, channel counts per group and
+feature counts. The report is advice, not an error; sizes set by the data (the first layer's input
+channels, the number of classes) are listed apart, as nothing to change in the model config."""
 
 from __future__ import annotations
 
@@ -26,12 +22,10 @@ BATCH = "batch"
 class Misalignment:
     """One dimension that is not a multiple of the alignment.
 
-    `where` is the module's dotted name (``features.0.0``), or ``batch`` for the batch size.
-    `what` is the attribute (``out_channels``, ``in_features``, ``batch_size``); `value` its
-    current size and `suggestion` the next size up that aligns (for grouped convolutions, the
-    whole layer's size such that every group aligns). `layer` is the module's class name and
-    `fixed_by_data` marks sizes the data decides (image channels, number of classes).
-    """
+    `where`: the module's dotted name (``features.0.0``) or ``batch``; `what`: the attribute
+    (``out_channels``, ``batch_size``, ...); `suggestion`: the next size up that aligns (grouped
+    convolutions: every group aligns); `layer`: the module's class; `fixed_by_data`: a size the data
+    decide (image channels, number of classes)."""
 
     where: str
     what: str
@@ -47,8 +41,7 @@ def alignment_report(model: nn.Module, batch_size: int, multiple: int = 8) -> li
     then the sizes fixed by the data (first layer's input, last layer's output).
 
     Layers are `nn.Linear` and convolutions (`Conv1d/2d/3d` and transposed). "First" and "last"
-    mean registration order, which matches the forward order for the usual sequential models.
-    """
+    mean registration order, which matches the forward order for the usual sequential models."""
     if multiple < 1:
         raise ValueError(f"multiple must be at least 1, got {multiple}")
     if batch_size < 1:
@@ -102,10 +95,8 @@ def check_alignment(model: nn.Module, batch_size: int, accelerator: str) -> list
 
 def report_applies(device_type: str) -> bool:
     """Whether alignment matters on this device type: only CUDA, where tensor cores are.
-
-    The caller warns only when this is true; on CPU (and MPS) the kernels have no such step
-    in speed, and the report would be noise. ``cuda:1`` counts as ``cuda``.
-    """
+    On CPU (and MPS) the kernels have no such step in speed, and a warning would be noise. ``cuda:1``
+    counts as ``cuda``."""
     return device_type.split(":", 1)[0] == "cuda"
 
 

@@ -1,18 +1,11 @@
 """The side-by-side comparison of one multirun: what each stage of an optimization ladder bought.
 
-A ladder (baseline -> data pipeline -> mixed precision -> channels_last -> compile -> ...) is one
-Hydra multirun whose jobs differ by config overrides only. Each job leaves a `summary.json` and
-its `config_resolved.yaml`; this module reads them back and writes `SWEEP/comparison.md` (a table
-of samples/s, speed-up over the first stage, peak memory, loss and accuracy, then per stage the
-exact config and derived-value changes) and `SWEEP/comparison.png` (the same numbers as bars).
-Jobs that differ only in `seed` are one setting: the report then opens with a table of each
-setting's mean, spread and n, and its difference from the first with an interval
-(trainer/measure/seed_groups.py), and the chart shows the settings with their spread.
-
-It reads files only, so it runs the same at the end of a sweep (`ComparisonCallback`, registered
-under `hydra.callbacks`) or later on any sweep folder (`python -m trainer.measure.comparison SWEEP_DIR`).
-A job that crashed, or never wrote its summary, shows up as such; it never stops the report.
-"""
+A ladder is one Hydra multirun whose jobs differ by config overrides only. This module reads each
+job's `summary.json` and `config_resolved.yaml` back and writes `SWEEP/comparison.md` and
+`SWEEP/comparison.png`; what they show, seeds grouped included, is in docs/scale-out.md ("Sweeps").
+It reads files only, so it runs at the end of a sweep (`ComparisonCallback`, under `hydra.callbacks`)
+or later on any sweep folder (`python -m trainer.measure.comparison SWEEP_DIR`). A job that crashed,
+or never wrote its summary, shows up as such; it never stops the report."""
 
 from __future__ import annotations
 
@@ -565,9 +558,7 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row], list[Setting]]:
 
 class ComparisonCallback(Callback):
     """Writes the comparison when a multirun ends. Register it in the primary config:
-
-    ``hydra: {callbacks: {comparison: {_target_: trainer.measure.comparison.ComparisonCallback}}}``
-    """
+    ``hydra: {callbacks: {comparison: {_target_: trainer.measure.comparison.ComparisonCallback}}}``"""
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         try:

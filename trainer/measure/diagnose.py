@@ -1,21 +1,9 @@
 """`diagnose=true`: where the time of one training step goes, on this machine, for this config.
 
-Four timings of the composed run, each the median over timed repeats after warm-up, with the
-device synchronized before every clock read:
-
-1. the data pipeline alone: the training loader as configured, the copy to the device and the
-   device-side finishing, no model;
-2. forward alone, on a batch already on the device;
-3. forward + backward + optimizer step on that batch (forward + backward is timed too, so the
-   optimizer's share is known);
-4. the full training step: Lightning's loop with every callback of the real run, measured by the
-   same throughput meter as training.
-
-From them: per-part milliseconds and shares of the full step, a verdict (input-bound,
-compute-bound, optimizer-bound or host-overhead-bound) and the switch to try next. The loader's
-worker count and, for image files, the decode mode are swept too. Written as diagnosis.json and
-diagnosis.png in the run folder.
-"""
+Four timings of the composed run (the data pipeline alone; forward; forward + backward + optimizer
+step; the full training step in Lightning's loop), each the median over timed repeats after
+warm-up with the device synchronized before every clock read, then a verdict and the switch to try
+next. docs/diagnosis.md ("The diagnosis") gives the timings, the sweeps and the verdicts."""
 
 from __future__ import annotations
 

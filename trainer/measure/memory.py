@@ -1,25 +1,9 @@
 """Where a training step's memory goes, and what each practice would change: the memory plan.
 
 Measured on a copy of the network (the run's own is not touched), on the run's device, with the
-run's optimizer and precision context:
-
-- weights (parameters and buffers), gradients (one per trainable parameter) and the optimizer's
-  state, from the tensors themselves;
-- activations: the tensors autograd saves for the backward pass (``saved_tensors_hooks``, each
-  storage counted once, parameters left out), at two batch sizes, so a fixed part and a part per
-  sample; per top-level stage too, for activation checkpointing;
-- the optimizer step's scratch (the foreach kernels' intermediate lists, for example): the peak
-  over the step minus what was there before it;
-- the measured peak of one whole step at the run's batch: the CUDA allocator's high-water mark, or
-  on the CPU the peak of live tensor storages tracked by torch's MemTracker (the CPU allocator keeps
-  no statistics).
-
-The model of the peak is weights + optimizer state + the larger of the backward's start
-(activations + gradients filling) and the optimizer step (gradients + its scratch); `rest` is what
-the measured peak holds beyond that. What each practice changes (bf16 activations, activation
-checkpointing of a stage, the fused optimizer, half the batch with twice the accumulation) is the
-same model with the changed part measured again, not a rule of thumb.
-"""
+run's optimizer and precision context. What is measured, the model of the peak and what each
+practice changes are in docs/diagnosis.md ("The memory plan"): each practice is the same model
+with the changed part measured again, not a rule of thumb."""
 
 from __future__ import annotations
 
@@ -390,10 +374,8 @@ def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module]
 
 def reset_peak_memory(device: torch.device) -> bool:
     """Start the peak-memory count afresh for this run; False where the platform cannot.
-
     On CPU the peak resident set (VmHWM) is reset through /proc/self/clear_refs (Linux >= 4.0), so
-    the jobs of a multirun, which share one process, each report their own peak.
-    """
+    the jobs of a multirun, which share one process, each report their own peak."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return True

@@ -1,20 +1,11 @@
 """Model FLOPs utilization (MFU), reported only where it can be honest.
 
-MFU = achieved model FLOP/s divided by the device's peak FLOP/s. It answers "how much of the chip
-does this run use?", which samples/s alone cannot: a step that is twice as fast may still use 10%
-of the GPU. The number is easy to get wrong in two ways, and this module refuses both:
-
-* the model's FLOPs are *counted* (``torch.utils.flop_counter`` on a meta-device copy: forward and
-  the real backward graph), not guessed as "3x forward" or "6 x params"; the first layer, whose
-  input needs no gradient, has no input-gradient GEMM, and the counter sees that;
-* the peak is the *dense* (no 2:4 sparsity) datasheet figure for the math the precision actually
-  runs (16-bit tensor cores for bf16/fp16, TF32 tensor cores for fp32 with TF32 on, plain FP32
-  units otherwise). An unknown device, a MIG slice or a CPU has no trustworthy peak, so MFU is
-  left out and the reason is said instead of printing a made-up percentage.
-
-Every function returns its value together with a one-line ``how`` so the summary can show the
-derivation beside the number (DESIGN.md: every derived value is shown with its derivation).
-"""
+MFU = achieved model FLOP/s / the device's dense peak FLOP/s for the math the precision runs;
+docs/diagnosis.md ("Throughput and MFU, honestly") says how. The FLOPs are counted
+(``torch.utils.flop_counter`` on a meta-device copy, the real backward graph: the first layer has no
+input-gradient GEMM), not guessed as "3x forward" or "6 x params". An unknown device, a MIG slice or
+a CPU has no trustworthy peak, so MFU is left out with the reason. Every function returns its value
+with a one-line ``how`` (as every value the plan derives: docs/config.md, "Derived values")."""
 
 from __future__ import annotations
 
@@ -30,9 +21,8 @@ from trainer.infra.errors import exception_line
 
 TFLOP = 10**12
 
-# Dense peaks in TFLOP/s per GPU: (16-bit tensor core, TF32 tensor core, FP32 non-tensor).
-# bf16 and fp16 tensor-core peaks are equal on every part listed.
-# Sources: NVIDIA datasheets.
+# Dense peaks in TFLOP/s per GPU: (16-bit tensor core, TF32 tensor core, FP32 non-tensor); bf16 and
+# fp16 tensor-core peaks are equal on every part listed. Sources: NVIDIA datasheets.
 #   A100: "NVIDIA A100 Tensor Core GPU" datasheet (SXM4 and PCIe, 40 GB and 80 GB): BF16/FP16
 #         312 (624 sparse), TF32 156 (312 sparse), FP32 19.5.
 #   H100 SXM / PCIe / NVL: "NVIDIA H100 Tensor Core GPU" datasheet. NVIDIA prints the tensor-core
@@ -73,10 +63,8 @@ _BANDWIDTH_TBS: dict[str, float] = {
 
 def _part_name(device_name: str) -> str | None:
     """Map a ``torch.cuda.get_device_name()`` string to a key of the peak table, or None.
-
     Word boundaries keep look-alikes out: "GH200" (Grace Hopper), "H20", "H800" and "A100X" are
-    different parts with different peaks and must not borrow these.
-    """
+    different parts with different peaks and must not borrow these."""
     name = device_name.lower()
     if re.search(r"\bmig\b", name):
         return None  # a MIG slice has a fraction of the chip; the whole-chip peak would flatter it
@@ -105,11 +93,9 @@ def _math_for(precision: str, tf32: bool) -> tuple[int, str] | None:
 
 def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | None, str]:
     """Dense peak FLOP/s of `device_name` for the math `precision` uses, and where it comes from.
-
     `precision` is Lightning's string ("32-true", "bf16-mixed", "16-mixed", "bf16-true",
     "16-true"); `tf32` says whether fp32 matmuls run on TF32 tensor cores. Unknown devices, MIG
-    slices, CPUs and precisions without a table column give ``(None, reason)``.
-    """
+    slices, CPUs and precisions without a table column give ``(None, reason)``."""
     part = _part_name(device_name)
     math_kind = _math_for(precision, tf32)
     if part is None or math_kind is None:
@@ -132,10 +118,8 @@ def peak_bandwidth(device_name: str) -> tuple[float | None, str]:
 
 def _meta_copy(net: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of `net` whose parameters and buffers live on the meta device.
-
     Parameters and buffers are swapped in through the deepcopy memo, so their storage (possibly
-    gigabytes on a GPU) is never copied, tied weights stay tied, and `.grad` is not carried over.
-    """
+    gigabytes on a GPU) is never copied, tied weights stay tied, and `.grad` is not carried over."""
     memo: dict[int, object] = {}
     for p in net.parameters():
         memo[id(p)] = torch.nn.Parameter(p.detach().to("meta"), requires_grad=p.requires_grad)
@@ -156,12 +140,9 @@ def training_flops_per_sample(
 ) -> tuple[int | None, str]:
     """FLOPs of one training step (forward + backward) per sample, and how they were counted.
 
-    Runs a train-mode copy of `net` on the meta device with a ``(batch, *input_shape)`` input and
-    backpropagates ``output.sum()`` under ``FlopCounterMode``. Nothing real is allocated or
-    computed, and the caller's model (weights, grads, BatchNorm statistics, train/eval mode) is
-    untouched. The optimizer step is not counted (it is elementwise, not model FLOPs). Never
-    raises: a model that cannot run on meta gives ``(None, "could not count FLOPs: ...")``.
-    """
+    Backpropagates ``output.sum()`` of a train-mode meta-device copy under ``FlopCounterMode``: nothing
+    is allocated or computed, and the caller's model is untouched. The optimizer step is not counted
+    (elementwise, not model FLOPs). Never raises: ``(None, "could not count FLOPs: ...")`` instead."""
     try:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")

@@ -1,23 +1,11 @@
 """``profile=true``: where the time of a training step goes, operator by operator.
 
-torch.profiler records a few scheduled steps of the real training loop (`WAIT_STEPS` skipped,
-`WARMUP_STEPS` recorded and dropped, ``profile_steps`` kept), with shapes and FLOPs, then the fit
-stops. Written into ``RUN_DIR/profile/``:
-
-- the trace (``*.pt.trace.json``): opens in Perfetto (ui.perfetto.dev), chrome://tracing and
-  TensorBoard's profiler plugin (``tensorboard --logdir RUN_DIR/profile``);
-- ``ops.md``: the operators by self time (CPU, and CUDA on a GPU), and the table by category with
-  each category's share of the step, its forward and backward time, and where FLOPs are counted
-  the achieved FLOP/s and the arithmetic intensity (FLOPs per byte, the bytes estimated from the
-  operators' input tensor sizes);
-- ``profile.json`` (the same figures) and ``roofline.png``.
-
-The categories are assigned from operator names (`category_of`). Lightning runs the training step
-and its backward inside the optimizer's step (its closure), so trainer/task.py names a forward and
-a backward range: an operator under the optimizer's step or zero_grad but in neither range is the
-optimizer's whatever its name, and one in the backward range (or run by the autograd engine) is
-backward.
-"""
+torch.profiler records a few scheduled steps of the real training loop, then the fit stops; what is
+written into ``RUN_DIR/profile/`` (the trace, ``ops.md``, ``profile.json``, ``roofline.png``) is in
+docs/diagnosis.md ("The profile"). The categories come from operator names (`category_of`); an
+operator under the optimizer's step or zero_grad but in neither of the forward and backward ranges
+trainer/task.py names is the optimizer's, and one in the backward range (or run by the autograd
+engine) is backward."""
 
 from __future__ import annotations
 

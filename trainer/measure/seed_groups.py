@@ -1,11 +1,8 @@
 """Seeds as a dimension of a sweep: jobs that differ only in `seed` are one setting, measured n times.
 
-`python train.py -m seed=1,2,3 optimizer.lr=0.001,0.002` is two settings of three seeds each. A
-setting is a job's overrides without its `seed=`; its rows (trainer/measure/comparison.py) become one line
-with the mean, the standard deviation (n - 1) and n of each number, and each setting's difference
-from the first with a 95% interval (Welch's t: the spreads of the two settings may differ). A
-difference whose interval holds zero is said to be within the noise: the seeds alone could give it.
-"""
+A setting is a job's overrides without its `seed=`; its rows (trainer/measure/comparison.py) become
+one line of means, standard deviations (n - 1) and n, and each setting's difference from the first
+gets a 95% interval (Welch's t: the spreads may differ); docs/scale-out.md ("Seeds") shows it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Selective activation checkpointing: trade compute for memory on chosen stages of a model.
 
-A checkpointed stage keeps only its input during the forward pass and recomputes its internals
-during backward, so the activations inside it are not held for the whole step. Choosing a few
-large stages (``layer3`` of a ResNet, a block of ``features``) is usually enough to fit a bigger
-batch or image at the cost of roughly one extra forward of those stages.
-
-The stage's module is not replaced: only its instance ``forward`` is patched. That keeps every
-parameter and buffer under its original name, so a checkpoint saved with checkpointing on loads
-with it off and the other way round.
-"""
+A checkpointed stage keeps only its input in the forward pass and recomputes its internals in
+backward: a few large stages (``layer3`` of a ResNet) often fit a bigger batch or image for about
+one extra forward of those stages. Only the stage's instance ``forward`` is patched, so every
+parameter and buffer keeps its name and a checkpoint saved with checkpointing on loads with it off."""
 
 from __future__ import annotations
 
@@ -27,11 +22,9 @@ DEFAULT_KEY = "model.activation_checkpointing"
 
 class _CheckpointedForward:
     """Replacement for a stage's ``forward``, stored on the instance.
-
     A class rather than a closure: it holds the module as an ordinary attribute, so
     ``copy.deepcopy`` (EMA copies, for example) and pickling rebind it to the copied module
-    instead of leaving the copy calling into the original.
-    """
+    instead of leaving the copy calling into the original."""
 
     def __init__(self, module: nn.Module, inner: Callable[..., Any] | None) -> None:
         self.module = module
@@ -69,14 +62,12 @@ def _contexts(stage: nn.Module) -> tuple[contextlib.AbstractContextManager[None]
 def _scratch_norm_buffers(stage: nn.Module) -> Iterator[None]:
     """During recomputation, let norm layers write their running statistics to throw-away copies.
 
-    The recompute is a second training-mode forward of the stage, so BatchNorm (and InstanceNorm
-    with ``track_running_stats``) would fold the same batch into ``running_mean``/``running_var``
-    again and count it twice in ``num_batches_tracked``. Setting momentum to 0 would not stop the
-    counter, and restoring the buffers in place afterwards would bump the version of tensors the
-    recomputed graph has saved for backward. Swapping in clones avoids both: the real buffers are
-    never touched by the recompute. The clones carry the current values, so a layer with
-    ``momentum=None`` (cumulative average) computes exactly what it did in the first forward.
-    """
+    The recompute is a second training-mode forward, so BatchNorm (and InstanceNorm with
+    ``track_running_stats``) would fold the same batch into its running statistics again and count
+    it twice in ``num_batches_tracked``. Momentum 0 would not stop the counter, and restoring the
+    buffers in place would bump the version of tensors the recomputed graph saved for backward.
+    Clones avoid both; they carry the current values, so ``momentum=None`` (a cumulative average)
+    computes exactly what it did in the first forward."""
     saved: list[tuple[nn.Module, dict[str, torch.Tensor | None]]] = []
     try:
         for module in stage.modules():
@@ -98,12 +89,9 @@ def apply_activation_checkpointing(
     model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY
 ) -> list[str]:
     """Checkpoint each named submodule (dotted names: ``layer3``, ``features.4``) in training.
-
-    Returns the names applied, in the given order without repeats. An empty list does nothing.
-    Applying a stage twice is harmless. A stage nested in another one is refused: the outer
-    recompute already covers it, and nesting would recompute it twice.
-    Raises `UserError` naming `key` for a name the model does not have.
-    """
+    Returns the names applied, in order without repeats; applying a stage twice is harmless. A stage
+    nested in another is refused (it would be recomputed twice), and so, naming `key`, is a name the
+    model does not have."""
     wanted = select_stages(model, stages, key)
     for name in wanted:
         module = model.get_submodule(name)

@@ -10,13 +10,11 @@ from torch import nn
 class SelfAttention(nn.Module):
     """Multi-head self-attention over a (batch, tokens, dim) sequence.
 
-    Q, K and V come from one ``dim -> 3 * dim`` Linear: a single large matmul uses the GPU better
-    than three small ones. Its output is laid out as ``[q | k | v]``, each split into
-    ``num_heads`` contiguous chunks, the same layout as ``nn.MultiheadAttention.in_proj_weight``,
-    so weights can be copied between the two. The attention itself goes through
-    ``F.scaled_dot_product_attention``, which dispatches to FlashAttention / memory-efficient
-    kernels when the inputs allow and never materialises the full attention matrix then.
-    """
+    Q, K and V come from one ``dim -> 3 * dim`` Linear (one large matmul uses the GPU better than
+    three), laid out as ``[q | k | v]`` of ``num_heads`` contiguous chunks each, as
+    ``nn.MultiheadAttention.in_proj_weight``, so weights copy between the two. The attention is
+    ``F.scaled_dot_product_attention``: FlashAttention / memory-efficient kernels where the inputs
+    allow, never materialising the full attention matrix then."""
 
     def __init__(
         self,
@@ -56,8 +54,7 @@ class SelfAttention(nn.Module):
         *opposite* of ``nn.MultiheadAttention``'s for booleans: ``True`` means "may attend". A
         float mask is added to the attention logits (use ``-inf`` to block). Shapes: ``(N, N)``,
         ``(B, N, N)`` or ``(B, 1 or num_heads, N, N)``. A query row that may attend to nothing
-        yields NaN, as in SDPA. ``is_causal`` may be combined with a mask; both then apply.
-        """
+        yields NaN, as in SDPA. ``is_causal`` may be combined with a mask; both then apply."""
         batch, tokens, dim = x.shape
         if dim != self.dim:
             raise ValueError(f"expected last dimension {self.dim}, got {dim}")

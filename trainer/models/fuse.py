@@ -1,18 +1,11 @@
 """Fold BatchNorm into the preceding convolution, for inference only.
 
-In eval mode BatchNorm is a fixed per-channel affine map, y = (x - mean) / sqrt(var + eps) * gamma
-+ beta, so it can be absorbed into the convolution that feeds it: one kernel launch and one
-activation tensor fewer per block. The folded network is *not* trainable in the same sense as the
-original: the batch statistics that BN would compute in training mode are gone for good, and
-gradient steps on the folded weights are not equivalent to steps on conv + BN. Use the result for
-evaluation, export or serving; keep training the original.
-
-Folding is only exact when the BN consumes the conv's output and nothing else does, so only
-patterns whose data flow is known are rewritten: the modules of a plain sequential chain (an
-``nn.Sequential`` or a subclass that keeps its ``forward``), ``ConvBNAct`` and torchvision's
-ResNet stem and residual blocks. Anything else is left as it is, which is always correct, just
-not faster.
-"""
+In eval mode BatchNorm is a fixed per-channel affine map, so it can be absorbed into the
+convolution that feeds it: one kernel launch and one activation tensor fewer per block. The folded
+network is for evaluation, export or serving only: BN's batch statistics are gone, and gradient
+steps on the folded weights are not steps on conv + BN. Folding is exact only when the BN consumes
+the conv's output and nothing else does, so only patterns whose data flow is known are rewritten
+(see `fuse_for_inference`); anything else is left as it is, which is always correct, just slower."""
 
 from __future__ import annotations
 
@@ -41,11 +34,9 @@ _M = TypeVar("_M", bound=nn.Module)
 
 def fold_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
     """A new Conv2d, with bias, computing ``bn(conv(x))`` as ``bn`` does in eval mode.
-
     The inputs are not modified. The arithmetic is done in float64 and rounded once to the conv's
     dtype, so the folded weights are as close to the two-step result as that dtype allows
-    (a small ``var + eps`` can make the scale large, which amplifies rounding).
-    """
+    (a small ``var + eps`` can make the scale large, which amplifies rounding)."""
     if not isinstance(conv, nn.Conv2d) or not isinstance(bn, _BatchNorm):
         raise TypeError(f"expected a Conv2d and a BatchNorm, got {type(conv).__name__} "
                         f"and {type(bn).__name__}")
@@ -96,11 +87,8 @@ def fuse_for_inference(model: nn.Module) -> nn.Module:
     (other children keep their names, so state-dict keys stay recognisable); in torchvision's
     ResNet, BasicBlock and Bottleneck the ``bnN`` attribute becomes ``nn.Identity()`` (their
     ``forward`` calls it by name). BNs without running statistics, convs or BNs shared between
-    several places, and Conv2d subclasses (which may compute something else) are left alone.
-
-    The original is never modified. The copy is for inference only: do not put it back in
-    training mode or train it (see the module docstring).
-    """
+    several places, and Conv2d subclasses (which may compute something else) are left alone. The
+    original is never modified; the copy is for inference only (see the module docstring)."""
     fused = copy.deepcopy(model)
     fused.eval()
     shared = _shared_module_ids(fused)
@@ -168,11 +156,9 @@ def _fuse(module: nn.Module, shared: set[int]) -> nn.Module:
 
 def _fold_sequential(seq: nn.Sequential, shared: set[int]) -> None:
     """Fold each Conv2d into the BatchNorm(s) right after it, deleting the BNs in place.
-
     Deleting by name (rather than rebuilding the container) keeps the container's type, hooks
     and the names of the surviving children; Sequential indexes by position, so the gap left in
-    the names does not matter to forward().
-    """
+    the names does not matter to forward()."""
     prev_name = ""  # the name of `prev`, once there is one
     prev: nn.Module | None = None
     for name, child in list(seq.named_children()):

@@ -24,12 +24,10 @@ def build_resnet(
 ) -> nn.Module:
     """A torchvision ResNet (no pretrained weights: nothing is downloaded).
 
-    `stem`: ``imagenet`` keeps the 7x7 stride-2 conv and max-pool (4x downsampling before the first
-    stage); ``small`` replaces them with a 3x3 stride-1 conv and no pool, the usual choice for
-    32x32 images; ``auto`` picks ``small`` for images of 64 pixels or less.
-    `zero_init_residual` starts each residual branch at zero (Goyal et al. 2017), which helps
-    large-batch training.
-    """
+    `stem`: ``imagenet`` keeps the 7x7 stride-2 conv and max-pool (4x downsampling); ``small`` has a
+    3x3 stride-1 conv and no pool, the usual choice for 32x32 images; ``auto`` picks ``small`` up to
+    64 px. `zero_init_residual` starts each residual branch at zero (Goyal et al. 2017): it helps
+    large-batch training."""
     net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes,
                                              zero_init_residual=zero_init_residual)
     small = stem == "small" or (stem == "auto" and max(image_size) <= 64)

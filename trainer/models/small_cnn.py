@@ -1,8 +1,7 @@
 """The default network: a few Conv-BN-ReLU stages, sized for small images (8x8 to 64x64).
 
 `norm=none` drops the BatchNorm layers (the convolutions get their bias back): a plain deep
-network, the fragile setting of the clipping study (benchmarks/clipping_study.py).
-"""
+network, the fragile setting of the clipping study (benchmarks/clipping_study.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ from trainer.models.layers import ClassifierHead, ConvBNAct, init_weights
 
 class SmallCNN(nn.Module):
     """Stages of two Conv-BN-ReLU blocks; every stage after the first halves the resolution.
-
     `widths` gives each stage's channel count. The input may be any size from 4x4 up: the head
-    pools globally.
-    """
+    pools globally."""
 
     def __init__(
         self,

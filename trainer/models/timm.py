@@ -1,10 +1,7 @@
 """Any of timm's image models (ResNets, ConvNeXt, EfficientNet, ViT, ...) by name, fitted to the data.
 
-``model=timm model.name=NAME``: the classes, input channels and (for models that take it, such as
-ViTs) the image size come from the data. Weights are random unless ``model.pretrained_path`` names a
-local file (timm then adapts the classifier and the first layer to the data); nothing is ever
-downloaded.
-"""
+The classes, input channels and (ViTs) the image size come from the data; weights are random unless
+``model.pretrained_path`` names a local file, and nothing is downloaded (docs/config.md, "timm's models")."""
 
 from __future__ import annotations
 

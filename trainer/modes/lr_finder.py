@@ -1,19 +1,11 @@
 """optimizer.lr=find: the lr range test (Smith 2017, "Cyclical learning rates for training neural
 networks"), run by Lightning's tuner (`Tuner.lr_find`, its LearningRateFinder) before training.
 
-The test trains `optimizer.find_steps` steps from a copy of the network's initial weights while the
-lr rises exponentially from `find_min_lr` to `find_max_lr`, and suggests the lr where the smoothed
-loss falls fastest. It runs between the build and the resolve phase (after data.batch_size=auto, so
-at the batch the run trains with), on rank 0 alone, on a Trainer of its own (one device, the
-probe's accelerator, precision and kernel; no logger, checkpoints, progress bar or model summary).
-The run's own network, data module, TF32 setting, global random generators and data order are left
-as they were: a run whose test suggests X trains exactly as a run given X (at the same batch) does.
-
-The lr found is the lr at rank 0's per-device batch; the plan moves it to the global batch by
-`optimizer.lr_scaling` (trainer/groups/optimizer/scaling.py `scale_found`). Rank 0 writes lr_find.json and
-lr_find.png into the run folder; the other ranks read lr_find.json, and so does a resumed run, which
-never runs the test again when the run it carries on already did.
-"""
+It runs between the build and the resolve phase, on rank 0 alone, on a Trainer of its own (the
+probe's accelerator, precision and kernel), and leaves the run's network, data module, TF32 setting,
+random generators and data order as they were: a run whose test suggests X trains exactly as a run
+given X does. How it runs and what it writes (lr_find.json, lr_find.png) are in docs/practices.md;
+the lr found is moved to the global batch by trainer/groups/optimizer/scaling.py `scale_found`."""
 
 from __future__ import annotations
 
