@@ -4,14 +4,20 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers: the suite's runs wait on processes, servers and SLURM as much as they compute.
+JOBS ?= 2
 
-.PHONY: train test lint install docs clean
+.PHONY: train test test-quick lint install docs clean
 
 train: $(VENV)/.installed
 	$(BIN)/python train.py $(ARGS)
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop: the unit tests and a few fast real runs (the `quick` marker, tests/conftest.py).
+test-quick: $(VENV)/.installed
+	$(BIN)/python -m pytest -n $(JOBS) -m quick $(PYTEST_ARGS)
 
 # ruff and the other pre-commit hooks (.pre-commit-config.yaml) over every file; CI runs it first.
 lint: $(VENV)/.installed

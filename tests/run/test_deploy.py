@@ -110,7 +110,8 @@ def test_bench_times_every_variant_at_every_batch_size(digits_run):
     from trainer.deploy.bench import bench_run
 
     run_dir, _ = digits_run
-    timings, markdown = bench_run(run_dir, batch_sizes=(1, 4), warmup=2, calls=7, budget_s=0.5, device="cpu")
+    # A budget no busy machine runs out of: the 7 calls are the count under test, not the clock.
+    timings, markdown = bench_run(run_dir, batch_sizes=(1, 4), warmup=2, calls=7, budget_s=120, device="cpu")
     assert {(t.variant, t.batch) for t in timings} == {(v, b) for v in ("eager", "folded", "onnxruntime") for b in (1, 4)}
     assert all(0 < t.p50_ms <= t.p90_ms <= t.p99_ms and t.calls == 7 for t in timings)
     assert "| 4 | onnxruntime |" in markdown.read_text()

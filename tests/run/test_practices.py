@@ -47,7 +47,7 @@ def test_linear_rule_and_sgd(tmp_path):
 
 
 def test_a_global_batch_beyond_the_rule_s_measured_limit_is_warned_at_start(tmp_path):
-    """SGD's default sqrt rule was measured to hold up to a limit (trainer/groups/scaling.py MEASURED_LIMITS);
+    """SGD's default sqrt rule was measured to hold up to a limit (trainer/groups/optimizer/scaling.py MEASURED_LIMITS);
     a run whose global batch (here by accumulation) is beyond it says so at start, quoting it, and runs."""
     limit = MEASURED_LIMITS["sgd", "sqrt"]
     result = train_forked(["optimizer=sgd", "data.batch_size=128", f"trainer.accumulate_grad_batches={limit.holds_to // 64}",

@@ -418,3 +418,17 @@ def test_a_checkpoint_from_before_clip_during_calibration_resumes_only_as_it_was
     assert resumed.rule.calibration_norms == old.rule.calibration_norms
     with pytest.raises(ValueError, match="clip_during_calibration"):
         GradientClipping(Percentile(calibration_steps=10)).load_state_dict(state)
+
+
+def test_a_checkpoint_from_before_the_rules_were_classes_resumes():
+    """Written when one callback held every mode: its settings carried every mode's keys."""
+    rule = Percentile(calibration_steps=10)
+    saved = {"settings": {"mode": "percentile", "percentile": 95.0, "calibration_steps": 10,
+                          "clip_during_calibration": True, "rolling_window": None, "max_norm": None, "clip_value": None},
+             "calibration_norms": [1.0, 2.0], "window": [], "calibrated_threshold": None, "threshold": 2.0,
+             "steps_seen": 2, "steps_clipped": 1, "nonfinite_steps": 0}
+    resumed = GradientClipping(rule)
+    resumed.load_state_dict(saved)
+    assert rule.calibration_norms == [1.0, 2.0] and resumed.threshold == 2.0 and resumed.steps_clipped == 1
+    fixed = {**saved, "settings": {**saved["settings"], "mode": "fixed_norm", "max_norm": 1.0}}
+    GradientClipping(FixedNorm(max_norm=1.0)).load_state_dict(fixed)

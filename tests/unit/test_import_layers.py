@@ -1,4 +1,4 @@
-"""Every import inside the package goes down the layers of trainer/layers.py, and none goes round
+"""Every import inside the package goes down the layers of trainer/architecture.py, and none goes round
 in a circle: a module may import from its own folder and from lower layers only."""
 
 from __future__ import annotations
