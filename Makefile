@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers: the suite's runs wait on processes, servers and SLURM as much as they compute.
+# Each test module stays on one worker, so that its module fixtures are made once (--dist loadfile;
+# xdist's loadgroup does not group under pytest 9).
 JOBS ?= 2
 
 .PHONY: train test test-quick lint install docs clean
@@ -13,7 +15,7 @@ train: $(VENV)/.installed
 	$(BIN)/python train.py $(ARGS)
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the unit tests and a few fast real runs (the `quick` marker, tests/conftest.py).
 test-quick: $(VENV)/.installed

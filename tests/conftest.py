@@ -18,20 +18,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 QUICK_RUN_MODULES = {"test_default_run.py", "test_failure.py", "test_nonfinite_run.py", "test_one_optimizer.py",
                      "test_team_optimizer.py", "test_lr_schedule.py"}
 
-#: Under pytest-xdist (make test runs two workers, --dist loadgroup) a module's tests stay on one
-#: worker, so that its module fixtures are made once; so do modules that share more than that: the
-#: SLURM cluster the slurm tests start, the digits run the deployment tests train once, the
-#: checkout's build/ folder that both wheel tests build in, and the S3 servers on loopback ports that
-#: each shard test picks free and then binds (two at once could pick the same).
-SHARED = {"slurm": "slurm", "test_deploy.py": "digits_run", "test_serve.py": "digits_run",
-          "test_installed_wheel.py": "wheel", "test_extras.py": "wheel",
-          "test_shards_run.py": "s3", "test_shard_pipeline_benchmark.py": "s3"}
-
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path
         if (path.parent.name == "unit" and not item.get_closest_marker("slow")) or path.name in QUICK_RUN_MODULES:
             item.add_marker(pytest.mark.quick)
-        group = SHARED.get(path.name) or SHARED.get(path.parent.name) or f"{path.parent.name}/{path.stem}"
-        item.add_marker(pytest.mark.xdist_group(group))

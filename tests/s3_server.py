@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 from dataclasses import dataclass
@@ -105,26 +106,31 @@ def start(folder: Path) -> S3Server:
     """The server, a user with S3 rights and its keys, and the bucket ``BUCKET``."""
     import boto3
 
+    from filelock import FileLock
+
     ca, cert, key = _certificates(folder)
-    port = _free_port()
     env = dict(os.environ)
     # The first 4 requests go unauthenticated (the user, its policy, its key, the bucket); every
     # later one must be signed with a key moto knows.
     env["INITIAL_NO_AUTH_ACTION_COUNT"] = "4"
-    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), "-c",
-                                str(cert), "-k", str(key)], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, start_new_session=True)
+    # A free port is picked, released and then bound by the server: another test process (make test
+    # runs two) starting a server meanwhile could pick the same one, so one server starts at a time.
+    with FileLock(Path(tempfile.gettempdir()) / "trainer-tests-s3-port.lock"):
+        port = _free_port()
+        process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), "-c",
+                                    str(cert), "-k", str(key)], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    process.kill()
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.2)
     endpoint = f"https://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("moto's S3 server did not start") from None
-            time.sleep(0.2)
     setup = dict(endpoint_url=endpoint, region_name=REGION, verify=str(ca), aws_access_key_id="setup",
                  aws_secret_access_key="setup")
     iam = boto3.client("iam", **setup)
