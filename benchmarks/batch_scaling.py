@@ -53,16 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402 - after the repository is on the path
-from sweep_jobs import (  # noqa: E402
-    add_jobs,
-    keep_comparison,
-    load_jobs,
-    machine_of,
-    overrides_of,
-    run_multirun,
-    summaries,
-    write_report,
-)
+from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
+                        summaries, write_report)
 
 from trainer.infra.figures import new_figure, save_png  # noqa: E402
 from trainer.measure.seed_groups import Spread, difference  # noqa: E402

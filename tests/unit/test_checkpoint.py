@@ -10,13 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.groups.checkpointing import (
-    SafeCheckpointIO,
-    clean_state_dict,
-    export_safetensors,
-    load_checkpoint,
-    load_weights,
-)
+from trainer.groups.checkpointing import (SafeCheckpointIO, clean_state_dict, export_safetensors, load_checkpoint,
+                                          load_weights)
 from trainer.infra.errors import UserError
 
 

@@ -22,15 +22,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer.groups.clipping import (
-    FixedNorm,
-    GradientClipping,
-    Off,
-    Percentile,
-    Value,
-    global_grad_norm,
-    percentile_threshold,
-)
+from trainer.groups.clipping import (FixedNorm, GradientClipping, Off, Percentile, Value, global_grad_norm,
+                                     percentile_threshold)
 
 
 def params_with_norms(norms: list[float], seed: int = 0, shape: tuple[int, ...] = (5,)) -> list[torch.Tensor]:

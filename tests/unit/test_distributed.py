@@ -13,14 +13,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from trainer.data.base import EvalShare
-from trainer.infra.distributed import (
-    LaunchRefused,
-    check_launch,
-    is_rank_zero,
-    launched_by,
-    process_rank,
-    quiet_hydra_outputs,
-)
+from trainer.infra.distributed import (LaunchRefused, check_launch, is_rank_zero, launched_by, process_rank,
+                                       quiet_hydra_outputs)
 from trainer.infra.errors import UserError
 
 TORCHRUN_RANK1 = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}

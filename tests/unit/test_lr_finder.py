@@ -15,15 +15,8 @@ from tests.helpers import compose
 from trainer.configuration.spec import validate
 from trainer.groups.optimizer.scaling import FoundLr, scale_found
 from trainer.infra.errors import UserError
-from trainer.modes.lr_finder import (
-    LR_FIND_FILE,
-    RECORD_KEYS,
-    _check_suggestion,
-    earlier_record,
-    find_lr,
-    found_lr,
-    shipped_lr,
-)
+from trainer.modes.lr_finder import (LR_FIND_FILE, RECORD_KEYS, _check_suggestion, earlier_record, find_lr, found_lr,
+                                     shipped_lr)
 
 HOW = "found by Lightning's lr range test (...)"
 

@@ -8,14 +8,8 @@ import re
 import pytest
 
 from tests.helpers import REPO
-from trainer.groups.optimizer.scaling import (
-    MEASURED_ALTERNATIVES,
-    MEASURED_LIMITS,
-    STUDY,
-    measured_warnings,
-    scale,
-    scale_factor,
-)
+from trainer.groups.optimizer.scaling import (MEASURED_ALTERNATIVES, MEASURED_LIMITS, STUDY, measured_warnings, scale,
+                                              scale_factor)
 
 
 @pytest.mark.parametrize("rule, expected", [("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)])

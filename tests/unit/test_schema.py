@@ -8,15 +8,7 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 import pytest
 
 from trainer.infra.errors import UserError
-from trainer.infra.schema import (
-    POSITIVE,
-    Range,
-    check_mapping,
-    check_value,
-    describe,
-    matches,
-    schema_of_callable,
-)
+from trainer.infra.schema import POSITIVE, Range, check_mapping, check_value, describe, matches, schema_of_callable
 
 
 @pytest.mark.parametrize(
