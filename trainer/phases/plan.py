@@ -196,7 +196,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
     derived["data.decode"] = Derived(decode, how)
     resize = _progressive_resize(spec, parts, global_batch, derived)
-    recipe = _optimizer(spec, probe, net, batch, lr, derived)
+    recipe = _optimizer(spec, probe, net, global_batch, lr, derived)
     tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
     flops, peak, peak_note = _flops(net, parts, accelerator, probe.precision, tf32, derived)
@@ -227,16 +227,16 @@ def _progressive_resize(spec: RunSpec, parts: Parts, global_batch: int,
     return schedule
 
 
-def _optimizer(spec: RunSpec, probe: Probe, net: nn.Module, batch: int, found: FoundLr | None,
+def _optimizer(spec: RunSpec, probe: Probe, net: nn.Module, global_batch: int, found: FoundLr | None,
                derived: dict[str, Derived]) -> OptimizerRecipe:
     """lr and weight decay moved to the global batch by their rules, the parameter groups, the kernel
     and the schedule's shape at that lr."""
     opt = spec.optimizer
-    lr, weight_decay = at_batch(opt, probe.global_batch(spec, batch), found)
+    lr, weight_decay = at_batch(opt, global_batch, found)
     derived["optimizer.lr"] = Derived(round(lr.value, 10) if found is not None or opt.lr != LR_FIND else LR_FIND,
                                       lr.how)
     derived["optimizer.weight_decay"] = Derived(round(weight_decay.value, 10), weight_decay.how)
-    recipe = probe.optimizer(spec, net, batch, found)
+    recipe = OptimizerRecipe.for_network(net, opt, lr.value, weight_decay.value, probe.implementation)
     lines = describe_groups(opt, net, recipe.lr, recipe.lr_scales)
     derived["optimizer.decay_norm_and_bias"] = Derived(*lines.pop("optimizer.decay_norm_and_bias"))
     derived["optimizer.implementation"] = probe.derived["optimizer.implementation"]

@@ -3,7 +3,7 @@ weight decay (1-D ones and those the model names), and each one's lr scale under
 
 Deliberately not timm's `param_groups_weight_decay` / `param_groups_layer_decay`: they test
 `param.ndim <= 1` on the module they are given, and under FSDP the optimizer is built over flat 1-D
-shards, where that test exempts every weight (tests/unit/test_optimizer.py pins it). Here the
+shards, where that test exempts every weight (tests/unit/test_library_pins.py pins it). Here the
 names are read once on the plain network and the groups are formed by name.
 """
 
