@@ -76,7 +76,7 @@ def planned_run(config: Any, run_dir: Path, choices: dict[str, str] | None = Non
     from trainer.phases.plan import decide_probe, resolve
 
     run = prepared_run(config, run_dir, choices)
-    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts.net), run.parts)
+    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts), run.parts)
     return run
 
 

@@ -27,6 +27,8 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("infra",), "what every module stands on: one-line errors, atomic files, the schema checker and "
                  "`_target_` building, signals, processes and devices, figures"),
     (("data", "models", "callbacks"), "the parts a run is made of: data modules, networks, Lightning callbacks"),
+    (("tasks",), "task definitions: what a batch is, the loss, the metrics, the unit a batch is counted in "
+                 "(told what the data say)"),
     (("groups",), "one room per config group: its schema, its rules and its builder"),
     (("configuration",), "the whole config: every group validated into a frozen spec, Hydra's set-up, recipes, "
                          "key docs, --help"),
@@ -37,7 +39,7 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("run",), "the wiring: the one module that calls the phases in order"),
     (("deploy", "scaffold", "architecture"), "what stands beside a run: export and serving, a team's folder, "
                                              "this declaration"),
-    (("cli",), "the command line"),
+    (("cli", "generate"), "the command lines: training, and text from a trained language model"),
     (("__main__", "__init__"), "`python -m trainer`, and the package's public names"),
 )
 

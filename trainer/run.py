@@ -80,7 +80,7 @@ def _run_phases(run: Run) -> float | None:
     route_library_logs()
     L.seed_everything(run.spec.top.seed, workers=True, verbose=False)
     build_parts(run)
-    probe = decide_probe(run.spec, run.devices, run.parts.net)
+    probe = decide_probe(run.spec, run.devices, run.parts)
     batch = find_batch_size(run, probe) if run.parts.datamodule.batch_size_auto else None
     lr = find_lr(run, probe, batch) if run.spec.optimizer.lr == LR_FIND else None
     run.plan = resolve(run.spec, probe, run.parts, batch_size=batch, lr=lr)

@@ -1,53 +1,49 @@
-"""The LightningModule: classification loss, torchmetrics accuracy, optimizer and schedule."""
+"""The LightningModule: drives a task definition (trainer/tasks/: the batch, the loss, the metrics,
+the unit a batch is counted in) with the optimizer and schedule the plan made. The same module
+trains every task; what differs between tasks is the definition's."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.profiler import record_function
+from torchmetrics import Metric
 from torchmetrics.aggregation import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
 from trainer.groups.optimizer.build import OptimizerRecipe
-from trainer.groups.regularization import BatchMixing, RegularizationConfig, dominant_labels
+from trainer.groups.regularization import BatchMixing, RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
+from trainer.tasks.classification import TOP5_MIN_CLASSES, Classification, classification_loss
+from trainer.tasks.protocol import TaskDefinition
+
+__all__ = ["TrainingTask", "ClassificationTask", "classification_loss", "TOP5_MIN_CLASSES"]
 
 log = logging.getLogger("trainer")
 
-
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
-    """The task's loss (also what the memory plan measures with). In fp32 whatever the autocast
-    dtype: log-softmax of half logits loses precision. `targets`: integer labels, or class
-    probabilities (N x classes) from mixup/cutmix; smoothing applies to both."""
-    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+SPLITS = ("train", "val", "test")
 
 
-#: Top-5 accuracy, as ImageNet recipes report it, from this many classes on (below, it says little).
-TOP5_MIN_CLASSES = 10
-
-
-class ClassificationTask(L.LightningModule):
+class TrainingTask(L.LightningModule):
     #: Whether fitting logs the schedule's line (a measurement's own copy of the task does not).
     announces_schedule = True
 
     def __init__(
         self,
         net: nn.Module,
-        num_classes: int,
+        definition: TaskDefinition,
         optimizer: OptimizerRecipe,
         scheduler: SchedulerConfig,
         channels_last: bool = False,
-        regularization: RegularizationConfig | None = None,
     ) -> None:
         super().__init__()
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
+        self.definition = definition
         # Which parameters are exempt from weight decay, and each one's lr scale, were decided on the
         # plain network (the recipe): under FSDP the optimizer is built after sharding has flattened them.
         self.optimizer_recipe = optimizer
@@ -55,56 +51,61 @@ class ClassificationTask(L.LightningModule):
         #: The schedule as fit made it, over the optimizer steps Lightning counted (summary.json's).
         self.schedule: dict[str, Any] | None = None
         self.channels_last = channels_last
-        # Label smoothing shapes the training loss only: validation and test losses stay the plain
-        # cross-entropy, comparable between runs with and without it (as timm reports them).
-        self.label_smoothing = regularization.label_smoothing if regularization else 0.0
-        self.mixing = BatchMixing(regularization, num_classes) if regularization else None
         # Plain values only, so a checkpoint's hyper-parameters load without unpickling classes; logger=False:
         # the loggers get the whole resolved config and the plan instead (trainer.groups.logger.run_hyperparameters).
-        self.save_hyperparameters({"num_classes": num_classes, "lr": optimizer.lr, "weight_decay": optimizer.weight_decay,
-                                   "optimizer": optimizer.cfg.name, "scheduler": scheduler.name}, logger=False)
+        self.save_hyperparameters({**definition.hyperparameters(), "lr": optimizer.lr,
+                                   "weight_decay": optimizer.weight_decay, "optimizer": optimizer.cfg.name,
+                                   "scheduler": scheduler.name}, logger=False)
         # The training loss as a metric: each step's value is this process's own, and the epoch mean is
         # combined over all processes once (`self.log(..., sync_dist=True)` would all-reduce every step).
         # "disable": no NaN check (a host sync per step); a non-finite step makes the epoch mean
         # non-finite, as it should. Unweighted: training batches are all one size (drop_last).
         self.train_loss = MeanMetric(nan_strategy="disable")
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        top5 = num_classes >= TOP5_MIN_CLASSES
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro") if top5 else None
+        # Evaluation losses weighted by the units of each batch, so the epoch's value is the mean
+        # over every sample (token) of every process, whatever the batches' sizes.
+        # (ModuleDicts, so the metrics move with the module; keyed "val_split" and so on: a module
+        # cannot hold a child named "train".)
+        self.eval_losses = nn.ModuleDict({_key(split): MeanMetric(nan_strategy="disable") for split in SPLITS[1:]})
+        self.split_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics(split)))
+                                            for split in SPLITS})
+        self.loss_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics_from_loss()))
+                                           for split in SPLITS[1:]})
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.channels_last:
+    def metrics_of(self, split: str) -> Mapping[str, Metric]:
+        """The task's metrics of a split ("train", "val", "test")."""
+        return cast(Mapping[str, Metric], self.split_metrics[_key(split)])
+
+    def forward(self, x: Any) -> Any:
+        if self.channels_last and isinstance(x, torch.Tensor) and x.ndim == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         return self.net(x)
 
-    def evaluation_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The evaluation loss: plain cross-entropy."""
-        return classification_loss(logits, labels)
+    def evaluation_loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """The evaluation loss: the task's plain loss."""
+        return self.definition.loss(outputs, targets, training=False)
 
-    def training_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return classification_loss(logits, targets, self.label_smoothing)
+    def training_loss(self, outputs: Any, targets: Any) -> torch.Tensor:
+        return self.definition.loss(outputs, targets, training=True)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        images, labels = batch
-        if self.mixing is not None and self.mixing.active:
-            images, labels = self.mixing(images, labels)
+        definition = self.definition
+        batch = definition.training_batch(batch)
         # Named ranges for profile=true (trainer/measure/profile.py): Lightning runs this step and the
         # backward inside the optimizer's step (its closure), so without them everything would be
         # the optimizer's. A range costs about a microsecond when no profiler records.
         with record_function(FORWARD_RANGE):
-            logits = self(images)
-            loss = self.training_loss(logits, labels)
-        # A mixed batch's accuracy counts the class its target weighs most.
-        self.train_acc(logits.detach(), dominant_labels(labels))
-        n = labels.shape[0]
+            outputs = self(definition.inputs(batch))
+            targets = definition.targets(batch)
+            loss = self.training_loss(outputs, targets)
+        metrics = self.metrics_of("train")
+        definition.update_metrics(metrics, outputs, targets)
+        n = _samples(targets)
         # train/loss_step: this process's loss (rank 0's in the loggers, unsynced); train/loss_epoch
         # and train/loss at the epoch's end: the mean over all steps of all processes.
         self.train_loss(loss.detach())
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True, batch_size=n)
+        for name, metric in metrics.items():
+            self.log(f"train/{name}", metric, on_step=False, on_epoch=True, batch_size=n)
         return loss
 
     # The training metrics' running states go into every checkpoint written inside an epoch, one entry
@@ -123,7 +124,12 @@ class ClassificationTask(L.LightningModule):
         checkpoint[self.TRAIN_METRICS_KEY] = {
             name: {"updates": int(metric._update_count),
                    "states": {k: self._per_process(cast(torch.Tensor, v)) for k, v in metric.metric_state.items()}}
-            for name, metric in (("train_loss", self.train_loss), ("train_acc", self.train_acc))}
+            for name, metric in self._training_metrics().items()}
+
+    def _training_metrics(self) -> dict[str, Metric]:
+        """The metrics whose running states a mid-epoch checkpoint keeps, by a stable name."""
+        metrics = self.metrics_of("train")
+        return {"train_loss": self.train_loss, **{f"train_{name}": metric for name, metric in metrics.items()}}
 
     def _per_process(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         if self.trainer.world_size == 1:
@@ -133,8 +139,11 @@ class ClassificationTask(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(self.TRAIN_METRICS_KEY)
         rank, processes = self.trainer.global_rank, self.trainer.world_size
+        metrics = self._training_metrics()
         for name, record in (saved or {}).items():
-            metric = getattr(self, name)
+            metric = metrics.get(name)
+            if metric is None:
+                continue  # written by another task's metrics: the epoch's mean starts afresh
             if any(len(parts) != processes for parts in record["states"].values()):
                 continue  # written by another number of processes: the epoch's mean starts afresh
             for key, parts in record["states"].items():
@@ -147,22 +156,29 @@ class ClassificationTask(L.LightningModule):
             super().backward(loss, *args, **kwargs)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "val", self.val_acc, self.val_acc5)
+        self._evaluate(batch, "val")
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._evaluate(batch, "test", self.test_acc, self.test_acc5)
+        self._evaluate(batch, "test")
 
-    def _evaluate(self, batch: Any, split: str, metric: MulticlassAccuracy,
-                  top5: MulticlassAccuracy | None = None) -> None:
-        images, labels = batch
-        logits = self(images)
-        n = labels.shape[0]
-        self.log(f"{split}/loss", self.evaluation_loss(logits, labels), on_epoch=True, batch_size=n, sync_dist=True)
-        metric(logits, labels)
-        self.log(f"{split}/acc", metric, on_epoch=True, prog_bar=True, batch_size=n)
-        if top5 is not None:
-            top5(logits, labels)
-            self.log(f"{split}/acc5", top5, on_epoch=True, batch_size=n)
+    def _evaluate(self, batch: Any, split: str) -> None:
+        definition = self.definition
+        outputs = self(definition.inputs(batch))
+        targets = definition.targets(batch)
+        n = _samples(targets)
+        loss = self.evaluation_loss(outputs, targets)
+        units = definition.units_in(batch)
+        weight = units.float() if isinstance(units, torch.Tensor) else float(units)
+        eval_loss = cast(MeanMetric, self.eval_losses[_key(split)])
+        eval_loss.update(loss.detach(), weight)
+        self.log(f"{split}/loss", eval_loss, on_epoch=True, batch_size=n)
+        for name, metric in cast(Mapping[str, Metric], self.loss_metrics[_key(split)]).items():
+            metric.update(loss.detach(), weight)
+            self.log(f"{split}/{name}", metric, on_epoch=True, batch_size=n)
+        metrics = self.metrics_of(split)
+        definition.update_metrics(metrics, outputs, targets)
+        for index, (name, metric) in enumerate(metrics.items()):
+            self.log(f"{split}/{name}", metric, on_epoch=True, prog_bar=index == 0, batch_size=n)
 
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_recipe.build(self.net)
@@ -182,3 +198,26 @@ class ClassificationTask(L.LightningModule):
 @rank_zero_only
 def _announce(schedule: dict[str, Any]) -> None:
     log.info("scheduler %s: %s", schedule["name"], schedule["how"])
+
+
+def _key(split: str) -> str:
+    return f"{split}_split"
+
+
+def _samples(targets: Any) -> int:
+    """The samples of a batch (its first dimension), what Lightning weighs logged values with."""
+    return int(targets.shape[0]) if isinstance(targets, torch.Tensor) else 1
+
+
+class ClassificationTask(TrainingTask):
+    """The classification task as one object (tests, notebooks): `TrainingTask` with the
+    `Classification` definition bound to `num_classes`."""
+
+    def __init__(self, net: nn.Module, num_classes: int, optimizer: OptimizerRecipe, scheduler: SchedulerConfig,
+                 channels_last: bool = False, regularization: RegularizationConfig | None = None) -> None:
+        definition = Classification()
+        definition.num_classes = num_classes
+        if regularization is not None:
+            mixing = BatchMixing(regularization, num_classes)
+            definition.use_regularization(regularization.label_smoothing, mixing if mixing.active else None)
+        super().__init__(net, definition, optimizer, scheduler, channels_last)

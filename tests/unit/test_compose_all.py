@@ -51,7 +51,7 @@ def test_group_choice_composes_and_validates_to_its_own_values(group, choice):
         assert spec.data["_target_"] == composed["_target_"] and spec.data["batch_size"] == composed["batch_size"]
     elif group == "model":
         assert spec.model["_target_"] == cfg.model._target_
-    elif group in ("clipping", "nonfinite"):
+    elif group in ("clipping", "nonfinite", "task"):
         assert getattr(spec, group) == OmegaConf.to_container(cfg[group])
     elif group == "logger":
         assert list(spec.loggers) == [choice]

@@ -52,7 +52,7 @@ def build(setup, **trainer: Any) -> Built:
     run = copy.copy(prepared)
     run.spec = validate(plain)
     run.devices = decide_devices(run.spec.trainer)
-    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts.net), run.parts)
+    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts), run.parts)
     return build_trainer(run)
 
 

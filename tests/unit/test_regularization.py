@@ -16,7 +16,8 @@ from torch import nn
 from tests.helpers import ON_CPU, compose
 from trainer.configuration.spec import choice_config, validate
 from trainer.groups.optimizer.build import OptimizerRecipe
-from trainer.groups.regularization import BatchMixing, RegularizationConfig, describe, dominant_labels
+from trainer.groups.regularization import BatchMixing, RegularizationConfig, describe
+from trainer.tasks.classification import dominant_labels
 from trainer.infra.errors import UserError
 from trainer.task import ClassificationTask, classification_loss
 
@@ -124,7 +125,7 @@ def test_the_task_smooths_the_training_loss_only_and_counts_the_dominant_class()
     assert task.training_loss(logits, labels).item() == pytest.approx(
         classification_loss(logits, labels, 0.2).item())
     assert task.evaluation_loss(logits, labels).item() == pytest.approx(classification_loss(logits, labels).item())
-    assert task.mixing is not None and task.mixing.active
+    assert task.definition.mixing is not None and task.definition.mixing.active
 
 
 def test_the_choices_compose_and_describe_themselves():

@@ -64,8 +64,8 @@ def test_resolve_is_pure_and_the_build_phase_applies_the_plan(tmp_path):
                                 "data.image_size=32", "data.batch_size=4"]), tmp_path / "run")
     spec, parts = run.spec, run.parts
     spec_before, weights = copy.deepcopy(spec), copy.deepcopy(parts.net.state_dict())
-    probe = decide_probe(spec, run.devices, parts.net)
-    assert probe == decide_probe(spec, run.devices, parts.net)
+    probe = decide_probe(spec, run.devices, parts)
+    assert probe == decide_probe(spec, run.devices, parts)
     first = resolve(spec, probe, parts)
     second = resolve(spec, probe, parts)
     assert first == second

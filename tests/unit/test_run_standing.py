@@ -175,7 +175,7 @@ def test_the_training_metrics_running_states_travel_in_a_mid_epoch_checkpoint(mo
     task = make_task()
     task.train_loss(torch.tensor(2.0))
     task.train_loss(torch.tensor(4.0))
-    task.train_acc(torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]), torch.tensor([0, 2]))
+    task.metrics_of("train")["acc"](torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]), torch.tensor([0, 2]))
     monkeypatch.setattr(ClassificationTask, "trainer", fake_trainer(processed=1, completed=1))
     checkpoint: dict = {}
     task.on_save_checkpoint(checkpoint)  # inside epoch 1
@@ -184,7 +184,7 @@ def test_the_training_metrics_running_states_travel_in_a_mid_epoch_checkpoint(mo
     resumed.on_load_checkpoint(checkpoint)
     resumed.train_loss(torch.tensor(6.0))
     assert float(resumed.train_loss.compute()) == pytest.approx(4.0)  # the mean over all three steps
-    assert float(resumed.train_acc.compute()) == pytest.approx(0.5)
+    assert float(resumed.metrics_of("train")["acc"].compute()) == pytest.approx(0.5)
 
     at_epoch_end: dict = {}
     monkeypatch.setattr(ClassificationTask, "trainer", fake_trainer(processed=2, completed=1))

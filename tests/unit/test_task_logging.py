@@ -91,8 +91,8 @@ def test_the_step_loss_is_not_synchronized_and_the_epoch_mean_is(monkeypatch):
 def test_the_module_hyperparameters_stay_in_checkpoints_and_out_of_the_loggers():
     task = make_task()
     # Checkpoints carry these (plain values: they load with weights_only=True) ...
-    assert dict(task.hparams) == {"num_classes": 10, "lr": 1e-3, "weight_decay": 0.0, "optimizer": "adamw",
-                                  "scheduler": "constant"}
+    assert dict(task.hparams) == {"task": "Classification", "unit": "samples", "num_classes": 10, "lr": 1e-3,
+                                  "weight_decay": 0.0, "optimizer": "adamw", "scheduler": "constant"}
     # ... and Lightning does not hand them to the loggers: those get the resolved config (trainer/groups/logger.py).
     assert task._log_hyperparams is False
 
@@ -112,4 +112,4 @@ def test_top5_accuracy_is_logged_from_ten_classes_on(tmp_path):
     linear = nn.Linear(2, 3)
     few = ClassificationTask(linear, 3, OptimizerRecipe.for_network(linear, choice_config("optimizer", "adamw"), 1e-3, 0.0),
                              choice_config("scheduler", "constant"))
-    assert few.val_acc5 is None and few.test_acc5 is None
+    assert "acc5" not in few.metrics_of("val") and "acc5" not in few.metrics_of("test")

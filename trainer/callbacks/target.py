@@ -13,10 +13,21 @@ from typing import Any, Optional
 import lightning as L
 
 
+#: Metrics that are better when smaller (target.mode=auto reads the name).
+SMALLER_IS_BETTER = ("loss", "perplexity", "error", "mse", "mae")
+
+
+def auto_mode(metric: str) -> str:
+    """min for a loss, a perplexity or an error; max otherwise (accuracy and the like)."""
+    return "min" if any(word in metric for word in SMALLER_IS_BETTER) else "max"
+
+
 class TargetWatch(L.Callback):
-    def __init__(self, metric: str, value: float, mode: str, global_batch: int) -> None:
+    def __init__(self, metric: str, value: float, mode: str, global_batch: int, unit: str = "samples",
+                 units_per_sample: int = 1) -> None:
         self.metric, self.value, self.global_batch = metric, float(value), global_batch
-        self.mode = mode if mode != "auto" else ("min" if "loss" in metric else "max")
+        self.unit, self.units_per_sample = unit, units_per_sample
+        self.mode = mode if mode != "auto" else auto_mode(metric)
         self.reached: Optional[dict[str, Any]] = None
         self.best: Optional[float] = None
         self._elapsed_before = 0.0  # training seconds of earlier attempts (a resumed run)
@@ -54,6 +65,8 @@ class TargetWatch(L.Callback):
             self.reached = {"wall_s": self.elapsed(), "steps": trainer.global_step,
                             "samples": trainer.global_step * self.global_batch, "epoch": trainer.current_epoch,
                             "value": value}
+            if self.unit != "samples":
+                self.reached[self.unit] = trainer.global_step * self.global_batch * self.units_per_sample
 
     def elapsed(self) -> float:
         running = time.perf_counter() - self._started if self._started is not None else 0.0

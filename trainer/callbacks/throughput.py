@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
@@ -46,10 +46,19 @@ class ThroughputMeter(Callback):
     WINDOW_STEPS = 10
 
     def __init__(self, warmup_steps: int = WARMUP_STEPS, window_steps: int = WINDOW_STEPS, flops_per_sample: int | None = None,
-                 peak_flops: float | None = None, mfu_note: str = "") -> None:
+                 peak_flops: float | None = None, mfu_note: str = "", unit: str = "samples",
+                 units_of: Callable[[Any], int | torch.Tensor] | None = None) -> None:
+        """`unit`: what the task counts a batch in; `units_of(batch)`: how many a batch holds (an int,
+        or a device tensor summed on the device and read at a window's end). With a unit other than
+        samples, `flops_per_sample` is per unit, and the rate of units is reported beside samples/s."""
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.flops_per_sample = flops_per_sample
+        self.unit = unit
+        self.units_of = units_of if unit != "samples" else None
+        #: The rate of units per window (tokens/s), beside window_rates (samples/s).
+        self.window_unit_rates: list[float] = []
+        self._units: int | torch.Tensor = 0
         self.peak_flops = peak_flops
         self.mfu_note = mfu_note
         self.window_rates: list[float] = []
@@ -58,6 +67,7 @@ class ThroughputMeter(Callback):
         #: The image side of each epoch's first batch, by epoch (what progressive resizing trained at).
         self.side_by_epoch: dict[int, int] = {}
         self._partial: list[tuple[int, float]] = []
+        self._partial_units: list[tuple[int, float]] = []
         self._warmup_left = warmup_steps
         self._side: int | None = None
         # (clock at the window's start, samples and steps since); the clock is read after a device sync only
@@ -95,9 +105,12 @@ class ThroughputMeter(Callback):
         if self._anchor is None:
             synchronize(pl_module.device)
             self._anchor = (time.perf_counter(), 0, 0)
+            self._units = 0
             return
         start, samples, steps = self._anchor
         samples += batch_size_of(batch) * self.processes
+        if self.units_of is not None:
+            self._units = self._units + self.units_of(batch)
         steps += 1
         if steps < self.window_steps:
             self._anchor = (start, samples, steps)
@@ -108,10 +121,17 @@ class ThroughputMeter(Callback):
         self.window_rates.append(rate)
         self.window_sides.append(self._side)
         pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+        if self.units_of is not None:
+            # This process's units times the processes: every process's batch is alike in shape.
+            unit_rate = int(self._units) * self.processes / (now - start)
+            self.window_unit_rates.append(unit_rate)
+            pl_module.log(f"perf/{self.unit}_per_s", unit_rate, on_step=True, on_epoch=False, batch_size=1)
+        rate_for_mfu = self.window_unit_rates[-1] if self.units_of is not None else rate
         if self.mfu_known:
-            pl_module.log("perf/mfu", self._mfu(rate),
+            pl_module.log("perf/mfu", self._mfu(rate_for_mfu),
                           on_step=True, on_epoch=False, batch_size=1)
         self._anchor = (now, 0, 0)
+        self._units = 0
 
     def _close_partial(self, pl_module: L.LightningModule) -> None:
         """An unfinished window ends at the next point where training pauses (validation, the
@@ -119,8 +139,12 @@ class ThroughputMeter(Callback):
         if self._anchor is not None and self._anchor[2] > 0:
             synchronize(pl_module.device)
             start, samples, _ = self._anchor
-            self._partial.append((samples, time.perf_counter() - start))
+            seconds = time.perf_counter() - start
+            self._partial.append((samples, seconds))
+            if self.units_of is not None:
+                self._partial_units.append((int(self._units) * self.processes, seconds))
         self._anchor = None
+        self._units = 0
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.state.fn == "fit":  # not a stand-alone validate()
@@ -138,13 +162,16 @@ class ThroughputMeter(Callback):
         resumed after its training ended reports the rate its training had."""
         return {"window_rates": list(self.window_rates), "window_sides": list(self.window_sides),
                 "side_by_epoch": {str(k): v for k, v in self.side_by_epoch.items()},
-                "partial": [list(p) for p in self._partial]}
+                "partial": [list(p) for p in self._partial], "window_unit_rates": list(self.window_unit_rates),
+                "partial_units": [list(p) for p in self._partial_units]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.window_rates = [float(r) for r in state_dict.get("window_rates", [])]
         self.window_sides = list(state_dict.get("window_sides", [None] * len(self.window_rates)))
         self.side_by_epoch = {int(k): int(v) for k, v in state_dict.get("side_by_epoch", {}).items()}
         self._partial = [(int(s), float(t)) for s, t in state_dict.get("partial", [])]
+        self.window_unit_rates = [float(r) for r in state_dict.get("window_unit_rates", [])]
+        self._partial_units = [(int(s), float(t)) for s, t in state_dict.get("partial_units", [])]
 
     def summary(self) -> dict[str, Any]:
         result: dict[str, Any] = {
@@ -171,10 +198,22 @@ class ThroughputMeter(Callback):
         rate = result["samples_per_s"]
         # The FLOPs per sample are counted at the final size, so MFU is that size's.
         full_rate = by_side[max(by_side)] if len(by_side) > 1 else rate
-        result.update(flops_per_sample=self.flops_per_sample, peak_flops=self.peak_flops,
-                      mfu=self._mfu(full_rate) if full_rate and self.mfu_known else None,
-                      mfu_note=self.mfu_note, processes=self.processes)
+        flops_key = "flops_per_sample"
+        if self.units_of is not None:
+            full_rate = self._unit_rate()
+            result[f"{self.unit}_per_s"] = full_rate
+            flops_key = f"flops_per_{self.unit.removesuffix('s')}"
+        result.update({"unit": self.unit, flops_key: self.flops_per_sample, "peak_flops": self.peak_flops,
+                       "mfu": self._mfu(full_rate) if full_rate and self.mfu_known else None,
+                       "mfu_note": self.mfu_note, "processes": self.processes})
         return result
+
+    def _unit_rate(self) -> float | None:
+        """The median window's units per second (tokens/s), pooled like samples/s when no window filled."""
+        if self.window_unit_rates:
+            return statistics.median(self.window_unit_rates)
+        units, seconds = sum(u for u, _ in self._partial_units), sum(t for _, t in self._partial_units)
+        return units / seconds if seconds > 0 else None
 
     def samples_per_s_by_side(self) -> dict[int, float]:
         """The median window of each image side (progressive resizing), smallest side first."""

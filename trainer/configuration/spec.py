@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from trainer.configuration.recipes import CONF_DIR
 from trainer.data import group as data
 from trainer.groups import (callbacks, checkpointing, clipping, compile, logger, nonfinite, optimizer, precision,
-                            regularization, scheduler, trainer)
+                            regularization, scheduler, task, trainer)
 from trainer.groups.checkpointing import CheckpointingConfig
 from trainer.groups.compile import CompileConfig
 from trainer.groups.optimizer.schema import OptimizerConfig
@@ -30,7 +30,7 @@ from trainer.infra.schema import (NON_NEGATIVE, POSITIVE, ConfigGroup, Doc, Rang
 from trainer.models import group as model
 
 #: Every group of a run's config, in the order it is checked; each declared by the module that owns it.
-GROUPS: tuple[ConfigGroup, ...] = (data.GROUP, model.GROUP, optimizer.GROUP, scheduler.GROUP, precision.GROUP,
+GROUPS: tuple[ConfigGroup, ...] = (task.GROUP, data.GROUP, model.GROUP, optimizer.GROUP, scheduler.GROUP, precision.GROUP,
                                    compile.GROUP, checkpointing.GROUP, clipping.GROUP, nonfinite.GROUP,
                                    regularization.GROUP, logger.GROUP, callbacks.GROUP, trainer.GROUP)
 BY_NAME: Mapping[str, ConfigGroup] = {group.name: group for group in GROUPS}
@@ -115,6 +115,8 @@ class RunSpec:
     loggers: dict[str, dict[str, Any]]
     trainer: dict[str, Any]
     target: TargetConfig
+    #: The `task` group: a task definition's `_target_` and its keys (trainer/groups/task.py).
+    task: dict[str, Any] = field(default_factory=lambda: {"_target_": task.CLASSIFICATION})
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     clipping: dict[str, Any] = field(default_factory=dict)
     nonfinite: dict[str, Any] = field(default_factory=dict)
@@ -131,6 +133,9 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     """Check the composed config against every group's schema; raise `UserError` on the first fault."""
     plain = to_plain(cfg)
     plain.pop("hydra", None)
+    # A config composed before the task group existed (a saved run's config_resolved.yaml) is a
+    # classification run.
+    plain.setdefault("task", {"_target_": task.CLASSIFICATION})
     _check_layout(plain)
     top, identity = _top_level_keys(plain), _identity(plain.get("run", {}))
     # A group's values are a mapping (_check_layout saw to it); callbacks=[] composes none.
@@ -141,7 +146,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         checkpointing=checked["checkpointing"], regularization=checked["regularization"], loggers=checked["logger"],
         trainer=checked["trainer"], callbacks=checked["callbacks"], clipping=checked["clipping"],
         nonfinite=checked["nonfinite"], activation_checkpointing=model.checkpointed_stages(plain["model"]),
-        target=_target_config(plain.get("target") or {}), choices=dict(group_choices or {}), resolved=plain)
+        target=_target_config(plain.get("target") or {}), task=checked["task"], choices=dict(group_choices or {}), resolved=plain)
 
 
 def choice_values(group: str, choice: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Optional, Sized, Union, cast
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Mapping, Optional, Sized, Union, cast
 
 import lightning as L
 import torch
@@ -34,10 +34,29 @@ class DataInfo:
     class_names: Optional[list[str]] = None
     #: Bytes of one sample as the loader ships it (uint8 images: 1 per pixel and channel).
     sample_bytes: int = 0
+    #: What a sample's input is: "images" (C x H x W), "tokens" (T integer ids), "features" (F floats).
+    kind: str = "images"
+    #: What the `model` group fills in besides the images' classes, channels and size (a text data
+    #: set's vocab_size and max_positions, a table's in_features, ...).
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    #: One sample's input shape as the network receives it (None: in_channels x image_size).
+    sample_shape: Optional[tuple[int, ...]] = None
+    #: Reference values of the task's metrics that need no training (a text data set's unigram
+    #: perplexity): the run prints and records its own beside them.
+    baselines: Mapping[str, float] = field(default_factory=dict)
 
     def model_inputs(self) -> dict[str, Any]:
         """What the `model` group's builder fills into a network's constructor (those it takes)."""
-        return {"num_classes": self.num_classes, "in_channels": self.in_channels, "image_size": list(self.image_size)}
+        if self.kind == "images":
+            base = {"num_classes": self.num_classes, "in_channels": self.in_channels,
+                    "image_size": list(self.image_size)}
+        else:
+            base = {"num_classes": self.num_classes} if self.num_classes else {}
+        return {**base, **self.inputs}
+
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's input shape (what FLOPs are counted and memory is planned with)."""
+        return tuple(self.sample_shape) if self.sample_shape is not None else (self.in_channels, *self.image_size)
 
 
 class ImageClassificationData(L.LightningDataModule):

@@ -63,12 +63,6 @@ class BatchMixing:
         return self.cutmix if float(torch.rand(())) < self.switch_prob else self.mixup
 
 
-def dominant_labels(targets: torch.Tensor) -> torch.Tensor:
-    """The class each target weighs most: the label itself, or a mixed target's larger share
-    (what the training accuracy of a mixed batch is measured against)."""
-    return targets.argmax(dim=1) if targets.ndim == 2 else targets
-
-
 def describe(cfg: RegularizationConfig) -> str:
     """One line for the start-up plan."""
     parts = []

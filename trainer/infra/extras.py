@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "shards": ("litdata", "boto3"),
     "wandb": ("wandb",),
     "tensorboard": ("tensorboard",),
+    "text": ("tokenizers", "transformers"),
 }
 
 

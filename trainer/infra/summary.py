@@ -74,8 +74,18 @@ def log_result(summary: dict[str, Any]) -> None:
     parts = [f"{split}/{name} {value:.4f}" for split in ("val", "test") for name, value in metrics.get(split, {}).items()]
     log.info("done: %s", "  ".join(parts))
     rate = throughput.get("samples_per_s")
-    log.info("training throughput %s samples/s (%s; %s)", f"{rate:.0f}" if rate else "n/a",
+    unit = throughput.get("unit", "samples")
+    if unit != "samples":
+        rate = throughput.get(f"{unit}_per_s")
+    log.info("training throughput %s %s/s (%s; %s)", f"{rate:.0f}" if rate else "n/a", unit,
              throughput["method"], throughput["includes"])
+    # Reference values the data give (a text corpus's unigram perplexity), beside the run's own.
+    for key, baseline in summary.get("data", {}).get("baselines", {}).items():
+        split, name = key.split("/", 1)
+        value = metrics.get(split, {}).get(name)
+        if value is not None:
+            log.info("%s %.2f against the baseline %.2f of the data (%s)", key, value, baseline,
+                     f"{baseline / value:.1f}x lower" if value > 0 else "n/a")
     log.info("wall time %.1f s (fit %.1f s); summary: %s", summary["wall_time_s"], summary["fit_time_s"],
              Path(summary["run_dir"]) / "summary.json")
 

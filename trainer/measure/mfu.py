@@ -136,7 +136,7 @@ def _input_dtype(net: torch.nn.Module) -> torch.dtype:
 
 
 def training_flops_per_sample(
-    net: torch.nn.Module, input_shape: tuple[int, ...], batch: int = 2
+    net: torch.nn.Module, input_shape: tuple[int, ...], batch: int = 2, dtype: torch.dtype | None = None
 ) -> tuple[int | None, str]:
     """FLOPs of one training step (forward + backward) per sample, and how they were counted.
 
@@ -148,7 +148,8 @@ def training_flops_per_sample(
             raise ValueError(f"batch must be at least 1, got {batch}")
         net = getattr(net, "_orig_mod", net)  # torch.compile wrapper: count the eager model
         model = _meta_copy(net).train()
-        x = torch.empty((batch, *input_shape), device="meta", dtype=_input_dtype(net))
+        # Token ids (dtype=torch.long) for an embedding; floats of the network's dtype otherwise.
+        x = torch.zeros((batch, *input_shape), device="meta", dtype=dtype or _input_dtype(net))
         counter = FlopCounterMode(display=False)
         with torch.inference_mode(False), torch.enable_grad(), counter:
             out = model(x)

@@ -13,7 +13,6 @@ from trainer.measure.memory import autocast_for, largest_batch_that_runs, larges
 from trainer.modes.measuring import memory_inputs
 from trainer.phases.plan import Derived, Probe
 from trainer.phases.state import Run
-from trainer.task import classification_loss
 
 #: data.batch_size=auto: rank 0 writes what it found here; the other ranks read it, so every rank
 #: trains with the same batch (each rank measuring its own device could differ on CUDA).
@@ -29,20 +28,20 @@ def find_batch_size(run: Run, probe: Probe) -> Derived:
         return batch_of_rank_zero(record)
     parts = run.parts
     inputs = memory_inputs(probe.device, probe.channels_last, probe.optimizer(run.spec, parts.net, AUTO_BATCH_START),
-                           parts.info)
+                           parts.definition)
     budget = parts.datamodule.memory_budget_gb
     limit = max(AUTO_BATCH_START, parts.info.sizes.get("train", 0) // max(1, probe.devices.per_node))
     context = autocast_for(probe.precision, inputs.device)
     optimizer = inputs.optimizer_for(probe.implementation)
     try:
         if inputs.device.type == "cuda":
-            batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, classification_loss,
+            batch, how = largest_batch_that_runs(parts.net, optimizer, inputs.make_batch, inputs.loss,
                                                  context, inputs.device, AUTO_BATCH_START, limit)
         elif budget is None:
             raise UserError("data.memory_budget_gb", "missing: data.batch_size=auto on a CPU sizes the batch to a "
                             "memory budget", "the GiB one training step may use, e.g. data.memory_budget_gb=4")
         if budget is not None:
-            memory = plan_memory(parts.net, optimizer, inputs.make_batch, classification_loss, context, inputs.device,
+            memory = plan_memory(parts.net, optimizer, inputs.make_batch, inputs.loss, context, inputs.device,
                                  AUTO_BATCH_START, measure_peak=False, with_practices=False)
             within, within_how = largest_batch_within(memory, budget * 2**30, AUTO_BATCH_START, limit)
             if inputs.device.type != "cuda" or within < batch:

@@ -42,7 +42,7 @@ from trainer.infra.figures import new_figure, save_png
 from trainer.infra.library_logs import quiet_library_warnings
 from trainer.phases.plan import Derived, Probe
 from trainer.phases.state import Run
-from trainer.task import ClassificationTask
+from trainer.task import TrainingTask
 
 log = logging.getLogger("trainer")
 
@@ -169,9 +169,8 @@ def _run_finder(run: Run, probe: Probe, batch: int, scratch: Path) -> Any:
     # A constant schedule: the test replaces the schedule with its own, and the one-cycle schedule
     # would set the momentum first (the test runs at the optimizer's own momentum, as fastai's).
     constant = SchedulerConfig(name="constant", interval="step", target="trainer.groups.scheduler.constant")
-    task = ClassificationTask(copy.deepcopy(parts.net), parts.info.num_classes,
-                              probe.optimizer(spec, parts.net, batch), constant, channels_last=probe.channels_last,
-                              regularization=spec.regularization)
+    task = TrainingTask(copy.deepcopy(parts.net), parts.definition, probe.optimizer(spec, parts.net, batch), constant,
+                        channels_last=probe.channels_last)
     task.announces_schedule = False
     # Under torchrun the process group exists already and rank 0 tests alone: a metric synchronized
     # over the processes as an epoch of the test ends would wait for the other ranks forever.

@@ -9,17 +9,16 @@ from trainer.groups.precision import compute_dtype
 from trainer.measure.memory import MemoryPlan, autocast_for, plan_memory, plot_plan
 from trainer.modes.measuring import memory_inputs
 from trainer.phases.state import Run
-from trainer.task import classification_loss
 
 
 def measure_memory_plan(run: Run) -> MemoryPlan:
     """Measured on a copy of the network before it is compiled or checkpointed."""
     spec, plan, parts = run.spec, run.plan, run.parts
-    inputs = memory_inputs(plan.device, plan.channels_last, plan.optimizer, parts.info)
+    inputs = memory_inputs(plan.device, plan.channels_last, plan.optimizer, parts.definition)
     device = inputs.device
     half = autocast_for("bf16-mixed", device) if compute_dtype(plan.precision) == torch.float32 else None
     memory = plan_memory(parts.net, inputs.optimizer_for(plan.optimizer_implementation), inputs.make_batch,
-                         classification_loss, autocast_for(plan.precision, device), device,
+                         inputs.loss, autocast_for(plan.precision, device), device,
                          plan.batch_size, half_context=half,
                          make_fused=None if plan.optimizer_implementation == "fused" else inputs.optimizer_for("fused"))
     if plan.checkpointed_stages:

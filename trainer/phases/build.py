@@ -35,6 +35,7 @@ from trainer.groups.clipping import GradientClipping
 from trainer.groups.compile import allow_recompiles, apply_compile
 from trainer.groups.logger import build_loggers, logger_callbacks, run_hyperparameters, run_labels
 from trainer.groups.precision import apply_tf32, lightning_precision
+from trainer.groups.task import build_definition, check_task
 from trainer.groups.trainer import make_trainer
 from trainer.infra.instantiation import construct
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
@@ -43,18 +44,26 @@ from trainer.phases.plan import Plan
 from trainer.phases.products import Built, Parts
 from trainer.phases.resume import check_fits
 from trainer.phases.state import Run
-from trainer.task import ClassificationTask
+from trainer.task import TrainingTask
 
 
 def build_parts(run: Run) -> None:
-    """The data module (told the run's folder and seed), the network for what the data say, and the
-    clipping and non-finite callbacks; `run.parts`."""
+    """The data module (told the run's folder and seed), the task bound to what the data say, the
+    network for both, and the clipping and non-finite callbacks; `run.parts`."""
     spec = run.spec
     datamodule, info = build_data(spec.data, run.job.run_dir, spec.top.seed)
-    net = build_model(spec.model, info.model_inputs())
+    definition = build_definition(spec.task, info, spec.regularization)
+    check_task(definition, task_settings(spec))
+    net = build_model(spec.model, info.model_inputs(), required=definition.model_inputs)
     run.parts = Parts(datamodule, info, net,
                       GradientClipping(construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))),
-                      construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")))
+                      construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")), definition)
+
+
+def task_settings(spec: RunSpec) -> dict[str, Any]:
+    """What a task's refusals read: the groups' choices and the data's and compile's keys."""
+    return {"choices": dict(spec.choices), "data": dict(spec.data),
+            "compile": {"mode": spec.compile.mode, "dynamic": spec.compile.dynamic}}
 
 
 def apply_to_data(plan: Plan, datamodule: ImageClassificationData) -> None:
@@ -77,8 +86,8 @@ def build_task(run: Run) -> None:
     apply_compile(parts.net, plan.compile_mode, spec.compile)
     if plan.compile_mode != "off" and plan.resize is not None:
         allow_recompiles(len(set(plan.resize.sizes())))
-    run.task = ClassificationTask(parts.net, parts.info.num_classes, plan.optimizer, spec.scheduler,
-                                  channels_last=plan.channels_last, regularization=spec.regularization)
+    run.task = TrainingTask(parts.net, parts.definition, plan.optimizer, spec.scheduler,
+                            channels_last=plan.channels_last)
     if run.identity.resume_from is not None:
         check_fits(run.identity.resume_from, run.task.state_dict())
 
@@ -92,7 +101,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
         spec, plan = _measuring(spec, plan, measuring_steps)
         run.task.announces_schedule = False  # its schedule is the run's, not this measurement's length
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
-                            mfu_note=plan.peak_flops_note)
+                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=run.parts.definition.units_in)
     losses, logged = LossRecord(), LoggedMetrics()
     curves = Curves(losses)
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
@@ -124,7 +133,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     target = None
     if spec.target.metric is not None:
         assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value
-        target = TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size)
+        target = TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size,
+                             plan.unit, plan.units_per_sample)
         callbacks.append(target)
     trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>
         spec.trainer,

@@ -63,6 +63,9 @@ class Probe:
     #: rich, plain or off.
     progress: str
     derived: Mapping[str, Derived]
+    #: The task's units in one sample (tokens of a packed sequence; 1 when batches count samples):
+    #: the batch rules scale lr and weight decay by the global batch in the task's unit.
+    units_per_sample: int = 1
 
     @property
     def accelerator(self) -> str:
@@ -74,14 +77,18 @@ class Probe:
 
     def optimizer(self, spec: RunSpec, net: nn.Module, batch: int, found: FoundLr | None = None) -> OptimizerRecipe:
         """The run's optimizer recipe at a per-device `batch` (lr and weight decay by the batch rules)."""
-        lr, weight_decay = at_batch(spec.optimizer, self.global_batch(spec, batch), found)
+        lr, weight_decay = at_batch(spec.optimizer, self.global_batch(spec, batch) * self.units_per_sample, found)
         return OptimizerRecipe.for_network(net, spec.optimizer, lr.value, weight_decay.value, self.implementation)
 
     def global_batch(self, spec: RunSpec, batch: int) -> int:
+        """The global batch in samples."""
         return self.devices.global_batch(batch, int(spec.trainer.get("accumulate_grad_batches", 1)))
 
 
-def decide_probe(spec: RunSpec, devices: Devices, net: nn.Module) -> Probe:
+def decide_probe(spec: RunSpec, devices: Devices, parts: Parts) -> Probe:
+    """Where and how a step of the built network runs; the task says how many of its units a
+    sample holds (the batch rules scale by the global batch in that unit)."""
+    net = parts.net
     derived: dict[str, Derived] = {"trainer.accelerator": Derived(devices.accelerator, devices.how)}
     precision, how = resolve_precision(spec.precision.name, devices.accelerator)
     derived["precision"] = Derived(precision, how)
@@ -109,7 +116,7 @@ def decide_probe(spec: RunSpec, devices: Devices, net: nn.Module) -> Probe:
         benchmark, how = bool(configured), f"{str(bool(configured)).lower()} (trainer.benchmark, as configured)"
     derived["trainer.benchmark"] = Derived(benchmark, how)
     return Probe(devices, precision, tf32, channels_last, implementation, benchmark, progress,
-                 MappingProxyType(derived))
+                 MappingProxyType(derived), parts.definition.units_per_sample())
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,8 @@ class Plan:
     cudnn_benchmark: bool
     #: Whether the Trainer gets Lightning's SLURM environment (inside a SLURM job, none configured).
     slurm_environment: bool
-    #: Training FLOPs per sample and the device's peak FLOP/s, where known (for MFU).
+    #: Training FLOPs per unit of the task (a sample, a token) and the device's peak FLOP/s, where
+    #: known (for MFU).
     flops_per_sample: int | None
     peak_flops: float | None
     peak_flops_note: str
@@ -147,6 +155,14 @@ class Plan:
     warnings: tuple[str, ...] = ()
     #: Progressive resizing: the training crop's side per epoch (None: every epoch at data.image_size).
     resize: Optional[ResizeSchedule] = None
+    #: What the task counts a batch in ("samples", "tokens") and how many one sample holds.
+    unit: str = "samples"
+    units_per_sample: int = 1
+
+    @property
+    def global_batch_units(self) -> int:
+        """The global batch in the task's unit (what the batch rules scaled by)."""
+        return self.global_batch_size * self.units_per_sample
 
     @property
     def lr(self) -> float:
@@ -189,6 +205,13 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     derived["global_batch_size"] = Derived(global_batch, f"{batch} per device x {probe.devices.per_node} devices x "
                                            f"{probe.devices.nodes} nodes x "
                                            f"{spec.trainer.get('accumulate_grad_batches', 1)} accumulation")
+    definition = parts.definition
+    derived["task"] = Derived(spec.choices.get("task", type(definition).__name__), definition.describe())
+    units = probe.units_per_sample
+    if definition.unit != "samples":
+        derived[f"global_batch_{definition.unit}"] = Derived(
+            global_batch * units, f"{global_batch} samples x {units} {definition.unit} a sample: what the lr and "
+            "weight-decay rules scale by")
     derived["precision"] = early["precision"]
     loader = datamodule.loader_settings(cuda=accelerator == "cuda", batch_bytes=info.sample_bytes * batch or None)
     for key, reason in loader.reasons.items():
@@ -196,7 +219,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
     derived["data.decode"] = Derived(decode, how)
     resize = _progressive_resize(spec, parts, global_batch, derived)
-    recipe = _optimizer(spec, probe, net, global_batch, lr, derived)
+    recipe = _optimizer(spec, probe, net, global_batch * units, lr, derived)
     tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
     flops, peak, peak_note = _flops(net, parts, accelerator, probe.precision, tf32, derived)
@@ -210,8 +233,16 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
                                              "without its auto-requeue (preemption is submitit's signal here)")
     return Plan(accelerator, probe.devices.per_node, probe.precision, loader, decode, batch, global_batch, recipe, tf32,
                 probe.channels_last, compile_mode, stages, probe.progress, probe.cudnn_benchmark, slurm, flops, peak,
-                peak_note, MappingProxyType(derived),
-                tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch)), resize)
+                peak_note, MappingProxyType(derived), _warnings(spec, definition.unit, global_batch), resize,
+                definition.unit, units)
+
+
+def _warnings(spec: RunSpec, unit: str, global_batch: int) -> tuple[str, ...]:
+    """What the batch-scaling studies say of this setting. They measured batches of images: a batch
+    counted in another unit has its own study (docs/tasks.md), not these warnings."""
+    if unit != "samples":
+        return ()
+    return tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch))
 
 
 def _progressive_resize(spec: RunSpec, parts: Parts, global_batch: int,
@@ -247,10 +278,21 @@ def _optimizer(spec: RunSpec, probe: Probe, net: nn.Module, global_batch: int, f
 
 def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32: bool,
            derived: dict[str, Derived]) -> tuple[int | None, float | None, str]:
-    """The model's training FLOPs per sample, counted on the plain network (before activation
-    checkpointing and compile change it), and the device's peak for the math it will run."""
-    flops, how = training_flops_per_sample(net, (parts.info.in_channels, *parts.info.image_size))
-    derived["model.flops_per_sample"] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
+    """The model's training FLOPs per unit of the task: the task's own count where it has one (a
+    Transformer's 6N plus attention), else counted on the plain network (before activation
+    checkpointing and compile change it); and the device's peak for the math it will run."""
+    definition, info = parts.definition, parts.info
+    flops, how = definition.flops_per_unit(net)
+    if flops is None and not how:
+        integer = info.kind == "tokens"
+        flops, how = training_flops_per_sample(net, info.input_shape(),
+                                               dtype=torch.long if integer else None)
+        if flops is not None and definition.units_per_sample() > 1:
+            flops = flops // definition.units_per_sample()
+            how += f", over {definition.units_per_sample()} {definition.unit} a sample"
+    unit = definition.unit.removesuffix("s")
+    key = "model.flops_per_sample" if unit == "sample" else f"model.flops_per_{unit}"
+    derived[key] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
     if accelerator == "cuda":
         peak, peak_how = peak_flops(torch.cuda.get_device_name(), precision, tf32)
     else:

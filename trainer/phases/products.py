@@ -20,6 +20,7 @@ from trainer.data.base import DataInfo, ImageClassificationData
 from trainer.groups.clipping import GradientClipping
 from trainer.groups.nonfinite import NonFiniteGuard
 from trainer.phases.resume import Checkpoint
+from trainer.tasks.protocol import TaskDefinition
 
 
 class Identity(NamedTuple):
@@ -39,6 +40,8 @@ class Parts(NamedTuple):
     net: nn.Module
     clipping: GradientClipping
     guard: NonFiniteGuard
+    #: The task: the batch, the loss, the metrics and the unit (trainer/tasks/), bound to the data.
+    definition: TaskDefinition
 
 
 class Built(NamedTuple):

@@ -13,7 +13,7 @@ from trainer.infra.summary import RunRecord
 from trainer.phases.compose import Job
 from trainer.phases.plan import Plan
 from trainer.phases.products import Built, Identity, Parts
-from trainer.task import ClassificationTask
+from trainer.task import TrainingTask
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Run:
     identity: Identity = field(init=False)
     parts: Parts = field(init=False)
     plan: Plan = field(init=False)
-    task: ClassificationTask = field(init=False)
+    task: TrainingTask = field(init=False)
     #: What the prepare phase recorded: the environment fingerprint, the network's size and alignment.
     environment: dict[str, Any] = field(init=False)
     model_facts: dict[str, Any] = field(init=False)

@@ -1,0 +1,74 @@
+"""The `task` group: what is learned (trainer/tasks/): task=classification (the default),
+task=language_model, or a team's own `_target_` (a `trainer.tasks.protocol.TaskDefinition`).
+
+`build_definition` makes the definition, tells it what the data say and gives it the
+`regularization` group's practices it takes; `check_task` refuses, one line each, what cannot
+apply to the task: data of another kind, a network that does not take what the task needs, a
+regularization the task has no use for, and the task's own refusals."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+from hydra.utils import instantiate
+
+from trainer.data.base import DataInfo
+from trainer.groups.regularization import BatchMixing, RegularizationConfig
+from trainer.infra.errors import UserError
+from trainer.infra.instantiation import construct
+from trainer.infra.schema import ConfigGroup, check_target, locate_target
+from trainer.tasks.protocol import UNITS, TaskDefinition
+
+#: The default task, and what a config without a `task` group (one saved before it existed) means.
+CLASSIFICATION = "trainer.tasks.classification.Classification"
+
+
+def validate(values: dict[str, Any]) -> dict[str, Any]:
+    checked = check_target("task", values)
+    target = locate_target("task", checked["_target_"])
+    if not (inspect.isclass(target) and issubclass(target, TaskDefinition)):
+        raise UserError("task._target_", f"'{checked['_target_']}' is not a task definition",
+                        "a subclass of trainer.tasks.protocol.TaskDefinition (docs/tasks.md)")
+    if target.unit not in UNITS:
+        raise UserError("task._target_", f"'{checked['_target_']}' counts batches in '{target.unit}'",
+                        " or ".join(UNITS))
+    return checked
+
+
+def build_definition(cfg: Mapping[str, Any], info: DataInfo, regularization: RegularizationConfig) -> TaskDefinition:
+    """The task's definition, bound to the data, with the regularization it takes."""
+    definition = construct("task", lambda: instantiate(dict(cfg), _convert_="all"))
+    if info.kind not in definition.data_kinds:
+        raise UserError("task", f"{type(definition).__name__} cannot learn from {info.kind} (the data module's "
+                        "kind)", f"data of kind {' or '.join(definition.data_kinds)}, or another task")
+    for name in definition.model_inputs:
+        if name not in info.model_inputs():
+            raise UserError("data", f"the data module gives no {name}, which {type(definition).__name__} needs",
+                            f"a data module of kind {' or '.join(definition.data_kinds)}")
+    definition.bind(info)
+    _check_regularization(definition, regularization)
+    mixing = BatchMixing(regularization, info.num_classes) if "mixing" in definition.regularization else None
+    definition.use_regularization(regularization.label_smoothing, mixing if mixing and mixing.active else None)
+    return definition
+
+
+def _check_regularization(definition: TaskDefinition, cfg: RegularizationConfig) -> None:
+    takes = definition.regularization
+    name = type(definition).__name__
+    if cfg.label_smoothing > 0 and "label_smoothing" not in takes:
+        raise UserError("regularization.label_smoothing", f"{name} has no use for label smoothing",
+                        "0 (regularization=off)")
+    if (cfg.mixup_alpha > 0 or cfg.cutmix_alpha > 0) and "mixing" not in takes:
+        raise UserError("regularization", f"{name} cannot mix batches (mixup and cutmix blend images and labels)",
+                        "regularization=off" + (" or label_smoothing" if "label_smoothing" in takes else ""))
+
+
+def check_task(definition: TaskDefinition, settings: Mapping[str, Any]) -> None:
+    """The task's own refusals of the run's settings, one line for the first."""
+    for key, problem, allowed in definition.refusals(settings):
+        raise UserError(key, problem, allowed)
+
+
+GROUP = ConfigGroup("task", __name__, "what is learned: the batch, the loss, the metrics, the unit a batch is "
+                    "counted in (samples or tokens)", validate, target=True)

@@ -1,0 +1,123 @@
+"""task=language_model: next-token prediction. Batches are (input ids, target ids), both N x T; a
+target of -100 is padding (bucketed sequences) and counts for nothing. The loss is the mean
+cross-entropy per target token; a batch is counted in tokens; perplexity is exp of the epoch's
+mean loss per token (not the mean of per-batch perplexities)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import Metric
+from torchmetrics.aggregation import MeanMetric
+
+from trainer.data.base import DataInfo
+from trainer.tasks.protocol import TaskDefinition
+
+#: Targets with this id are padding: no loss, no token counted (PyTorch's cross-entropy default).
+IGNORE_INDEX = -100
+
+
+class Perplexity(MeanMetric):
+    """exp of the mean loss per token, weighted by the tokens of each batch; synchronized over
+    processes like any torchmetrics mean."""
+
+    def compute(self) -> torch.Tensor:
+        return torch.exp(super().compute())
+
+
+class TokenAccuracy(Metric):
+    """The share of target tokens whose most likely next token is right (padding excluded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("correct", default=torch.tensor(0), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        counted = targets != IGNORE_INDEX
+        self.correct += ((logits.argmax(dim=-1) == targets) & counted).sum()
+        self.total += counted.sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.correct.float() / self.total.clamp(min=1)
+
+
+def language_model_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy per target token in fp32 (padding ignored)."""
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE_INDEX,
+                           label_smoothing=label_smoothing)
+
+
+class LanguageModel(TaskDefinition):
+    """A causal language model: the network maps token ids (N x T) to next-token logits (N x T x V)."""
+
+    unit: ClassVar[str] = "tokens"
+    data_kinds: ClassVar[tuple[str, ...]] = ("tokens",)
+    model_inputs: ClassVar[tuple[str, ...]] = ("vocab_size",)
+    regularization: ClassVar[tuple[str, ...]] = ("label_smoothing",)
+
+    def __init__(self) -> None:
+        self.label_smoothing = 0.0
+        self.vocab_size = 0
+        self.sequence_length = 0
+
+    def bind(self, info: DataInfo) -> None:
+        super().bind(info)
+        self.vocab_size = int(info.inputs["vocab_size"])
+        self.sequence_length = int(info.input_shape()[0])
+
+    def use_regularization(self, label_smoothing: float, mixing: Any) -> None:
+        self.label_smoothing = label_smoothing
+
+    def units_in(self, batch: Any) -> int | torch.Tensor:
+        # A device tensor (padding is not a token): the throughput meter adds these up on the device
+        # and reads the sum once a window, so counting costs no host sync per step.
+        return (self.targets(batch) != IGNORE_INDEX).sum()
+
+    def units_per_sample(self) -> int:
+        return self.sequence_length
+
+    def loss(self, outputs: Any, targets: Any, training: bool) -> torch.Tensor:
+        return language_model_loss(outputs, targets, self.label_smoothing if training else 0.0)
+
+    def metrics(self, split: str) -> Mapping[str, Metric]:
+        return {} if split == "train" else {"token_acc": TokenAccuracy()}
+
+    def update_metrics(self, metrics: Mapping[str, Metric], outputs: Any, targets: Any) -> None:
+        for metric in metrics.values():
+            metric.update(outputs.detach(), targets)
+
+    def metrics_from_loss(self) -> Mapping[str, Metric]:
+        return {"perplexity": Perplexity(nan_strategy="disable")}
+
+    def example_batch(self, size: int, device: torch.device) -> tuple[Any, Any]:
+        ids = torch.randint(0, self.vocab_size, (size, self.sequence_length + 1), device=device)
+        return ids[:, :-1], ids[:, 1:]
+
+    def flops_per_unit(self, net: nn.Module) -> tuple[int | None, str]:
+        """The network's own count when it has one (trainer.models.gpt.GPT: 6N plus attention,
+        PaLM's), else torch's FLOP counter (None here)."""
+        count = getattr(getattr(net, "_orig_mod", net), "flops_per_token", None)
+        if callable(count):
+            flops, how = count(self.sequence_length)
+            return int(flops), how
+        return None, ""
+
+    def describe(self) -> str:
+        return (f"language model: next-token cross-entropy over {self.vocab_size} tokens, perplexity; "
+                f"batches in tokens ({self.sequence_length} a sequence)")
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {**super().hyperparameters(), "vocab_size": self.vocab_size, "sequence_length": self.sequence_length}
+
+
+def unigram_note(baseline: float | None, perplexity: float | None) -> str:
+    """One line: the run's validation perplexity beside the unigram baseline of the data."""
+    if baseline is None or perplexity is None or not math.isfinite(perplexity):
+        return ""
+    return (f"val/perplexity {perplexity:.2f} against the unigram baseline {baseline:.2f} "
+            f"({baseline / perplexity:.1f}x lower)")
