@@ -2,7 +2,8 @@
 
 A checkpointed stage keeps only its input in the forward pass and recomputes its internals in
 backward: a few large stages (``layer3`` of a ResNet) often fit a bigger batch or image for about
-one extra forward of those stages. Only the stage's instance ``forward`` is patched, so every
+one extra forward of those stages; ``blocks.*`` names every child of ``blocks`` (each block of a
+Transformer, however many). Only the stage's instance ``forward`` is patched, so every
 parameter and buffer keeps its name and a checkpoint saved with checkpointing on loads with it off."""
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def apply_activation_checkpointing(
 
 def select_stages(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY) -> list[str]:
     """The stages `apply_activation_checkpointing` would checkpoint, checked, without changing
-    `model`: the given names in order without repeats; `UserError` for a missing or nested one."""
+    `model`: the given names in order without repeats, ``name.*`` standing for each direct child of
+    ``name`` (``blocks.*``: every block of a Transformer); `UserError` for a missing or nested one."""
     if isinstance(stages, str):
         # A single name from a config (``activation_checkpointing: layer3``), not its letters.
         stages = [stages]
@@ -112,9 +114,9 @@ def select_stages(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KE
         if not isinstance(name, str) or not name.strip():
             raise UserError(key, f"stage names must be non-empty strings, got {name!r}",
                             choices(_candidate_names(model)))
-        name = name.strip()
-        if name not in wanted:
-            wanted.append(name)
+        for expanded in _expand_wildcard(model, name.strip(), key):
+            if expanded not in wanted:
+                wanted.append(expanded)
 
     for name in wanted:
         try:
@@ -131,6 +133,25 @@ def select_stages(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KE
                 raise UserError(key, f"'{name}' is inside '{other}', which is checkpointed as a "
                                      "whole; list only one of them")
     return wanted
+
+
+def _expand_wildcard(model: nn.Module, name: str, key: str) -> list[str]:
+    """``parent.*``: the direct children of ``parent``, in order (a list of blocks is named once,
+    whatever its length); any other name as it is."""
+    if not name.endswith(".*"):
+        return [name]
+    parent = name[:-2]
+    try:
+        module = model.get_submodule(parent) if parent else None
+    except AttributeError:
+        module = None
+    if module is None:
+        raise UserError(key, f"no submodule named '{parent}' (in '{name}')", choices(_candidate_names(model)))
+    children = [f"{parent}.{child}" for child, _ in module.named_children()]
+    if not children:
+        raise UserError(key, f"'{parent}' has no submodules for '{name}' to stand for",
+                        choices(_candidate_names(model)))
+    return children
 
 
 def checkpointed_stages(model: nn.Module) -> list[str]:

@@ -32,6 +32,9 @@ class Perplexity(MeanMetric):
 class TokenAccuracy(Metric):
     """The share of target tokens whose most likely next token is right (padding excluded)."""
 
+    correct: torch.Tensor
+    total: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.add_state("correct", default=torch.tensor(0), dist_reduce_fx="sum")
@@ -39,11 +42,11 @@ class TokenAccuracy(Metric):
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
         counted = targets != IGNORE_INDEX
-        self.correct += ((logits.argmax(dim=-1) == targets) & counted).sum()
-        self.total += counted.sum()
+        self.correct = self.correct + ((logits.argmax(dim=-1) == targets) & counted).sum()
+        self.total = self.total + counted.sum()
 
     def compute(self) -> torch.Tensor:
-        return self.correct.float() / self.total.clamp(min=1)
+        return self.correct.float() / torch.clamp(self.total, min=1)
 
 
 def language_model_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
@@ -59,6 +62,7 @@ class LanguageModel(TaskDefinition):
     data_kinds: ClassVar[tuple[str, ...]] = ("tokens",)
     model_inputs: ClassVar[tuple[str, ...]] = ("vocab_size",)
     regularization: ClassVar[tuple[str, ...]] = ("label_smoothing",)
+    objective: ClassVar[str] = "val/perplexity"
 
     def __init__(self) -> None:
         self.label_smoothing = 0.0

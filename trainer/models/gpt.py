@@ -1,0 +1,318 @@
+"""A decoder-only Transformer language model (``model=gpt``), randomly initialised: nothing is downloaded.
+
+Two shapes, named after the models that made them common: ``gpt2`` (learned positions, LayerNorm
+with bias, GELU MLP with biases) and ``llama`` (rotary positions, RMSNorm, SwiGLU MLP, no biases).
+The shape is written down as Hugging Face's own configuration class (`GPT2Config`, `LlamaConfig`),
+kept as ``net.config``, so a run's model is described in the terms every LM tool reads; the
+modules are this file's, small enough to read, with one fused QKV matmul per block and PyTorch's
+``scaled_dot_product_attention`` (flash / memory-efficient kernels where the inputs allow).
+
+Also here, because they only make sense for this network: the training FLOPs per token by the PaLM
+formula (`transformer_flops_per_token`), and autoregressive sampling (`generate`)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.infra.errors import UserError
+from trainer.infra.extras import require
+from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+Style = Literal["gpt2", "llama"]
+#: Rotary base frequency: the default of LlamaConfig (as rope_theta, or rope_parameters from transformers 5).
+ROPE_THETA = 10000.0
+#: GPT-2's initialisation: every weight N(0, 0.02); residual output projections further scaled.
+INIT_STD = 0.02
+NORM_EPS = 1e-5
+
+
+class GPT(nn.Module):
+    """Token ids ``[B, T]`` -> next-token logits ``[B, T, vocab_size]``, causal: the logits at
+    position t see tokens 0..t only. T may be anything from 1 to `max_positions` and change between
+    calls (bucketed batches, `torch.compile(dynamic=True)`): nothing branches on tensor values.
+
+    `vocab_size` and `max_positions` come from the data (its tokenizer and sequence length)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_positions: int,
+        style: Annotated[Style, Doc("gpt2: learned positions, LayerNorm, GELU MLP, biases; llama: rotary "
+                                    "positions, RMSNorm, SwiGLU MLP, no biases")] = "gpt2",
+        layers: Annotated[int, AT_LEAST_ONE, Doc("Transformer blocks")] = 4,
+        heads: Annotated[int, AT_LEAST_ONE, Doc("attention heads per block (width must be divisible by it)")] = 4,
+        width: Annotated[int, AT_LEAST_ONE, Doc("channels of the residual stream (d_model)")] = 128,
+        ffn_width: Annotated[Optional[int], Range(ge=1), Doc("hidden channels of each block's MLP; null: 4 x width "
+                                                             "(gpt2), 8/3 x width rounded up to 64 (llama)")] = None,
+        dropout: Annotated[float, Range(ge=0, lt=1), Doc("dropout on the embeddings, the attention weights and "
+                                                         "each residual branch")] = 0.0,
+        tie_embeddings: Annotated[bool, Doc("the output head shares the token embedding's weight")] = True,
+    ) -> None:
+        super().__init__()
+        _check_shape(vocab_size, max_positions, style, layers, heads, width, dropout)
+        self.style: Style = style
+        self.vocab_size, self.max_positions = vocab_size, max_positions
+        self.width, self.heads, self.head_dim = width, heads, width // heads
+        self.ffn_width = ffn_width or default_ffn_width(style, width)
+        self.config = hf_config(self, layers, dropout, tie_embeddings)
+
+        self.embed = nn.Embedding(vocab_size, width)
+        self.pos = nn.Embedding(max_positions, width) if style == "gpt2" else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(style, width, heads, self.ffn_width, dropout) for _ in range(layers))
+        self.ln_f = _norm(style, width)
+        self.head = nn.Linear(width, vocab_size, bias=False)
+        self._init_weights(layers)
+        if tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self, layers: int) -> None:
+        """GPT-2's: N(0, 0.02) weights, zero biases, and the projections that write into the residual
+        stream scaled by 1/sqrt(2 x layers) (two per block), so the stream's variance does not grow
+        with depth."""
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = INIT_STD / math.sqrt(2 * layers) if name.endswith(".proj") else INIT_STD
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        """The embeddings, exempt from weight decay by the optimizer's rule
+        (`trainer.groups.optimizer.parameters.named_by_model`): it exempts only 1-D parameters
+        by itself, and an embedding table is 2-D. With tied embeddings this is the head's weight too."""
+        return {"embed.weight", "pos.weight"} if self.pos is not None else {"embed.weight"}
+
+    def flops_per_token(self, sequence_length: int) -> tuple[int, str]:
+        """Training FLOPs per token and how: `transformer_flops_per_token` (the language-model task
+        asks the network for its own count before falling back to the FLOP counter)."""
+        return transformer_flops_per_token(self, sequence_length)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tokens = input_ids.shape[-1]
+        if tokens > self.max_positions:  # a shape, not a tensor value: a guard under torch.compile
+            raise ValueError(f"{tokens} tokens, more than max_positions={self.max_positions}")
+        x = self.embed(input_ids)
+        positions = torch.arange(tokens, device=input_ids.device)
+        if self.pos is not None:
+            x = x + self.pos(positions)
+        rotary = rotary_angles(positions, self.head_dim) if self.style == "llama" else None
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x, rotary)
+        return self.head(self.ln_f(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, style: Style, width: int, heads: int, ffn_width: int, dropout: float) -> None:
+        super().__init__()
+        self.ln_1 = _norm(style, width)
+        self.attn = CausalSelfAttention(width, heads, bias=style == "gpt2", dropout=dropout)
+        self.ln_2 = _norm(style, width)
+        self.mlp: GeluMLP | SwiGLU = GeluMLP(width, ffn_width, dropout) if style == "gpt2" else SwiGLU(width, ffn_width, dropout)
+
+    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotary)
+        return x + self.mlp(self.ln_2(x))
+
+
+class CausalSelfAttention(nn.Module):
+    """Q, K and V from one ``width -> 3 x width`` Linear (one large matmul instead of three), laid
+    out ``[q | k | v]``, heads contiguous in each; rotary angles, when given, turn q and k."""
+
+    def __init__(self, width: int, heads: int, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(width, 3 * width, bias=bias)
+        self.proj = nn.Linear(width, width, bias=bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        # [B, T, 3 x width] -> three [B, heads, T, head_dim]; unflatten names no batch or length size.
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+        if rotary is not None:
+            q, k = rotate(q, *rotary), rotate(k, *rotary)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        return self.drop(self.proj(y.transpose(1, 2).flatten(2)))
+
+
+class GeluMLP(nn.Module):
+    """GPT-2's MLP: Linear, GELU (tanh approximation, as GPT-2 was trained), Linear; with biases."""
+
+    def __init__(self, width: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.proj = nn.Linear(hidden, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: silu(gate) x up, then down (Shazeer 2020). Gate and up are one fused Linear
+    (``width -> 2 x hidden``, ``[gate | up]``): one matmul reads the input once. No biases."""
+
+    def __init__(self, width: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(width, 2 * hidden, bias=False)
+        self.proj = nn.Linear(hidden, width, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.drop(self.proj(F.silu(gate) * up))
+
+
+# -- rotary positions (Su et al. 2021, RoFormer), in the "rotate half" layout of Hugging Face's Llama --
+def rotary_angles(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[T, head_dim]`` for `positions`, in fp32 from the positions themselves: no
+    table to keep, so nothing to lose when the network is cast to bf16, and any T works."""
+    frequencies = ROPE_THETA ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(positions.float(), frequencies)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (x_i, x_{i + head_dim/2}) of `x` ``[B, heads, T, head_dim]`` by its angle; in
+    x's dtype (under autocast q and k are bf16, and SDPA wants q, k and v alike)."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat((-second, first), dim=-1) * sin.to(x.dtype)
+
+
+# -- the shape -----------------------------------------------------------------------------------------
+def default_ffn_width(style: Style, width: int) -> int:
+    """4 x width for GPT-2; for SwiGLU, 8/3 x width rounded up to a multiple of 64, as Llama sizes it: its
+    three matrices then hold about the parameters of GPT-2's two."""
+    if style == "gpt2":
+        return 4 * width
+    return 64 * math.ceil(8 * width / 3 / 64)
+
+
+def _check_shape(vocab_size: int, max_positions: int, style: str, layers: int, heads: int, width: int,
+                 dropout: float) -> None:
+    """The one-line refusals of a shape the blocks cannot have."""
+    if style not in ("gpt2", "llama"):
+        raise UserError("model.style", f"unknown style '{style}'", "gpt2, llama")
+    for key, value in (("vocab_size", vocab_size), ("max_positions", max_positions), ("layers", layers),
+                       ("heads", heads), ("width", width)):
+        if value < 1:
+            raise UserError(f"model.{key}", f"must be at least 1, got {value}")
+    if width % heads:
+        raise UserError("model.heads", f"model.width {width} is not divisible by {heads} heads",
+                        "a head count that divides model.width")
+    if style == "llama" and (width // heads) % 2:
+        raise UserError("model.heads", f"rotary positions need an even head dimension; model.width {width} / "
+                        f"{heads} heads = {width // heads}", "model.width / model.heads even")
+    if not 0 <= dropout < 1:
+        raise UserError("model.dropout", f"must be in [0, 1), got {dropout}")
+
+
+def hf_config(net: GPT, layers: int, dropout: float, tie_embeddings: bool) -> PretrainedConfig:
+    """The network's shape as transformers' own configuration class (its modules are not used). The
+    special tokens are the tokenizer's business (its tokenizer.json): the classes' defaults (GPT-2's
+    50256, Llama's 1 and 2) would name ids of another vocabulary."""
+    require("text", "model=gpt")
+    from transformers import GPT2Config, LlamaConfig
+
+    if net.style == "gpt2":
+        return GPT2Config(vocab_size=net.vocab_size, n_positions=net.max_positions, n_embd=net.width,
+                          n_layer=layers, n_head=net.heads, n_inner=net.ffn_width, activation_function="gelu_new",
+                          resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, layer_norm_epsilon=NORM_EPS,
+                          initializer_range=INIT_STD, tie_word_embeddings=tie_embeddings,
+                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaConfig(vocab_size=net.vocab_size, max_position_embeddings=net.max_positions, hidden_size=net.width,
+                       num_hidden_layers=layers, num_attention_heads=net.heads, num_key_value_heads=net.heads,
+                       intermediate_size=net.ffn_width, hidden_act="silu", rms_norm_eps=NORM_EPS,
+                       attention_dropout=dropout, attention_bias=False, mlp_bias=False,
+                       initializer_range=INIT_STD, tie_word_embeddings=tie_embeddings,
+                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def _norm(style: Style, width: int) -> nn.Module:
+    return nn.LayerNorm(width, eps=NORM_EPS) if style == "gpt2" else nn.RMSNorm(width, eps=NORM_EPS)
+
+
+# -- what the framework derives from it ----------------------------------------------------------------
+def matmul_parameters(net: GPT) -> int:
+    """N of the FLOP formula: the weights that multiply activations. Every Linear weight of the
+    blocks, and the output head (vocab x width, once even when tied to the embedding); not the
+    embedding lookups (a gather, not a matmul), norms or biases."""
+    blocks = sum(m.weight.numel() for m in net.blocks.modules() if isinstance(m, nn.Linear))
+    return blocks + net.head.weight.numel()
+
+
+def transformer_flops_per_token(net: GPT, sequence_length: int) -> tuple[int, str]:
+    """Training FLOPs (forward + backward) per token, and how they were derived: 6N for the matmuls
+    (2 forward, 4 backward per weight) plus 12 x layers x width x T for the attention scores and the
+    weighted sum of values (PaLM, Chowdhery et al. 2022, appendix B). As in PaLM, the half of the
+    scores the causal mask discards is not subtracted: the kernels' real savings vary."""
+    if sequence_length < 1:
+        raise ValueError(f"sequence_length must be at least 1, got {sequence_length}")
+    net = getattr(net, "_orig_mod", net)  # a torch.compile wrapper: the eager model
+    n, layers = matmul_parameters(net), len(net.blocks)
+    flops = 6 * n + 12 * layers * net.width * sequence_length
+    return flops, (f"6N + 12 x layers x width x T (PaLM, Chowdhery et al. 2022, app. B): N = {n:,} matmul "
+                   f"parameters, {layers} layers, width {net.width}, T {sequence_length}")
+
+
+@torch.no_grad()
+def generate(net: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: Optional[int] = None, greedy: bool = False,
+             generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """`ids` ``[B, t]`` followed by `max_new_tokens` sampled tokens, ``[B, t + max_new_tokens]``.
+
+    Each step runs the whole context again (cropped to the last `max_positions` tokens): there is
+    no KV cache, so a step costs a full forward; simple and exact, and fast enough for a few hundred
+    tokens from the small models trained here. `greedy` takes the most likely token (temperature
+    and top_k then play no part); otherwise the logits are divided by `temperature` and, with
+    `top_k`, all but the k most likely tokens are dropped before sampling (with `generator`). The
+    network runs in eval mode (no dropout) and is put back in the mode it was in."""
+    _check_sampling(ids, max_new_tokens, temperature, top_k)
+    was_training = net.training
+    net.eval()
+    try:
+        for _ in range(max_new_tokens):
+            logits = net(ids[:, -net.max_positions:])[:, -1, :].float()
+            ids = torch.cat((ids, next_token(logits, temperature, top_k, greedy, generator)), dim=1)
+    finally:
+        net.train(was_training)
+    return ids
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], greedy: bool,
+               generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token ``[B, 1]`` from last-position logits ``[B, vocab]``."""
+    if greedy:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+def _check_sampling(ids: torch.Tensor, max_new_tokens: int, temperature: float, top_k: Optional[int]) -> None:
+    if ids.ndim != 2 or ids.shape[1] < 1 or ids.dtype != torch.long:
+        raise ValueError(f"ids must be a LongTensor [batch, tokens] with at least one token, got "
+                         f"{ids.dtype} {tuple(ids.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be at least 0, got {max_new_tokens}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be greater than 0, got {temperature} (for the most likely token "
+                         "every step, use greedy=True)")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or None: every token), got {top_k}")
+
