@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from trainer.callbacks.graceful import SignalLatch
 from trainer.groups.optimizer.schema import LR_FIND
+from trainer.groups.task import objective_of
 from trainer.groups.sweeps import check_trial, in_multirun, job_failed, objective_value
 from trainer.infra.distributed import LaunchRefused
 from trainer.infra.errors import UserError, exception_line, exit_with, full_error_requested
@@ -111,4 +112,4 @@ def _train(run: Run) -> float | None:
         raise ending from None
     run.record.enter("recording")
     summary = record_completion(run, fitted)
-    return objective_value(summary["metrics"], run.spec.top.objective)
+    return objective_value(summary["metrics"], objective_of(run.spec.task, run.spec.top.objective))

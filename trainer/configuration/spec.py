@@ -55,15 +55,17 @@ class TopLevelKeys:
     ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
     resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
                                          "a path; null: fresh")]
-    objective: Annotated[str, Doc("what train.py returns to a sweeper: split/metric, e.g. val/acc")]
+    objective: Annotated[str, Doc("what train.py returns to a sweeper: split/metric, e.g. val/acc; auto: the "
+                                  "task's (val/acc for classification, val/perplexity for a language model)")]
 
     def check(self, group: str = "") -> None:
         if self.diagnose and self.profile:
             raise UserError("profile", "diagnose=true and profile=true both replace training", "one of them")
         split, _, metric = self.objective.partition("/")
-        if split not in ("train", "val", "test") or not metric:
+        if self.objective != "auto" and (split not in ("train", "val", "test") or not metric):
             raise UserError("objective", f"'{self.objective}' is not a metric name",
-                            "split/metric with split train, val or test: val/acc, val/loss, test/acc, train/loss")
+                            "auto, or split/metric with split train, val or test: val/acc, val/loss, test/acc, "
+                            "train/loss")
 
 
 @dataclass

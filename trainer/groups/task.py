@@ -70,5 +70,12 @@ def check_task(definition: TaskDefinition, settings: Mapping[str, Any]) -> None:
         raise UserError(key, problem, allowed)
 
 
+def objective_of(task: Mapping[str, Any], objective: str) -> str:
+    """The metric a run returns to a sweeper: `objective`, or with objective=auto the task's own."""
+    if objective != "auto":
+        return objective
+    return str(locate_target("task", task["_target_"]).objective)
+
+
 GROUP = ConfigGroup("task", __name__, "what is learned: the batch, the loss, the metrics, the unit a batch is "
                     "counted in (samples or tokens)", validate, target=True)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from trainer.configuration.spec import validate
 from trainer.groups.logger import logger_ids
+from trainer.groups.task import objective_of
 from trainer.groups.sweeps import objective_value
 from trainer.infra import attempts
 from trainer.infra.atomic import write_json_atomic
@@ -61,7 +62,8 @@ def already_completed(run: Run, done: Completed) -> float:
              reached or f"{done.summary.get('steps')} steps")
     if run.job.multirun and run.rank_zero and run.job.run_dir.resolve() != done.folder.resolve():
         write_json_atomic(run.job.run_dir / "summary.json", done.summary)
-    return objective_value(done.summary.get("metrics") or {}, run.spec.top.objective)
+    return objective_value(done.summary.get("metrics") or {},
+                           objective_of(run.spec.task, run.spec.top.objective))
 
 
 def identify(run: Run) -> None:

@@ -36,6 +36,7 @@ class Classification(TaskDefinition):
     data_kinds: ClassVar[tuple[str, ...]] = ("images", "features")
     model_inputs: ClassVar[tuple[str, ...]] = ("num_classes",)
     regularization: ClassVar[tuple[str, ...]] = ("label_smoothing", "mixing")
+    objective: ClassVar[str] = "val/acc"
 
     def __init__(self) -> None:
         self.num_classes = 0

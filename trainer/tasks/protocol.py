@@ -49,6 +49,8 @@ class TaskDefinition:
     data_kinds: ClassVar[tuple[str, ...]] = ("images", "features", "tokens")
     #: Constructor arguments the network must take that the data fill in (checked before building).
     model_inputs: ClassVar[tuple[str, ...]] = ()
+    #: What train.py returns to a sweeper with objective=auto (split/metric).
+    objective: ClassVar[str] = "val/loss"
     #: The `regularization` group's practices the task takes: "label_smoothing" (its loss smooths the
     #: targets), "mixing" (mixup and cutmix of its batches). Any other configured is refused.
     regularization: ClassVar[tuple[str, ...]] = ()
