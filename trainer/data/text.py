@@ -275,6 +275,15 @@ class TextData(ImageClassificationData):
         return DataLoader(batches, batch_size=None, sampler=self.train_sampler(len(batches), 1),
                           generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
 
+    @property
+    def variable_shapes(self) -> bool:
+        """Bucketed batches are padded to their own longest piece: their length varies (compile then
+        uses dynamic shapes, trainer/groups/compile.py)."""
+        return self.sequences == "bucketed"
+
+    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
+        return "none", f"{self.decode} -> none (token ids: nothing to decode)"
+
     def finish_batch(self, batch: Any, training: bool) -> Any:
         return batch  # token ids: nothing to normalize or augment
 

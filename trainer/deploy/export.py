@@ -18,12 +18,11 @@ from typing import Any, Mapping, Optional, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from safetensors.torch import save_file
 from torch import nn
 
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
-from trainer.groups.checkpointing import load_checkpoint
+from trainer.groups.checkpointing import load_checkpoint, write_safetensors
 from trainer.infra.atomic import replace_atomic, write_text_atomic
 from trainer.infra.errors import UserError
 from trainer.models.fuse import fuse_for_inference
@@ -51,7 +50,7 @@ class Exported:
     def lines(self) -> list[str]:
         diffs = ", ".join(f"{name} {value:.2e}" for name, value in self.max_abs_diff.items())
         return [f"exported {self.checkpoint} into {self.folder}: " + ", ".join(p.name for p in self.files.values()),
-                f"checked on {self.images_checked} evaluation images, max abs difference of the logits from "
+                f"checked on {self.images_checked} evaluation inputs, max abs difference of the logits from "
                 f"eager PyTorch: {diffs} (bound {TOLERANCE:g})",
                 f"Conv-BN folding: {self.folded_modules[0]} modules -> {self.folded_modules[1]}", *self.notes]
 
@@ -99,7 +98,7 @@ def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Mod
     writes what it writes (a bad-file list) into `scratch`, never into the run folder."""
     spec = validate(cast(DictConfig, OmegaConf.load(run_dir / CONFIG_NAME)))  # a run's config: a mapping
     datamodule, info = build_data(spec.data, scratch, spec.top.seed)
-    net = build_model(spec.model, info.model_inputs())
+    net = build_model(spec.model, info.model_inputs(), required=())  # built for this run once already
     state = load_checkpoint(checkpoint).get("state_dict")
     if not isinstance(state, Mapping) or not state:
         raise UserError(str(checkpoint), "has no state_dict", "a training checkpoint (.ckpt) of this run")
@@ -149,14 +148,15 @@ def checked_eval(net: nn.Module, images: torch.Tensor) -> nn.Module:
 
 # -- the files -----------------------------------------------------------------------------------------
 def evaluation_images(datamodule: Any, count: int = CHECK_IMAGES) -> torch.Tensor:
-    """Up to `count` evaluation images as the network receives them (preprocessed, on the CPU)."""
+    """Up to `count` evaluation inputs as the network receives them (preprocessed images as float32,
+    token ids as they are, on the CPU)."""
     datamodule.apply_loader(datamodule.loader_settings(cuda=False))
     datamodule.setup("fit")
     taken: list[torch.Tensor] = []
     for batch in datamodule.val_dataloader():
         images, _ = datamodule.finish_batch(datamodule.transfer_batch_to_device(batch, torch.device("cpu"), 0),
                                             training=False)
-        taken.append(images.float())
+        taken.append(images.float() if images.is_floating_point() else images)
         if sum(len(t) for t in taken) >= count:
             break
     return torch.cat(taken)[:count]
@@ -208,6 +208,8 @@ def sha256(path: Path) -> str:
 def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint: Path) -> dict[str, Any]:
     summary = _summary(run_dir)
     metrics = summary.get("metrics", {})
+    if info.kind == "tokens":
+        return _language_model_card(spec, info, summary, run_dir, checkpoint)
     classes = list(info.class_names or [str(i) for i in range(info.num_classes)])
     return {
         "model": spec.model["_target_"],
@@ -216,6 +218,28 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
                   "batch": "dynamic"},
         "preprocessing": datamodule.inference_preprocessing(),
         "accuracy": {split: metrics.get(split, {}).get("acc") for split in ("val", "test")},
+        "tested_weights": summary.get("tested_weights"),
+        "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
+        "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
+        "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"},
+    }
+
+
+def _language_model_card(spec: Any, info: Any, summary: dict[str, Any], run_dir: Path,
+                         checkpoint: Path) -> dict[str, Any]:
+    """A language model's card: token ids in, next-token logits out, the tokenizer beside it. No
+    preprocessing (the serving command answers images; `python -m trainer.generate` answers text)."""
+    metrics = summary.get("metrics", {})
+    return {
+        "model": spec.model["_target_"],
+        "task": "language_model",
+        "vocab_size": int(info.inputs.get("vocab_size", 0)),
+        "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
+                  "batch": "dynamic"},
+        "output": "next-token logits, N x T x vocab_size",
+        "tokenizer": str(run_dir / "tokenizer.json"),
+        "preprocessing": {},
+        "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")},
         "tested_weights": summary.get("tested_weights"),
         "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
         "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
@@ -271,8 +295,7 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
         raise UserError(str(files[worst] if worst in files else folder), f"the {worst} model's logits differ from "
                         f"PyTorch's by {diffs[worst]:.2e} on evaluation images (bound {bound:.2e})",
                         "an exportable network (report it: the export is not trustworthy)")
-    weights = {k: v.detach().contiguous().cpu() for k, v in net.state_dict().items()}
-    replace_atomic(files["weights"], lambda tmp: save_file(weights, str(tmp), metadata={"source": str(checkpoint)}))
+    write_safetensors(net.state_dict(), files["weights"], {"source": str(checkpoint)})
     card["checked"] = {"images": len(images), "max_abs_diff": diffs, "bound": bound}
     write_text_atomic(files["card"], json.dumps(card, indent=2) + "\n")
     return Exported(folder, checkpoint, files, diffs, len(images),

@@ -103,6 +103,10 @@ class ServerMetrics:
 # -- the model files ------------------------------------------------------------------------------------
 def read_card(folder: Path) -> tuple[dict[str, Any], Preprocessing]:
     card = load_card(folder / "model.json")
+    if card.get("task") == "language_model":
+        raise UserError(str(folder / "model.json"), "is a language model: this server answers images with classes",
+                        f"python -m trainer.generate {card.get('run', {}).get('folder', 'RUN_DIR')} --prompt TEXT, or "
+                        "the exported model.pt2 / model.onnx (token ids in, next-token logits out)")
     if not card.get("preprocessing"):
         raise UserError(str(folder / "model.json"), "states no preprocessing: the run's data are not images a "
                         "client could send", "a run trained on digits, CIFAR-10 or an image folder")

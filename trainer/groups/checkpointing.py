@@ -8,6 +8,7 @@ truncated file under the real name. `export_safetensors` writes the weights alon
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 import time
 import zipfile
@@ -220,6 +221,27 @@ class SafeCheckpointIO(TorchCheckpointIO):
         return load_checkpoint(path, map_location if map_location is not None else "cpu")
 
 
+def write_safetensors(weights: Mapping[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:
+    """`weights` as a safetensors file, atomically. Tensors that share memory (a language model's
+    tied embedding and output head) are stored once, under the first name; the metadata's "tied"
+    maps each other name to it (safetensors refuses shared tensors; loading with
+    `load_state_dict(strict=False)` and re-tying is what transformers' `tie_weights` does too)."""
+    kept: dict[str, torch.Tensor] = {}
+    tied: dict[str, str] = {}
+    first_of: dict[tuple[int, int, tuple[int, ...]], str] = {}
+    for name, tensor in weights.items():
+        tensor = tensor.detach().contiguous().cpu()
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in first_of:
+            tied[name] = first_of[key]
+            continue
+        first_of[key] = name
+        kept[name] = tensor
+    if tied:
+        metadata = {**metadata, "tied": json.dumps(tied)}
+    replace_atomic(out, lambda tmp: save_file(kept, str(tmp), metadata=metadata))
+
+
 def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str = "net.") -> Path:
     """The model's weights from a training checkpoint as a safetensors file (`prefix` stripped, so
     the keys are the network's own); returns the written path."""
@@ -227,11 +249,10 @@ def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str
     state = checkpoint.get("state_dict")
     if not isinstance(state, Mapping) or not state:
         raise UserError(str(checkpoint_path), "has no state_dict", "a training checkpoint (.ckpt)")
-    weights = {k[len(prefix):] if k.startswith(prefix) else k: v.detach().contiguous().cpu()
+    weights = {k[len(prefix):] if k.startswith(prefix) else k: v
                for k, v in state.items() if isinstance(v, torch.Tensor)}
     out = Path(out)
-    metadata = {"source": str(checkpoint_path), "global_step": str(checkpoint.get("global_step", ""))}
-    replace_atomic(out, lambda tmp: save_file(weights, str(tmp), metadata=metadata))
+    write_safetensors(weights, out, {"source": str(checkpoint_path), "global_step": str(checkpoint.get("global_step", ""))})
     return out
 
 

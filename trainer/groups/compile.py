@@ -54,12 +54,28 @@ def allow_recompiles(sizes: int) -> None:
     config.recompile_limit = max(config.recompile_limit, graphs_for_sizes(sizes))
 
 
-def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig) -> None:
+def resolve_dynamic(cfg: CompileConfig, variable_shapes: bool) -> tuple[Optional[bool], str]:
+    """Dynamic shapes for batches whose shape varies (bucketed sequences padded per batch): one
+    graph with a symbolic length instead of a recompile per length. As configured otherwise."""
+    if cfg.dynamic is None and variable_shapes:
+        return True, "dynamic shapes (null -> true: the batches' lengths vary)"
+    return cfg.dynamic, f"dynamic={cfg.dynamic}"
+
+
+def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig, dynamic: Optional[bool] = None) -> None:
     """Compile `net` in place in the resolved `mode` (see `resolve_compile_mode`); ``off`` leaves it eager.
     `nn.Module.compile` (not `torch.compile(net)`) keeps the module and its state-dict keys as they
-    are, so checkpoints never carry `_orig_mod.` prefixes."""
+    are, so checkpoints never carry `_orig_mod.` prefixes. `dynamic`: the plan's (`resolve_dynamic`)."""
     if mode != "off":
-        net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)
+        net.compile(mode=mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic if dynamic is None else dynamic)
+
+
+def compile_counts() -> dict[str, int]:
+    """Dynamo's process-wide counts so far: frames compiled (each recompile is one more), graphs
+    and graph breaks; a run records the difference over its fit."""
+    counters = torch._dynamo.utils.counters
+    return {"frames_compiled": int(counters["frames"]["ok"]), "graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 GROUP = ConfigGroup("compile", __name__, "torch.compile of the network",

@@ -168,12 +168,14 @@ def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, st
 def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
                    scaler: Any) -> tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]:
     """(forward, forward + backward, full step) on one resident batch, the forward and the backward
-    inside the ranges the profile tells apart (trainer/measure/profile.py)."""
-    images, labels = batch
+    inside the ranges the profile tells apart (trainer/measure/profile.py). The batch is split as the
+    task's definition says (inputs, targets)."""
+    definition = getattr(task, "definition", None)
+    inputs, targets = (definition.inputs(batch), definition.targets(batch)) if definition is not None else batch
 
     def forward() -> torch.Tensor:
         with record_function(FORWARD_RANGE), forward_context():
-            return task.evaluation_loss(task(images), labels)
+            return task.evaluation_loss(task(inputs), targets)
 
     def forward_backward() -> None:
         loss = forward()
@@ -336,6 +338,38 @@ def shares(t: Timings) -> dict[str, float]:
             "data wait + host overhead": t.remainder_ms / full}
 
 
+def input_side_of(workers: list[dict[str, Any]], step_samples_per_s: float,
+                  context: dict[str, Any]) -> dict[str, Any] | None:
+    """What the loader delivers per host core against what the step consumes, in the task's unit
+    (tokens for a language model): the cores the input side needs to keep the step fed. One
+    worker's rate stands for one core (the loader's own process, no workers, also runs the step's
+    host side, so it is not a core's worth); without workers measured, nothing."""
+    unit, per_sample = str(context.get("unit", "samples")), int(context.get("units_per_sample", 1))
+    one_worker = next((w for w in workers if w["num_workers"] == 1), None)
+    if one_worker is None:
+        return None
+    per_core = one_worker["samples_per_s"] * per_sample
+    consumes = step_samples_per_s * per_sample
+    best = max(workers, key=lambda w: w["samples_per_s"])
+    return {"unit": unit, "loader_per_core_per_s": per_core, "loader_best_per_s": best["samples_per_s"] * per_sample,
+            "loader_best_workers": best["num_workers"], "step_consumes_per_s": consumes,
+            "cores_needed": consumes / per_core if per_core > 0 else None,
+            "method": "one loader worker's rate as one host core's; the step's rate is the training meter's "
+                      "median window"}
+
+
+def input_side_lines(side: dict[str, Any] | None) -> list[str]:
+    if not side:
+        return []
+    unit = side["unit"]
+    line = (f"input side: the loader delivers {side['loader_per_core_per_s']:,.0f} {unit}/s per host core "
+            f"({side['loader_best_per_s']:,.0f} {unit}/s with {side['loader_best_workers']} workers); the step "
+            f"consumes {side['step_consumes_per_s']:,.0f} {unit}/s")
+    if side["cores_needed"] is not None:
+        line += f": {side['cores_needed']:.2f} cores keep it fed"
+    return [line]
+
+
 def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]],
                  decoders: list[dict[str, Any]] | None = None) -> list[str]:
     rows = [("data pipeline alone", t.data_ms), ("forward alone", t.forward_ms),
@@ -460,8 +494,10 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         context["best_workers"] = max(workers, key=lambda w: w["samples_per_s"])["num_workers"]
     decoders = sweep_decoders(datamodule, device, steps) if sweep else []
     context["decode_sweep"] = decoders
+    input_side = input_side_of(workers, rate, context)
     result_verdict = verdict(timings, context)
-    for line in report_lines(timings, result_verdict, workers, decoders) + operator_lines(operators, context):
+    for line in (report_lines(timings, result_verdict, workers, decoders) + input_side_lines(input_side)
+                 + operator_lines(operators, context)):
         log.info(line)
     record = {
         "batch_size": batch_size,
@@ -487,6 +523,7 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         "try_next": result_verdict.try_next,
         "worker_sweep": workers,
         "decode_sweep": decoders,
+        "input_side": input_side,
         "context": context,
         "notes": notes,
     }

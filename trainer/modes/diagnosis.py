@@ -36,7 +36,8 @@ def run_diagnosis(run: Run) -> None:
                "device_normalize": getattr(parts.datamodule, "device_normalize", True),
                "decode": plan.derived["data.decode"].value,
                "activation_checkpointing": list(plan.checkpointed_stages),
-               "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules())}
+               "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in task.modules()),
+               "unit": plan.unit, "units_per_sample": plan.units_per_sample}
     precision = built.trainer.precision_plugin
     diagnose(parts.datamodule, task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
              device, full_step, context, run.job.run_dir, steps=steps,

@@ -83,7 +83,7 @@ def build_task(run: Run) -> None:
     apply_to_data(plan, parts.datamodule)
     apply_activation_checkpointing(parts.net, plan.checkpointed_stages)
     apply_tf32(plan.tf32, plan.accelerator)
-    apply_compile(parts.net, plan.compile_mode, spec.compile)
+    apply_compile(parts.net, plan.compile_mode, spec.compile, plan.compile_dynamic)
     if plan.compile_mode != "off" and plan.resize is not None:
         allow_recompiles(len(set(plan.resize.sizes())))
     run.task = TrainingTask(parts.net, parts.definition, plan.optimizer, spec.scheduler,

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trainer.groups.compile import compile_counts
 from trainer.infra import attempts
 from trainer.infra.errors import UserError
 from trainer.infra.library_logs import quiet_library_warnings
@@ -43,6 +44,7 @@ def fit(run: Run) -> Fitted:
     # (trainer <-> module) before counting this run's peak, or its model would still be resident.
     gc.collect()
     peak_reset = reset_peak_memory(memory_device)
+    compiled_before = compile_counts()
     with quiet_library_warnings():
         started = time.perf_counter()
         trainer.fit(run.task, datamodule=parts.datamodule, ckpt_path=str(resume_from.path) if resume_from else None,
@@ -50,8 +52,13 @@ def fit(run: Run) -> Fitted:
         fit_seconds = time.perf_counter() - started
     if trainer.interrupted:
         raise KeyboardInterrupt
-    records = {"throughput": built.meter.summary(), "loss": built.losses.summary(), "scheduler": run.task.schedule,
+    records: dict[str, Any] = {"throughput": built.meter.summary(), "loss": built.losses.summary(), "scheduler": run.task.schedule,
                "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
+    if run.plan.compile_mode != "off":
+        # What Dynamo compiled during this fit (variable lengths and progressive resizing recompile).
+        after = compile_counts()
+        records["compiled"] = {**{key: after[key] - compiled_before[key] for key in after},
+                               "dynamic": run.plan.compile_dynamic}
     if built.target is not None:
         records["target"] = built.target.summary()
         log.info(built.target.line())

@@ -20,7 +20,7 @@ from torch import nn
 from trainer.configuration.spec import RunSpec
 from trainer.data.loader import LoaderSettings
 from trainer.data.progressive_resize import ResizeSchedule, epochs_of_run
-from trainer.groups.compile import recompile_note, resolve_compile_mode
+from trainer.groups.compile import recompile_note, resolve_compile_mode, resolve_dynamic
 from trainer.groups.optimizer.build import OptimizerRecipe, choose_implementation
 from trainer.groups.optimizer.parameters import describe_groups
 from trainer.groups.optimizer.scaling import FoundLr, at_batch, measured_warnings
@@ -158,6 +158,8 @@ class Plan:
     #: What the task counts a batch in ("samples", "tokens") and how many one sample holds.
     unit: str = "samples"
     units_per_sample: int = 1
+    #: torch.compile's dynamic shapes (None: torch decides; true for batches of varying length).
+    compile_dynamic: Optional[bool] = None
 
     @property
     def global_batch_units(self) -> int:
@@ -223,7 +225,8 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
     flops, peak, peak_note = _flops(net, parts, accelerator, probe.precision, tf32, derived)
-    stages, compile_mode = _model_changes(spec, net, accelerator, probe, derived, resize)
+    variable = bool(getattr(datamodule, "variable_shapes", False))
+    stages, compile_mode, dynamic = _model_changes(spec, net, accelerator, probe, derived, resize, variable)
     derived["clipping"] = Derived(parts.clipping.mode, parts.clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
     derived["progress"], derived["trainer.benchmark"] = early["progress"], early["trainer.benchmark"]
@@ -233,16 +236,23 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
                                              "without its auto-requeue (preemption is submitit's signal here)")
     return Plan(accelerator, probe.devices.per_node, probe.precision, loader, decode, batch, global_batch, recipe, tf32,
                 probe.channels_last, compile_mode, stages, probe.progress, probe.cudnn_benchmark, slurm, flops, peak,
-                peak_note, MappingProxyType(derived), _warnings(spec, definition.unit, global_batch), resize,
-                definition.unit, units)
+                peak_note, MappingProxyType(derived), _warnings(spec, definition.unit, global_batch, units), resize,
+                definition.unit, units, dynamic)
 
 
-def _warnings(spec: RunSpec, unit: str, global_batch: int) -> tuple[str, ...]:
+def _warnings(spec: RunSpec, unit: str, global_batch: int, units_per_sample: int) -> tuple[str, ...]:
     """What the batch-scaling studies say of this setting. They measured batches of images: a batch
-    counted in another unit has its own study (docs/tasks.md), not these warnings."""
-    if unit != "samples":
-        return ()
-    return tuple(measured_warnings(spec.optimizer.name, spec.optimizer.lr_scaling, global_batch))
+    counted in another unit has its own study (docs/tasks.md), and gets a warning when the optimizer's
+    reference batch cannot be one in that unit (an image recipe's 256 is not 256 tokens' lr)."""
+    opt = spec.optimizer
+    if unit == "samples":
+        return tuple(measured_warnings(opt.name, opt.lr_scaling, global_batch))
+    if opt.ref_batch_size < units_per_sample and opt.lr_scaling != "none":
+        return (f"optimizer.ref_batch_size={opt.ref_batch_size} counts {unit} for this task, less than one sample "
+                f"({units_per_sample} {unit}): lr and weight decay given for {opt.ref_batch_size} {unit} are moved to "
+                f"{global_batch * units_per_sample} by the {opt.lr_scaling} rule. Give ref_batch_size as the batch in "
+                f"{unit} your lr was tuned at (+recipe=gpt_tiny_text: 4096)",)
+    return ()
 
 
 def _progressive_resize(spec: RunSpec, parts: Parts, global_batch: int,
@@ -302,7 +312,8 @@ def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32:
 
 
 def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str, probe: Probe, derived: dict[str, Derived],
-                   resize: Optional[ResizeSchedule] = None) -> tuple[tuple[str, ...], str]:
+                   resize: Optional[ResizeSchedule] = None,
+                   variable_shapes: bool = False) -> tuple[tuple[str, ...], str, Optional[bool]]:
     """What the build phase will do to the network: checkpointed stages, memory format, compile."""
     stages = tuple(select_stages(net, spec.activation_checkpointing))
     if stages:
@@ -310,11 +321,12 @@ def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str, probe: Probe
             ",".join(stages), "recomputed in backward (non-reentrant), BatchNorm statistics counted once")
     derived["precision.channels_last"] = probe.derived["precision.channels_last"]
     compile_mode, how = resolve_compile_mode(spec.compile.mode, accelerator)
+    dynamic, dynamic_how = resolve_dynamic(spec.compile, variable_shapes)
     if compile_mode == "off":
         how += "; eager"
     else:
-        how += f"; torch.compile fullgraph={spec.compile.fullgraph} dynamic={spec.compile.dynamic}"
+        how += f"; torch.compile fullgraph={spec.compile.fullgraph} {dynamic_how}"
         if resize is not None:
             how += f"; {recompile_note(len(set(resize.sizes())))}"
     derived["compile"] = Derived(compile_mode, how)
-    return stages, compile_mode
+    return stages, compile_mode, dynamic

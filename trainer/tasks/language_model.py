@@ -111,6 +111,14 @@ class LanguageModel(TaskDefinition):
             return int(flops), how
         return None, ""
 
+    def refusals(self, settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        data, compiled = settings.get("data", {}), settings.get("compile", {})
+        if (data.get("sequences") == "bucketed" and compiled.get("mode", "off") != "off"
+                and compiled.get("dynamic") is False):
+            return [("compile.dynamic", "false with data.sequences=bucketed: every padded length would compile a "
+                     "graph of its own", "true, or null (dynamic shapes for batches of varying length)")]
+        return []
+
     def describe(self) -> str:
         return (f"language model: next-token cross-entropy over {self.vocab_size} tokens, perplexity; "
                 f"batches in tokens ({self.sequence_length} a sequence)")
