@@ -20,6 +20,7 @@ from trainer.groups.regularization import BatchMixing, RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.tasks.classification import TOP5_MIN_CLASSES, Classification, classification_loss
+from trainer.tasks.metrics import WeightedMean
 from trainer.tasks.protocol import TaskDefinition
 
 __all__ = ["TrainingTask", "ClassificationTask", "classification_loss", "TOP5_MIN_CLASSES"]
@@ -65,7 +66,7 @@ class TrainingTask(L.LightningModule):
         # over every sample (token) of every process, whatever the batches' sizes.
         # (ModuleDicts, so the metrics move with the module; keyed "val_split" and so on: a module
         # cannot hold a child named "train".)
-        self.eval_losses = nn.ModuleDict({_key(split): MeanMetric(nan_strategy="disable") for split in SPLITS[1:]})
+        self.eval_losses = nn.ModuleDict({_key(split): WeightedMean() for split in SPLITS[1:]})
         self.split_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics(split)))
                                             for split in SPLITS})
         self.loss_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics_from_loss()))
@@ -94,7 +95,7 @@ class TrainingTask(L.LightningModule):
         # backward inside the optimizer's step (its closure), so without them everything would be
         # the optimizer's. A range costs about a microsecond when no profiler records.
         with record_function(FORWARD_RANGE):
-            outputs = self(definition.inputs(batch))
+            outputs = definition.forward(self, batch)
             targets = definition.targets(batch)
             loss = self.training_loss(outputs, targets)
         metrics = self.metrics_of("train")
@@ -163,13 +164,13 @@ class TrainingTask(L.LightningModule):
 
     def _evaluate(self, batch: Any, split: str) -> None:
         definition = self.definition
-        outputs = self(definition.inputs(batch))
+        outputs = definition.forward(self, batch)
         targets = definition.targets(batch)
         n = _samples(targets)
         loss = self.evaluation_loss(outputs, targets)
         units = definition.units_in(batch)
-        weight = units.float() if isinstance(units, torch.Tensor) else float(units)
-        eval_loss = cast(MeanMetric, self.eval_losses[_key(split)])
+        weight = units if isinstance(units, torch.Tensor) else float(units)
+        eval_loss = cast(WeightedMean, self.eval_losses[_key(split)])
         eval_loss.update(loss.detach(), weight)
         self.log(f"{split}/loss", eval_loss, on_epoch=True, batch_size=n)
         for name, metric in cast(Mapping[str, Metric], self.loss_metrics[_key(split)]).items():

@@ -85,7 +85,10 @@ class TargetWatch(L.Callback):
             return f"target {self.describe()}: not reached ({best})"
         r = self.reached
         return (f"target {self.describe()}: reached at step {r['steps']} (epoch {r['epoch']}), {r['wall_s']:.1f} s "
-                f"into training, {r['samples']:,} samples ({self.metric} {r['value']:.4g})")
+                f"into training, {r['samples']:,} samples{self._units_seen(r)} ({self.metric} {r['value']:.4g})")
+
+    def _units_seen(self, reached: dict[str, Any]) -> str:
+        return f" ({reached[self.unit]:,} {self.unit})" if self.unit in reached else ""
 
     def state_dict(self) -> dict[str, Any]:
         return {"reached": self.reached, "best": self.best, "elapsed_s": self.elapsed()}

@@ -25,14 +25,15 @@ CLASSIFICATION = "trainer.tasks.classification.Classification"
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:
-    checked = check_target("task", values)
-    target = locate_target("task", checked["_target_"])
-    if not (inspect.isclass(target) and issubclass(target, TaskDefinition)):
-        raise UserError("task._target_", f"'{checked['_target_']}' is not a task definition",
+    path = values.get("_target_")
+    target = locate_target("task", path) if isinstance(path, str) and path else None
+    if target is not None and not (inspect.isclass(target) and issubclass(target, TaskDefinition)):
+        raise UserError("task._target_", f"'{path}' is not a task definition",
                         "a subclass of trainer.tasks.protocol.TaskDefinition (docs/tasks.md)")
-    if target.unit not in UNITS:
-        raise UserError("task._target_", f"'{checked['_target_']}' counts batches in '{target.unit}'",
-                        " or ".join(UNITS))
+    checked = check_target("task", values)  # a missing _target_ is one line here
+    unit = getattr(target, "unit", None)
+    if unit not in UNITS:
+        raise UserError("task._target_", f"'{path}' counts batches in '{unit}'", " or ".join(UNITS))
     return checked
 
 

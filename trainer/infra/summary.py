@@ -84,10 +84,16 @@ def log_result(summary: dict[str, Any]) -> None:
         split, name = key.split("/", 1)
         value = metrics.get(split, {}).get(name)
         if value is not None:
-            log.info("%s %.2f against the baseline %.2f of the data (%s)", key, value, baseline,
-                     f"{baseline / value:.1f}x lower" if value > 0 else "n/a")
+            log.info("%s %.4g against the baseline %.4g of the data%s", key, value, baseline, _ratio(value, baseline))
     log.info("wall time %.1f s (fit %.1f s); summary: %s", summary["wall_time_s"], summary["fit_time_s"],
              Path(summary["run_dir"]) / "summary.json")
+
+
+def _ratio(value: float, baseline: float) -> str:
+    """" (6.2x lower)" or " (1.5x higher)": no judgement, since some metrics are better higher."""
+    if value <= 0 or baseline <= 0 or value == baseline:
+        return ""
+    return f" ({baseline / value:.1f}x lower)" if value < baseline else f" ({value / baseline:.1f}x higher)"
 
 
 def split_metrics(metrics: Mapping[str, Any]) -> dict[str, dict[str, float]]:

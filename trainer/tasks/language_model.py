@@ -12,21 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric
-from torchmetrics.aggregation import MeanMetric
 
 from trainer.data.base import DataInfo
+from trainer.tasks.metrics import Perplexity
 from trainer.tasks.protocol import TaskDefinition
 
 #: Targets with this id are padding: no loss, no token counted (PyTorch's cross-entropy default).
 IGNORE_INDEX = -100
-
-
-class Perplexity(MeanMetric):
-    """exp of the mean loss per token, weighted by the tokens of each batch; synchronized over
-    processes like any torchmetrics mean."""
-
-    def compute(self) -> torch.Tensor:
-        return torch.exp(super().compute())
 
 
 class TokenAccuracy(Metric):
@@ -96,7 +88,7 @@ class LanguageModel(TaskDefinition):
             metric.update(outputs.detach(), targets)
 
     def metrics_from_loss(self) -> Mapping[str, Metric]:
-        return {"perplexity": Perplexity(nan_strategy="disable")}
+        return {"perplexity": Perplexity()}
 
     def example_batch(self, size: int, device: torch.device) -> tuple[Any, Any]:
         ids = torch.randint(0, self.vocab_size, (size, self.sequence_length + 1), device=device)

@@ -10,8 +10,8 @@ A task definition says what the framework cannot guess from a network and a data
   (`units_in`), so that the global batch the lr and weight-decay rules scale by, the throughput and
   the time to a target are in the task's unit;
 - the training FLOPs per unit (`flops_per_unit`), for MFU;
-- random batches of the data's shape (`example_batch`), for the memory plan, the batch finder and
-  the FLOP counter;
+- random batches of the data's shape (`example_batch`), for the memory plan and the batch finder
+  (the FLOP counter counts at `DataInfo.input_shape()`, token ids for data of kind "tokens");
 - what cannot apply to it (`refusals`): one line each, before anything is built.
 
 Every practice (lr and weight-decay scaling, warmup and schedules, the parameter groups, percentile
@@ -79,6 +79,8 @@ class TaskDefinition:
 
     # -- the step ----------------------------------------------------------------------------------
     def forward(self, net: nn.Module, batch: Any) -> Any:
+        """The network's outputs for a batch (`net` is the LightningModule: calling it applies the
+        plan's memory format before the network)."""
         return net(self.inputs(batch))
 
     def training_batch(self, batch: Any) -> Any:
@@ -119,7 +121,7 @@ class TaskDefinition:
     def flops_per_unit(self, net: nn.Module) -> tuple[int | None, str]:
         """Training FLOPs (forward and backward) per unit and how they were counted, for MFU. (None,
         "") by default: the run counts them with torch's FLOP counter on a meta-device copy of the
-        network at `example_batch`'s shape (trainer/measure/mfu.py). A task with a closed form
+        network at the data's input shape (trainer/measure/mfu.py), divided by `units_per_sample`. A task with a closed form
         (a Transformer's 6N plus attention) returns it; (None, why) leaves MFU out."""
         return None, ""
 

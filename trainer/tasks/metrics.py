@@ -1,0 +1,41 @@
+"""Metrics every task's evaluation shares: the mean of a per-batch value weighted by what each batch
+holds (its samples or tokens), and perplexity as exp of that mean.
+
+Deliberately not torchmetrics' `MeanMetric`: with ``nan_strategy="disable"`` (the setting that saves
+a host sync per update) torchmetrics 1.9 replaces the weights with ones (its issue #3434), so a short
+last batch or bucketed sequences would count as much as a full batch; and its NaN check is a sync
+per update. Two sums, reduced over processes at the epoch's end, need neither."""
+
+from __future__ import annotations
+
+import torch
+from torchmetrics import Metric
+
+
+class WeightedMean(Metric):
+    """sum(value x weight) / sum(weight), synchronized over processes like any torchmetrics sum."""
+
+    full_state_update = False
+    total: torch.Tensor
+    weight: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, value: torch.Tensor, weight: torch.Tensor | float = 1.0) -> None:
+        weight = torch.as_tensor(weight, dtype=torch.float64, device=self.total.device)
+        self.total = self.total + value.detach().to(torch.float64) * weight
+        self.weight = self.weight + weight
+
+    def compute(self) -> torch.Tensor:
+        return (self.total / self.weight).to(torch.float32)
+
+
+class Perplexity(WeightedMean):
+    """exp of the mean loss per token, weighted by the tokens of each batch (not a mean of
+    per-batch perplexities)."""
+
+    def compute(self) -> torch.Tensor:
+        return torch.exp(super().compute())
