@@ -78,9 +78,9 @@ def test_a_folder_of_text_trains_with_bucketed_sequences(tmp_path):
                               "trainer.max_steps=40", "+trainer.val_check_interval=20", "progress=off"], tmp_path / "run")
     assert summary["status"] == "completed"
     assert summary["metrics"]["val"]["perplexity"] < summary["data"]["baselines"]["val/perplexity"]
-    # padding is not counted: a bucketed sample holds fewer tokens on average than a packed one
+    # at most a full sequence of tokens a sample (padding is not counted: tests/unit/test_tasks.py)
     throughput = summary["throughput"]
-    assert 0 < throughput["tokens_per_s"] < 64 * throughput["samples_per_s"]
+    assert 0 < throughput["tokens_per_s"] <= 64 * throughput["samples_per_s"] * 1.0001
 
 
 def test_the_trained_model_writes_text(short_run):
