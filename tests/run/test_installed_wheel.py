@@ -1,7 +1,8 @@
 """The package installs and runs without a checkout: the wheel built from this repository carries the
 configs and recipes; installed into a fresh virtual environment, `python -m trainer` and the
 `gpu-practice-train` script answer --version and train a recipe from an empty folder elsewhere; a
-scaffolded team folder trains its own recipe, with its own network and data, and its test passes.
+scaffolded team folder trains its own recipe, with its own network and data, and its tests pass (the
+one that trains its regression example, a task of its own, among them).
 
 The new environment borrows the libraries of the test's own (a path line, so that nothing is
 downloaded and torch is not installed twice); the project itself comes from the wheel alone."""
@@ -86,4 +87,7 @@ def test_a_scaffolded_team_folder_trains_its_own_recipe_and_passes_its_test(inst
     assert recipe["parent"] == "digits_quickstart"  # a team recipe on a shipped one
     assert recipe["differs_from_parent"]["model._target_"][1] == "vision_team.models.TeamNet"
     assert recipe["differs_from_parent"]["data._target_"][1] == "vision_team.data.NoisyDigits"
-    _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], team)
+    tests = _run([python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests"], team).stdout
+    # The regression test trains diabetes_regression with the wheel's framework and checks its val/r2.
+    assert "PASSED tests/test_regression.py::test_the_regression_recipe_beats_predicting_the_mean" in tests, tests
+    assert "3 passed" in tests, tests

@@ -1,6 +1,9 @@
 """A team's own folder (trainer/configuration/recipes.py, trainer/scaffold.py): found from the working
 directory or TRAINER_TEAM_DIRS without absolute paths in any config, never the shipped folders a
-checkout shows at its top; the scaffold writes a complete starter folder and refuses to overwrite."""
+checkout shows at its top; the scaffold writes a complete starter folder and refuses to overwrite.
+Its regression example (a task of the team's own, docs/tasks.md) trains through the framework with
+every practice applied, and what cannot apply to it is refused in one line. (The scaffolded
+folder's own tests run in tests/run/test_installed_wheel.py, against the installed wheel.)"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import pytest
 from trainer.configuration.recipes import CONF_DIR, RECIPES_DIR, team_folders, team_search_path
 from trainer.infra.errors import UserError
 from trainer.scaffold import scaffold
-from tests.helpers import REPO
+from tests.helpers import REPO, train_forked
 
 
 def test_the_working_directory_and_the_variable_name_team_folders(tmp_path):
@@ -31,12 +34,18 @@ def test_a_checkout_is_not_a_team_folder():
 def test_the_scaffold_writes_a_recipe_groups_code_and_a_test(tmp_path):
     written = scaffold(tmp_path / "vision-team")
     names = sorted(str(path.relative_to(tmp_path / "vision-team")) for path in written)
-    assert names == ["README.md", "conf/data/vision_team_digits.yaml", "conf/model/vision_team_net.yaml",
-                     "recipes/vision_team_digits.yaml", "tests/test_recipes.py", "vision_team/__init__.py",
-                     "vision_team/data.py", "vision_team/models.py"]
+    assert names == ["README.md", "conf/data/diabetes.yaml", "conf/data/vision_team_digits.yaml",
+                     "conf/model/mlp.yaml", "conf/model/vision_team_net.yaml", "conf/task/regression.yaml",
+                     "recipes/diabetes_regression.yaml", "recipes/vision_team_digits.yaml",
+                     "tests/test_recipes.py", "tests/test_regression.py", "vision_team/__init__.py",
+                     "vision_team/data.py", "vision_team/models.py", "vision_team/tabular.py",
+                     "vision_team/tasks.py"]
     recipe = (tmp_path / "vision-team" / "recipes" / "vision_team_digits.yaml").read_text()
     assert "- digits_quickstart" in recipe and "override /model: vision_team_net" in recipe
-    compile("".join(path.read_text() for path in written if path.suffix == ".py"), "scaffold", "exec")
+    for path in written:
+        if path.suffix == ".py":
+            compile(path.read_text(), str(path), "exec")
+    assert "_target_: vision_team.tasks.Regression" in (tmp_path / "vision-team" / "conf/task/regression.yaml").read_text()
 
 
 def test_the_scaffold_refuses_a_folder_in_use_and_a_bad_package_name(tmp_path):
@@ -47,3 +56,60 @@ def test_the_scaffold_refuses_a_folder_in_use_and_a_bad_package_name(tmp_path):
     with pytest.raises(UserError, match="not a Python package name"):
         scaffold(tmp_path / "new", package="Our-Team")
     assert (tmp_path / "used" / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.run
+def test_the_scaffolded_regression_recipe_trains_with_the_frameworks_practices(tmp_path, monkeypatch):
+    # The recipe as written, 10 epochs of 9 steps (seconds); its own test checks the same R2 bound.
+    scaffold(tmp_path / "team")
+    monkeypatch.setenv("TRAINER_TEAM_DIRS", str(tmp_path / "team"))
+    result = train_forked(["+recipe=diabetes_regression", "progress=off"], tmp_path / "run")
+    assert result.returncode == 0, result
+    summary = result.summary
+    assert summary["recipe"]["name"] == "diabetes_regression"
+    assert summary["task"] == {"target": "team.tasks.Regression", "unit": "samples", "units_per_sample": 1,
+                               "describe": "regression: MSE on standardized targets, MAE and R2; batches in samples"}
+    data = summary["data"]
+    assert data["kind"] == "features" and data["inputs"] == {"in_features": 10}
+    assert data["sizes"] == {"train": 310, "val": 66, "test": 66}
+    derived = summary["derived"]
+    assert derived["task"]["value"] == "regression"
+    # The batch rule in the task's unit (samples): the recipe's lr 0.01 and AdamW's weight decay 0.2,
+    # given at 256, moved to the batch of 32.
+    assert derived["optimizer.lr"]["how"] == "lr 0.01 at batch 256 -> 0.00353553 at batch 32 (sqrt rule, x0.3536)"
+    assert derived["optimizer.weight_decay"]["value"] == pytest.approx(0.2 * (32 / 256) ** 0.5)
+    assert [group["weight_decay"] for group in summary["optimizer_param_groups"]] == [
+        pytest.approx(0.2 * (32 / 256) ** 0.5), 0.0]  # none on the biases
+    assert summary["scheduler"]["name"] == "warmup_cosine" and summary["scheduler"]["optimizer_steps"] == 90
+    assert derived["model.flops_per_sample"]["value"] is not None  # counted at example_batch's shape
+    clipping = summary["clipping"]
+    assert clipping["mode"] == "percentile" and clipping["calibration_steps"] == 30
+    assert clipping["steps_observed"] == 90 and clipping["calibrated_threshold"] > 0
+    assert summary["nonfinite"]["skipped_steps"] == 0
+    assert summary["throughput"]["unit"] == "samples" and summary["throughput"]["samples_per_s"] > 0
+    # Time to the recipe's target, counted in the task's unit.
+    target = summary["target"]
+    assert target["metric"] == "val/r2" and target["mode"] == "max" and target["reached"]
+    assert target["samples"] == 32 * target["steps"]
+    metrics = summary["metrics"]
+    assert set(metrics["val"]) == {"loss", "mae", "r2"} and set(metrics["test"]) == {"loss", "mae", "r2"}
+    # Better than predicting the training mean (R2 0, and the data's baseline loss).
+    assert metrics["val"]["r2"] > 0.35, metrics
+    assert metrics["val"]["loss"] < data["baselines"]["val/loss"]
+    assert summary["tested_weights"].startswith("best checkpoint by val/loss")
+
+
+@pytest.mark.run
+@pytest.mark.parametrize("override, line", [
+    ("data=digits", "error: task: Regression cannot learn from images (the data module's kind); allowed: data of "
+                    "kind features, or another task"),
+    ("regularization=label_smoothing", "error: regularization.label_smoothing: Regression has no use for label "
+                                       "smoothing; allowed: 0 (regularization=off)"),
+    ("task=classification", "error: data: the data module gives no num_classes, which Classification needs; "
+                            "allowed: a data module of kind images or features"),
+])
+def test_what_cannot_apply_to_the_regression_task_is_refused_in_one_line(tmp_path, monkeypatch, override, line):
+    scaffold(tmp_path / "team")
+    monkeypatch.setenv("TRAINER_TEAM_DIRS", str(tmp_path / "team"))
+    result = train_forked(["+recipe=diabetes_regression", "progress=off", override], tmp_path / "run")
+    assert result.returncode == 2 and result.stderr.strip() == line, result
