@@ -76,6 +76,20 @@ class LatestAndBest(ModelCheckpoint):
         super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
             self._keep_latest(trainer)
+        elif self.save_last and _training_ends(trainer) and not self._should_skip_saving_checkpoint_but_step(trainer):
+            # Validating inside epochs (val_check_interval), last.ckpt was written at the last
+            # validation, before the epoch's training metrics were logged; Lightning's "already saved
+            # at this step" would skip this one. The run's final state is written again with them, so
+            # a run killed in its test reports what training reached (trainer/callbacks/logged_metrics.py).
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    @staticmethod
+    def _should_skip_saving_checkpoint_but_step(trainer: L.Trainer) -> bool:
+        """Lightning's other reasons not to write: a dry run, not fitting, a sanity check."""
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        return bool(getattr(trainer, "fast_dev_run", False) or trainer.state.fn != TrainerFn.FITTING
+                    or trainer.sanity_checking)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -88,6 +102,13 @@ class LatestAndBest(ModelCheckpoint):
         # last.ckpt beside it.
         if self.save_last and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def _training_ends(trainer: L.Trainer) -> bool:
+    """This epoch end is training's last: max_steps reached, the last epoch, or a stop asked for."""
+    steps_done = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+    epochs_done = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
+    return bool(steps_done or epochs_done or trainer.should_stop)
 
 
 def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpoint | None:
@@ -231,7 +252,7 @@ def write_safetensors(weights: Mapping[str, torch.Tensor], out: Path, metadata: 
     first_of: dict[tuple[int, int, tuple[int, ...]], str] = {}
     for name, tensor in weights.items():
         tensor = tensor.detach().contiguous().cpu()
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
         if key in first_of:
             tied[name] = first_of[key]
             continue
