@@ -46,7 +46,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sweep_jobs import add_jobs, load_jobs, machine_of, overrides_of, run_multirun, summaries, write_report  # noqa: E402
+from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
+                        summaries, write_report)
 
 from trainer.infra.figures import new_figure, save_png  # noqa: E402
 from trainer.measure.seed_groups import Spread, difference  # noqa: E402
@@ -82,10 +83,11 @@ def job_of(summary: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_study(rules: tuple[str, ...], batches: tuple[int, ...], seeds: tuple[int, ...], extra: list[str],
-              out: Path) -> None:
-    sweeps = out.parent / f"{out.stem}_sweeps"
+              out: Path, runs: Path) -> None:
+    """One multirun per rule, its run folders under `runs`; each sweep's comparison.md kept beside
+    the report (`<out>_sweeps/RULE.md`) and its jobs added to the jobs file."""
     for rule in rules:
-        folder = sweeps / rule
+        folder = runs / rule
         overrides = [*STUDY, f"optimizer.lr_scaling={rule}", f"data.batch_size={','.join(map(str, batches))}",
                      f"seed={','.join(map(str, seeds))}", *extra]
         started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -94,6 +96,7 @@ def run_study(rules: tuple[str, ...], batches: tuple[int, ...], seeds: tuple[int
         sweep = {"command": "python train.py -m " + " ".join(overrides), "started": started,
                  "sweep_s": round(seconds, 1), "load_before": round(load, 2), "host": platform.node()}
         add_jobs(jobs_file(out), [job_of(s, sweep) for s in summaries(folder)], lambda j: tuple(j[k] for k in KEY))
+        keep_comparison(folder, out.parent / f"{out.stem}_sweeps", rule)
         print(f"{rule}: {seconds:.0f} s", flush=True)
 
 
@@ -219,15 +222,20 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "lm_batch_scaling.md")
+    parser.add_argument("--runs", type=Path, default=None,
+                        help="where the sweeps' run folders go (default: outputs/lm_batch_scaling/DATE_TIME)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--quick", action="store_true", help="two batches, one seed, 3 steps: the outputs only (CI)")
     args = parser.parse_args(argv)
     if not args.report_only:
         started = time.monotonic()
+        runs = args.runs or REPO / "outputs" / "lm_batch_scaling" / time.strftime("%Y-%m-%d_%H-%M-%S")
         if args.quick:
-            run_study(("sqrt", "linear"), (8, 16), (0,), ["trainer.max_steps=3", "+trainer.val_check_interval=3", "trainer.limit_val_batches=2"], args.out)
+            run_study(("sqrt", "linear"), (8, 16), (0,),
+                      ["trainer.max_steps=3", "+trainer.val_check_interval=3", "trainer.limit_val_batches=2"], args.out,
+                      args.runs or args.out.parent / f"{args.out.stem}_runs")
         else:
-            run_study(RULES, BATCHES, SEEDS, [], args.out)
+            run_study(RULES, BATCHES, SEEDS, [], args.out, runs)
         print(f"study: {time.monotonic() - started:.0f} s")
     report(args.out)
 

@@ -62,3 +62,26 @@ def test_a_run_too_short_for_a_window_pools_its_steps_at_the_next_pause(clock):
     s = meter.summary()
     assert s["windows"] == 0 and s["samples_per_s"] == pytest.approx(32 / 2.0)
     assert "too short" in s["method"]
+
+
+def test_a_language_models_rate_and_mfu_are_per_token_summed_on_the_device(clock):
+    """With a unit other than samples, the units of each batch (a device tensor: padding left out)
+    are added up on the device and read once a window; tokens/s is reported beside samples/s and
+    MFU uses it with the FLOPs per token."""
+    read = []
+
+    def units_of(batch):
+        count = torch.tensor(6)  # 6 real tokens of the batch's 8 x 1
+        read.append(count)
+        return count
+
+    meter = ThroughputMeter(warmup_steps=0, window_steps=4, flops_per_sample=1e6, peak_flops=1e12, unit="tokens",
+                            units_of=units_of)
+    module = FakeModule()
+    steps(meter, module, clock, 1 + 4)
+    s = meter.summary()
+    assert s["samples_per_s"] == 16.0 and s["tokens_per_s"] == pytest.approx(4 * 6 / 2.0)
+    assert s["unit"] == "tokens" and s["flops_per_token"] == 1e6 and "flops_per_sample" not in s
+    assert s["mfu"] == pytest.approx(12.0 * 1e6 / 1e12)
+    assert ("perf/tokens_per_s", pytest.approx(12.0)) in module.logged
+    assert clock.syncs == 2 and len(read) == 4  # counted every step, synchronized only at the window's edges
