@@ -88,10 +88,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"rates": rates, "device": device, "vocab": vocab}
 
 
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (the architecture elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def report(args: argparse.Namespace, measured: dict[str, Any], started: str, seconds: float) -> list[str]:
     rates, device = measured["rates"], measured["device"]
     step = statistics.median(rates["step"])
-    name = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name() if device.type == "cuda" else cpu_name()
     lines = ["# The input side of a language model", "",
              f"`{' '.join(['python benchmarks/text_pipeline.py', *sys.argv[1:]])}`: started {started}, {seconds:.0f} s, "
              f"on {platform.node()} ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f} at the end), the step on "

@@ -119,3 +119,19 @@ def test_what_cannot_apply_to_a_language_model_refuses_in_one_line(tmp_path, ove
     result = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {key}"), result.stderr[-500:]
+
+
+@pytest.mark.slow
+def test_bucketed_batches_compile_with_dynamic_shapes_and_the_summary_records_the_graphs(tmp_path):
+    """Batches of varying length compile one graph for training (and one for evaluation), not one
+    per length: the plan turns dynamic shapes on and summary.json records what Dynamo compiled."""
+    summary = run_in_process([*ON_CPU, "task=language_model", "data=text", "data.sequences=bucketed",
+                              "data.sequence_length=64", "data.batch_size=16", "model=gpt", "model.layers=2",
+                              "model.width=64", "compile=default", "trainer.max_steps=12", "+trainer.val_check_interval=12",
+                              "trainer.limit_val_batches=3", "trainer.limit_test_batches=2", "optimizer.ref_batch_size=1024",
+                              "progress=off"], tmp_path)
+    assert summary["status"] == "completed"
+    assert "dynamic shapes (null -> true" in summary["derived"]["compile"]["how"]
+    compiled = summary["compiled"]
+    assert compiled["dynamic"] is True and compiled["graph_breaks"] == 0
+    assert 1 <= compiled["graphs"] <= 3, compiled  # train and evaluation graphs, not one per padded length
