@@ -24,6 +24,11 @@ _PUBLIC = {
     "Plan": "trainer.phases.plan",
     "OptimizerRecipe": "trainer.groups.optimizer.build",
     "ClassificationTask": "trainer.task",
+    "TrainingTask": "trainer.task",
+    # tasks: the protocol a team's own task follows, and the shipped ones
+    "TaskDefinition": "trainer.tasks.protocol",
+    "Classification": "trainer.tasks.classification",
+    "LanguageModel": "trainer.tasks.language_model",
     # data modules and models
     "ImageClassificationData": "trainer.data.base",
     "DigitsDataModule": "trainer.data.digits",
@@ -33,6 +38,8 @@ _PUBLIC = {
     "SmallCNN": "trainer.models.small_cnn",
     "build_resnet": "trainer.models.resnet",
     "SelfAttention": "trainer.models.attention",
+    "GPT": "trainer.models.gpt",
+    "TextData": "trainer.data.text",
     "fuse_for_inference": "trainer.models.fuse",
     "apply_activation_checkpointing": "trainer.models.activation_checkpointing",
     # callbacks usable in any Lightning Trainer, and the clipping rules
