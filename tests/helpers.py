@@ -545,3 +545,41 @@ def benchmark(name: str) -> ModuleType:
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+
+
+def in_forked_child(check: Callable[[], None], timeout: float = 300) -> None:
+    """Run `check` in a forked child of this process and raise its failure here, traceback and all.
+
+    For checks that trace with Dynamo or torch.export: after such a trace, the next backward pass
+    starts autograd's device threads, and every later fork of this pytest worker (`train_forked`)
+    dies with "Unable to handle autograd's threading in combination with fork-based
+    multiprocessing". In a child, the trace leaves the worker as it was."""
+    import time
+    import traceback
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: run, report, leave without running the parent's exit handlers
+        os.close(read_end)
+        try:
+            check()
+            report = b""
+        except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+            report = traceback.format_exc().encode()
+        with os.fdopen(write_end, "wb") as out:
+            out.write(report)
+        os._exit(1 if report else 0)
+    os.close(write_end)
+    deadline = time.monotonic() + timeout
+    with os.fdopen(read_end, "rb") as source:
+        report = source.read()
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            raise TimeoutError(f"the forked check ran past {timeout} s")
+        time.sleep(0.01)
+    if report or os.waitstatus_to_exitcode(status) != 0:
+        raise AssertionError("in the forked child:\n" + (report.decode() or f"exit status {status}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ON_CPU, REPO, run_in_process
+from tests.helpers import ON_CPU, REPO, run_in_process, train
 
 pytestmark = pytest.mark.run
 
@@ -124,12 +124,14 @@ def test_what_cannot_apply_to_a_language_model_refuses_in_one_line(tmp_path, ove
 @pytest.mark.slow
 def test_bucketed_batches_compile_with_dynamic_shapes_and_the_summary_records_the_graphs(tmp_path):
     """Batches of varying length compile one graph for training (and one for evaluation), not one
-    per length: the plan turns dynamic shapes on and summary.json records what Dynamo compiled."""
-    summary = run_in_process([*ON_CPU, "task=language_model", "data=text", "data.sequences=bucketed",
-                              "data.sequence_length=64", "data.batch_size=16", "model=gpt", "model.layers=2",
-                              "model.width=64", "compile=default", "trainer.max_steps=12", "+trainer.val_check_interval=12",
-                              "trainer.limit_val_batches=3", "trainer.limit_test_batches=2", "optimizer.ref_batch_size=1024",
-                              "progress=off"], tmp_path)
+    per length: the plan turns dynamic shapes on and summary.json records what Dynamo compiled. In a
+    process of its own (a compile in this one would keep it from forking: tests.helpers.in_forked_child)."""
+    result = train([*ON_CPU, "task=language_model", "data=text", "data.sequences=bucketed", "data.sequence_length=64",
+                    "data.batch_size=16", "model=gpt", "model.layers=2", "model.width=64", "compile=default",
+                    "trainer.max_steps=12", "+trainer.val_check_interval=12", "trainer.limit_val_batches=3", "trainer.limit_test_batches=2", "optimizer.ref_batch_size=1024",
+                    "progress=off"], tmp_path)
+    assert result.returncode == 0, result
+    summary = result.summary
     assert summary["status"] == "completed"
     assert "dynamic shapes (null -> true" in summary["derived"]["compile"]["how"]
     compiled = summary["compiled"]

@@ -41,7 +41,7 @@ def test_the_quick_input_side_benchmark_writes_its_table(tmp_path):
     """benchmarks/text_pipeline.py --quick: the loader's tokens/s per core, packed and bucketed, and
     the step's, with the cores it takes to feed the step."""
     out = tmp_path / "text_pipeline.md"
-    benchmark("text_pipeline").main(["--quick", "--out", str(out), "--corpus-mb", "1.5"])
+    benchmark("text_pipeline").main(["--quick", "--out", str(out)])
     text = out.read_text()
     assert "| loader, packed |" in text and "| loader, bucketed |" in text and "| the step consumes |" in text
     assert "python benchmarks/text_pipeline.py" in text and "interleaved rounds" in text

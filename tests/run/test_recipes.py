@@ -6,6 +6,7 @@ each; the first losses of digits_quickstart match the stored golden values."""
 
 from __future__ import annotations
 
+import email
 import json
 import math
 import os
@@ -35,6 +36,14 @@ def tiny_data_for(name: str, tmp_path: Path) -> list[str]:
     without_data = [o for o in TINY if not o.startswith("data")]
     if target.endswith("DigitsDataModule"):
         return [*without_data, "data.batch_size=4"]
+    if target.endswith("TextData"):  # a language model's recipe: a small folder of text, bytes as tokens
+        corpus = tmp_path / "text"
+        corpus.mkdir()
+        for number, source in enumerate(sorted(Path(email.__file__).parent.glob("*.py"))):
+            (corpus / f"{number}.py").write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+        return [*without_data, f"data.root={corpus}", "data.tokenizer=byte", "data.sequence_length=32",
+                "data.batch_size=4", "data.num_workers=0", f"data.cache_dir={tmp_path / 'cache'}",
+                "data.val_fraction=0.2", "data.test_fraction=0.2"]
     if not target.endswith("ImageFolderDataModule"):
         return TINY
     root = tmp_path / "photos"

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.helpers import in_forked_child
 from trainer.groups.optimizer.parameters import one_dimensional
 from trainer.infra.errors import UserError
 from trainer.measure.mfu import _meta_copy
@@ -73,25 +74,33 @@ def test_the_model_is_causal(style):
 def test_variable_lengths_work_eagerly_and_compiled_with_dynamic_shapes(style):
     """Bucketed batches change T between calls: torch.compile(dynamic=True, fullgraph=True) traces the
     whole forward once (no graph break, no branch on tensor values) and agrees with eager at each T.
-    The eager backend keeps the test fast; what it checks is the trace, not the kernels."""
-    net = tiny(style).eval()
-    compiled = torch.compile(net, dynamic=True, fullgraph=True, backend="eager")
-    for length in (3, 9, CONTEXT):
-        ids = tokens(2, length)
-        torch.testing.assert_close(compiled(ids), net(ids))
+    The eager backend keeps the test fast; what it checks is the trace, not the kernels. Traced in a
+    forked child (tests.helpers.in_forked_child says why)."""
+    def check() -> None:
+        net = tiny(style).eval()
+        compiled = torch.compile(net, dynamic=True, fullgraph=True, backend="eager")
+        for length in (3, 9, CONTEXT):
+            ids = tokens(2, length)
+            torch.testing.assert_close(compiled(ids), net(ids))
+
+    in_forked_child(check)
 
 
 @pytest.mark.parametrize("style", STYLES)
 def test_torch_export_matches_eager_logits(style):
-    """torch.export.export traces the network, at a fixed length and with a dynamic one."""
-    net = tiny(style).eval()
-    ids = tokens(2, 8)
-    with torch.no_grad():
-        program = torch.export.export(net, (ids,))
-        torch.testing.assert_close(program.module()(ids), net(ids))
-        length = torch.export.Dim("tokens", min=2, max=CONTEXT)
-        dynamic = torch.export.export(net, (ids,), dynamic_shapes=({1: length},))
-        torch.testing.assert_close(dynamic.module()(tokens(2, 13)), net(tokens(2, 13)))
+    """torch.export.export traces the network, at a fixed length and with a dynamic one (in a forked
+    child: tests.helpers.in_forked_child says why)."""
+    def check() -> None:
+        net = tiny(style).eval()
+        ids = tokens(2, 8)
+        with torch.no_grad():
+            program = torch.export.export(net, (ids,))
+            torch.testing.assert_close(program.module()(ids), net(ids))
+            length = torch.export.Dim("tokens", min=2, max=CONTEXT)
+            dynamic = torch.export.export(net, (ids,), dynamic_shapes=({1: length},))
+            torch.testing.assert_close(dynamic.module()(tokens(2, 13)), net(tokens(2, 13)))
+
+    in_forked_child(check)
 
 
 # -- the structure --------------------------------------------------------------------------------------

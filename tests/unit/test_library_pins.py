@@ -102,3 +102,19 @@ def test_timms_parameter_groups_exempt_every_flattened_weight_where_the_framewor
     ours = parameter_groups(net, 0.1, decay_norm_and_bias=False, no_decay_names=names)
     assert [len(group["params"]) for group in ours] == [2, 4]  # the conv and linear weights decay, as unwrapped
     assert torch.is_tensor(ours[0]["params"][0])
+
+
+def test_torchmetrics_copies_sync_on_compute_into_to_sync_only_at_init_and_forward():
+    """trainer/modes/lr_finder.py turns a metric's syncing off by setting both `sync_on_compute` and
+    the private `_to_sync`: torchmetrics reads `_to_sync`, copied at construction and after a forward
+    call only, so a metric updated with `update()` alone would still sync (and rank 0's lone range
+    test under torchrun would wait for the other ranks forever)."""
+    import torch
+    from torchmetrics.aggregation import MeanMetric
+
+    metric = MeanMetric()
+    metric.sync_on_compute = False
+    metric.update(torch.tensor(1.0))
+    assert metric._to_sync is True
+    metric(torch.tensor(1.0))
+    assert metric._to_sync is False

@@ -177,6 +177,9 @@ def _run_finder(run: Run, probe: Probe, batch: int, scratch: Path) -> Any:
     for metric in task.modules():
         if isinstance(metric, Metric):
             metric.sync_on_compute = False
+            # torchmetrics reads `_to_sync`, copied from sync_on_compute when the metric is made and
+            # again only after a forward call: a metric a task updates with `update()` would still sync.
+            metric._to_sync = False
     with quiet_library_warnings(), warnings.catch_warnings(), _lightning_quiet(logging.WARNING), \
             _bar_kept_off(probe.progress != "rich"):
         # Lightning's hint to use srun, which the run's own Trainer gives once already.
