@@ -86,11 +86,20 @@ def test_a_folder_of_text_trains_with_bucketed_sequences(tmp_path):
 def test_the_trained_model_writes_text(short_run):
     run_dir = Path(short_run["run_dir"])
     assert (run_dir / "tokenizer.json").is_file()
-    written = subprocess.run([sys.executable, "-m", "trainer.generate", str(run_dir), "--prompt", "def ",
-                              "--max-new-tokens", "12", "--greedy"], cwd=REPO, capture_output=True, text=True,
-                             timeout=300)
-    assert written.returncode == 0, written.stderr[-2000:]
-    assert written.stdout.startswith("def ") and len(written.stdout.strip()) > len("def ")
+    def write(*how: str) -> str:
+        written = subprocess.run([sys.executable, "-m", "trainer.generate", str(run_dir), "--prompt", "def ",
+                                  "--max-new-tokens", "12", *how], cwd=REPO, capture_output=True, text=True,
+                                 timeout=300)
+        assert written.returncode == 0, written.stderr[-2000:]
+        assert written.stdout.startswith("def ")
+        return written.stdout
+
+    # sampled with a seed: the same text twice, and some of it not blank (greedy decoding of a
+    # model this short-trained may well be spaces)
+    sampled = write("--temperature", "1.0", "--top-k", "50", "--seed", "3")
+    assert sampled == write("--temperature", "1.0", "--top-k", "50", "--seed", "3")
+    assert sampled[len("def "):].strip()
+    assert write("--greedy").startswith("def ")
 
 
 def test_the_language_model_exports_and_the_image_server_refuses_it_in_one_line(short_run):
