@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from trainer.data.loader import resolve_loader  # noqa: E402
 from trainer.data.text import TextData  # noqa: E402
+from trainer.infra.fingerprint import cpu_name  # noqa: E402
 from trainer.models.gpt import GPT  # noqa: E402
 
 MODELS = {"gpt_tiny": dict(layers=4, heads=4, width=128), "gpt_small": dict(layers=12, heads=12, width=768)}
@@ -86,17 +87,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rates[mode].append(loader_rate(data, args.batches))
         rates["step"].append(step_rate(args.model, vocab, args.length, args.batch, args.steps, device))
     return {"rates": rates, "device": device, "vocab": vocab}
-
-
-def cpu_name() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it (the architecture elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def report(args: argparse.Namespace, measured: dict[str, Any], started: str, seconds: float) -> list[str]:
