@@ -583,3 +583,25 @@ def in_forked_child(check: Callable[[], None], timeout: float = 300) -> None:
         time.sleep(0.01)
     if report or os.waitstatus_to_exitcode(status) != 0:
         raise AssertionError("in the forked child:\n" + (report.decode() or f"exit status {status}"))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it. killpg is not enough for torchrun: its workers
+    start sessions of their own, and one left alive keeps the test's pipes open for ever."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    doomed, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        doomed.append(current)
+        queue.extend(children.get(current, []))
+    for victim in doomed:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, REPO, train_forked, write_photo_jpegs
+from tests.helpers import ON_CPU, REPO, kill_tree, train_forked, write_photo_jpegs
 from tests.run.test_resume import kill_at_step, weights
 
 pytest.importorskip("litdata")
@@ -171,8 +171,10 @@ def _two_nodes(args: list[str], root: Path, node1: tuple[str, ...] = (), timeout
         try:
             _, err = launch.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(launch.pid, signal.SIGKILL)
-            _, err = launch.communicate()
+            # The other launch too: a process of either left alive would hold the pipes open.
+            for other in launches:
+                kill_tree(other.pid)
+            _, err = launch.communicate(timeout=60)
         done.append((launch.returncode, err))
     return done
 
