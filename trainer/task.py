@@ -16,8 +16,9 @@ from torchmetrics import Metric
 from torchmetrics.aggregation import MeanMetric
 
 from trainer.groups.optimizer.build import OptimizerRecipe
-from trainer.groups.regularization import BatchMixing, RegularizationConfig
+from trainer.groups.regularization import RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
+from trainer.groups.task import give_regularization
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.tasks.classification import TOP5_MIN_CLASSES, Classification, classification_loss
 from trainer.tasks.metrics import WeightedMean
@@ -219,6 +220,5 @@ class ClassificationTask(TrainingTask):
         definition = Classification()
         definition.num_classes = num_classes
         if regularization is not None:
-            mixing = BatchMixing(regularization, num_classes)
-            definition.use_regularization(regularization.label_smoothing, mixing if mixing.active else None)
+            give_regularization(definition, regularization, num_classes)
         super().__init__(net, definition, optimizer, scheduler, channels_last)

@@ -49,9 +49,15 @@ def build_definition(cfg: Mapping[str, Any], info: DataInfo, regularization: Reg
                             f"a data module of kind {' or '.join(definition.data_kinds)}")
     definition.bind(info)
     _check_regularization(definition, regularization)
-    mixing = BatchMixing(regularization, info.num_classes) if "mixing" in definition.regularization else None
-    definition.use_regularization(regularization.label_smoothing, mixing if mixing and mixing.active else None)
+    give_regularization(definition, regularization, info.num_classes)
     return definition
+
+
+def give_regularization(definition: TaskDefinition, cfg: RegularizationConfig, num_classes: int) -> None:
+    """The `regularization` group's settings a definition takes: its label smoothing, and the batch
+    mixing (mixup, cutmix) where it names "mixing" and the settings mix at all."""
+    mixing = BatchMixing(cfg, num_classes) if "mixing" in definition.regularization else None
+    definition.use_regularization(cfg.label_smoothing, mixing if mixing is not None and mixing.active else None)
 
 
 def _check_regularization(definition: TaskDefinition, cfg: RegularizationConfig) -> None:
