@@ -28,9 +28,8 @@ that unscale inside their own `step()` (fused ones): those are refused at fit st
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, ClassVar, Optional
+from typing import Annotated, Any, ClassVar, NamedTuple, Optional
 
 import lightning as L
 import numpy as np
@@ -40,6 +39,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
 from trainer.infra.errors import UserError
+from trainer.infra.on_device import DeviceValues, read_together, scalar, value_dtype
 from trainer.infra.schema import ConfigGroup, Doc, check_target, locate_target
 
 # clip_grad_norm_ adds this to the norm before dividing, so a clipped update lands just under the
@@ -50,7 +50,10 @@ _EPS = 1e-6
 # --- the rules -------------------------------------------------------------------------------------
 
 class ClippingRule:
-    """One clipping choice. `mode` names it in records; the constructor's arguments are its keys."""
+    """One clipping choice. `mode` names it in records; the constructor's arguments are its keys.
+
+    A rule decides on the device: `threshold_for` and `exceeded` take and return tensors, so the
+    step never waits for the host (trainer/infra/on_device.py says why)."""
 
     mode: ClassVar[str] = ""
 
@@ -72,17 +75,22 @@ class ClippingRule:
 
     @property
     def threshold(self) -> Optional[float]:
-        """The bound in force, for the logs and the summary (None: none yet)."""
+        """The bound in force, for the records (None: none yet); a host read."""
         return None
 
-    def threshold_for(self, norm: float) -> Optional[float]:
-        """The bound this step's finite global norm `norm` is clipped to (recording it as the rule
-        needs); None: the step is left as it is."""
+    def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
+        """The bound in force as a 0-d tensor on `device` for the logs (NaN: none yet; None: the rule
+        has no bound)."""
         return None
 
-    def exceeded(self, norm: float, largest: float) -> bool:
+    def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        """The bound this step's global norm `norm` is clipped to, recording it as the rule needs
+        where `finite` holds (a non-finite norm is never recorded). NaN: the step is left as it is."""
+        return torch.full_like(norm, math.nan)
+
+    def exceeded(self, norm: torch.Tensor, largest: Optional[torch.Tensor]) -> torch.Tensor:
         """Whether Lightning's clipping changes a step with this global norm and largest element."""
-        return False
+        return torch.zeros((), dtype=torch.bool, device=norm.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -114,6 +122,7 @@ class _ClippedByLightning(ClippingRule):
         if not _positive_finite(bound):
             raise ValueError(f"{self.key} must be a finite number > 0, got {bound!r}")
         self.bound = float(bound)
+        self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), self.key: self.bound}
@@ -125,8 +134,14 @@ class _ClippedByLightning(ClippingRule):
     def threshold(self) -> Optional[float]:
         return self.bound
 
-    def exceeded(self, norm: float, largest: float) -> bool:
-        return (largest if self.per_element else norm) > self.bound
+    def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
+        if device not in self._on_device:
+            self._on_device[device] = scalar(self.bound, device)
+        return self._on_device[device]
+
+    def exceeded(self, norm: torch.Tensor, largest: Optional[torch.Tensor]) -> torch.Tensor:
+        measured = largest if self.per_element and largest is not None else norm
+        return measured.to(value_dtype(measured.device)) > self.bound
 
 
 class FixedNorm(_ClippedByLightning):
@@ -154,9 +169,10 @@ class Value(_ClippedByLightning):
 
 
 class Percentile(ClippingRule):
-    """Clip to a percentile of the run's own global norms (see the module docstring). The attributes
-    `calibration_norms` (the first `calibration_steps` finite norms), `window` (the rolling window,
-    when set), `threshold` and `calibrated_threshold` show where it stands."""
+    """Clip to a percentile of the run's own global norms (see the module docstring). The norms and
+    thresholds live on the device; the properties `calibration_norms` (the first `calibration_steps`
+    finite norms), `window` (the rolling window, when set), `threshold` and `calibrated_threshold`
+    read them for the records."""
 
     mode = "percentile"
 
@@ -181,10 +197,12 @@ class Percentile(ClippingRule):
         self.calibration_steps = calibration_steps
         self.clip_during_calibration = clip_during_calibration
         self.rolling_window = rolling_window
-        self.calibration_norms: list[float] = []
-        self.window: deque[float] = deque(maxlen=rolling_window)
-        self.calibrated_threshold: float | None = None
-        self._threshold: float | None = None
+        self._calibration = DeviceValues(calibration_steps)
+        self._window = DeviceValues(rolling_window, ring=True) if rolling_window is not None else None
+        # The bound in force and the one calibration ended with, NaN for none yet: on the device once
+        # the first norm is seen, host values (from a checkpoint) until then.
+        self._bounds: Optional[torch.Tensor] = None
+        self._loaded_bounds: tuple[Optional[float], Optional[float]] = (None, None)
 
     def describe(self) -> str:
         later = f"the last {self.rolling_window} (AutoClip)" if self.rolling_window else None
@@ -203,36 +221,82 @@ class Percentile(ClippingRule):
     def clips_here(self) -> bool:
         return True
 
+    # -- the records (host reads) ------------------------------------------------------------------
+
+    @property
+    def calibration_norms(self) -> list[float]:
+        return self._calibration.host_values()
+
+    @property
+    def window(self) -> list[float]:
+        return self._window.host_values() if self._window is not None else []
+
+    def _host_bounds(self) -> tuple[Optional[float], Optional[float]]:
+        if self._bounds is None:
+            return self._loaded_bounds
+        threshold, calibrated = self._bounds.tolist()
+        return (None if math.isnan(threshold) else threshold), (None if math.isnan(calibrated) else calibrated)
+
     @property
     def threshold(self) -> Optional[float]:
-        return self._threshold
+        return self._host_bounds()[0]
 
-    def threshold_for(self, norm: float) -> Optional[float]:
-        if self.rolling_window is not None:
-            self.window.append(norm)  # the pre-clip norm, so clipping cannot drag the threshold down
-        if len(self.calibration_norms) < self.calibration_steps:
-            # Recorded before the threshold is taken, as AutoClip does: the first step is never
-            # clipped (a percentile of one norm is that norm), a new largest norm always is.
-            self.calibration_norms.append(norm)
-            if len(self.calibration_norms) == self.calibration_steps:
-                self.calibrated_threshold = percentile_threshold(self.calibration_norms, self.percentile)
-                self._threshold = self.calibrated_threshold
-            elif self.clip_during_calibration:
-                self._threshold = percentile_threshold(self.calibration_norms, self.percentile)
-            return self._threshold if self.clip_during_calibration else None
-        if self.rolling_window is not None:
-            self._threshold = percentile_threshold(self.window, self.percentile)
-        return self._threshold
+    @property
+    def calibrated_threshold(self) -> Optional[float]:
+        return self._host_bounds()[1]
+
+    # -- the step (device only) --------------------------------------------------------------------
+
+    def _bind(self, device: torch.device) -> torch.Tensor:
+        if self._bounds is None or self._bounds.device != device:
+            held = self._host_bounds()
+            self._bounds = torch.tensor([math.nan if b is None else b for b in held],
+                                        dtype=value_dtype(device), device=device)
+        return self._bounds
+
+    def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
+        return self._bind(device)[0].clone()
+
+    def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+        bounds = self._bind(norm.device)
+        threshold, calibrated = bounds[0], bounds[1]
+        value = norm.detach().to(bounds.dtype)
+        if self._window is not None:
+            self._window.append(value, finite)  # the pre-clip norm, so clipping cannot drag the threshold down
+        self._calibration.bind(norm.device)
+        calibrating = self._calibration.count() < self.calibration_steps
+        # Recorded before the threshold is taken, as AutoClip does: the first step is never clipped
+        # (a percentile of one norm is that norm), a new largest norm always is.
+        recorded = finite & calibrating
+        self._calibration.append(value, recorded)
+        so_far = self._calibration.percentile(self.percentile)
+        completed = recorded & (self._calibration.count() == self.calibration_steps)
+        while_calibrating = torch.where(completed, so_far, so_far if self.clip_during_calibration else threshold)
+        later = self._window.percentile(self.percentile) if self._window is not None else threshold
+        new = torch.where(finite, torch.where(calibrating, while_calibrating, later), threshold)
+        bounds.copy_(torch.stack([new, torch.where(completed, so_far, calibrated)]))
+        if self.clip_during_calibration:
+            return new.clone()
+        return torch.where(calibrating, torch.full_like(new, math.nan), new)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        return {"calibration_norms": list(self.calibration_norms), "window": list(self.window),
-                "calibrated_threshold": self.calibrated_threshold, "threshold": self._threshold}
+        threshold, calibrated = self._host_bounds()
+        return {"calibration_norms": self.calibration_norms, "window": self.window,
+                "calibrated_threshold": calibrated, "threshold": threshold}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.calibration_norms = [float(n) for n in state["calibration_norms"]]
-        self.window = deque((float(n) for n in state["window"]), maxlen=self.rolling_window)
-        self.calibrated_threshold = state["calibrated_threshold"]
-        self._threshold = state["threshold"]
+        self._calibration.load([float(n) for n in state["calibration_norms"]])
+        if self._window is not None:
+            self._window.load([float(n) for n in state["window"]])
+        bounds = (state["threshold"], state["calibrated_threshold"])
+        self._loaded_bounds = (None if bounds[0] is None else float(bounds[0]),
+                               None if bounds[1] is None else float(bounds[1]))
+        device = self._bounds.device if self._bounds is not None else None
+        self._bounds = None
+        if device is not None:
+            self._bind(device)
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "calibrated_threshold": self.calibrated_threshold}
@@ -249,7 +313,8 @@ def _whole(value: Any) -> bool:
 # --- the norms -------------------------------------------------------------------------------------
 
 def percentile_threshold(norms: Sequence[float], percentile: float) -> float:
-    """The `percentile` of `norms` with linear interpolation, exactly as `numpy.percentile`."""
+    """The `percentile` of `norms` with linear interpolation, exactly as `numpy.percentile` (on the
+    host: for reports; the rules take theirs on the device, `DeviceValues.percentile`)."""
     values = np.asarray(list(norms), dtype=np.float64)
     if values.size == 0:
         raise ValueError("cannot take a percentile of no norms")
@@ -285,13 +350,30 @@ def _combine_shares(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
     return combined.pow(1.0 / norm_type)
 
 
-def _scale_grads(params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:
-    if hasattr(torch.nn.utils, "clip_grads_with_norm_"):  # torch >= 2.6
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total_norm)
-        return
-    coef = torch.clamp(max_norm / (total_norm + _EPS), max=1.0)
-    for grad in [p.grad for p in params if p.grad is not None]:
-        grad.detach().mul_(coef.to(grad.device))
+def _scale_grads(params: list[torch.Tensor], bound: torch.Tensor, total_norm: torch.Tensor,
+                 clipped: torch.Tensor) -> None:
+    """Multiply every gradient by `min(1, bound / norm)` where `clipped` holds, by 1 elsewhere: the
+    factor `clip_grads_with_norm_` applies (its `max_norm / (norm + eps)`, which torch computes as
+    `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device bound, so the host
+    never learns whether the step was clipped. A factor of exactly 1 leaves a gradient as it was."""
+    factor = torch.reciprocal(total_norm + _EPS) * bound.to(total_norm.dtype)
+    factor = torch.where(clipped, torch.clamp(factor, max=1.0), torch.ones_like(factor))
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_device.setdefault(p.grad.device, []).append(p.grad.detach())
+    for device, grads in by_device.items():
+        torch._foreach_mul_(grads, factor.to(device))
+
+
+class StepRecord(NamedTuple):
+    """What the clipping did at one step, as device tensors: the pre-clip global norm, the threshold
+    in force after the step (NaN: none yet; None: the rule has none) and whether the gradients were
+    changed (by the callback, or by Lightning next)."""
+
+    norm: torch.Tensor
+    threshold: Optional[torch.Tensor]
+    clipped: torch.Tensor
 
 
 # --- the callback ----------------------------------------------------------------------------------
@@ -300,11 +382,13 @@ class GradientClipping(Callback):
     """Records the global gradient norm before each optimizer step and clips it as `rule` says (the
     rules Lightning applies are given to the Trainer by the run: `rule.trainer_arguments()`).
 
-    Non-finite norms (fp16 overflow steps, which the GradScaler skips anyway) are counted but never
-    recorded and never clipped here: one inf would poison a percentile, and clamping an inf gradient
-    would only hide the overflow. The callback holds one history of norms, so a rule that clips here
-    takes a single optimizer. The counters `steps_seen`, `steps_clipped` and `nonfinite_steps`, and
-    `summary()`, say what it did.
+    Everything a step decides stays on the device: the norm, the threshold, whether to clip and the
+    factor that clips (`clip_on_device`), so the host never waits for the step; the counters are read
+    at checkpoints and in the summary. Non-finite norms (fp16 overflow steps, which the GradScaler
+    skips anyway) are counted but never recorded and never clipped here: one inf would poison a
+    percentile, and clamping an inf gradient would only hide the overflow. The callback holds one
+    history of norms, so a rule that clips here takes a single optimizer. `steps_seen`,
+    `steps_clipped`, `nonfinite_steps` and `summary()` say what it did.
     """
 
     def __init__(self, rule: ClippingRule | None = None,
@@ -313,8 +397,9 @@ class GradientClipping(Callback):
         self.rule = rule if rule is not None else Percentile()
         self.log = log
         self.steps_seen = 0
-        self.steps_clipped = 0
-        self.nonfinite_steps = 0
+        # Steps clipped and steps with a non-finite norm: on the device once a step is seen.
+        self._counts: Optional[torch.Tensor] = None
+        self._loaded_counts = (0, 0)
         self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
         self._observing = True  # off where the gradients are out of reach (DeepSpeed's, for Lightning's rules)
 
@@ -329,49 +414,67 @@ class GradientClipping(Callback):
     def describe(self) -> str:
         return self.rule.describe()
 
+    def _host_counts(self) -> tuple[int, int]:
+        if self._counts is None:
+            return self._loaded_counts
+        clipped, nonfinite = read_together({"counts": self._counts})["counts"]
+        return int(clipped), int(nonfinite)
+
+    @property
+    def steps_clipped(self) -> int:
+        return self._host_counts()[0]
+
+    @property
+    def nonfinite_steps(self) -> int:
+        return self._host_counts()[1]
+
     # -- the work, usable without a Trainer --------------------------------------------------------
 
-    def observe_and_clip(self, parameters: Iterable[torch.Tensor],
-                         sharded: bool = False) -> tuple[float, float | None, bool]:
+    def clip_on_device(self, parameters: Iterable[torch.Tensor], sharded: bool = False) -> StepRecord:
         """Observe the global gradient norm of `parameters`, record it and clip in place as the rule
-        says. Returns (the pre-clip norm, the threshold in force after this step, None while an
-        unclipped calibration lasts, whether the gradients were changed: by this callback, or by
-        Lightning next). `sharded`: each process holds a disjoint share of the gradients (FSDP), so
-        the norms of the shares are combined over the process group first, and every process clips
-        with the same factor."""
+        says, without reading a value on the host. `sharded`: each process holds a disjoint share of
+        the gradients (FSDP), so the norms of the shares are combined over the process group first,
+        and every process clips with the same factor."""
         params = [p for p in parameters if p.grad is not None]
         total = global_grad_norm(params)
         if sharded:
             total = _combine_shares(total, 2.0)
-        largest = math.nan
+        largest = None
         if self.rule.mode == "value":
-            # One device sync for both numbers: the norm for the log and the largest element for
-            # whether the clamp changes anything.
-            peak = global_grad_norm(params, float("inf")).to(total.device)
+            largest = global_grad_norm(params, float("inf")).to(total.device)
             if sharded:
-                peak = _combine_shares(peak, float("inf"))
-            norm, largest = torch.stack([total.float(), peak.float()]).tolist()
-        else:
-            norm = total.item()
+                largest = _combine_shares(largest, float("inf"))
         self.steps_seen += 1
-        if not math.isfinite(norm):
-            self.nonfinite_steps += 1
-            return norm, self.rule.threshold, False
-        if not self.rule.clips_here:
-            clipped = self.rule.exceeded(norm, largest)
-            self.steps_clipped += int(clipped)
-            return norm, self.rule.threshold, clipped
-        threshold = self.rule.threshold_for(norm)
-        clipped = threshold is not None and norm > threshold
-        if clipped:
-            assert threshold is not None
-            _scale_grads(params, threshold, total)
-            self.steps_clipped += 1
-        return norm, self.rule.threshold, clipped
+        if self._counts is None or self._counts.device != total.device:
+            held = self._host_counts()
+            self._counts = torch.tensor(held, dtype=torch.long, device=total.device)
+        finite = torch.isfinite(total)
+        if self.rule.clips_here:
+            bound = self.rule.threshold_for(total, finite)
+            clipped = finite & (total.to(bound.dtype) > bound)
+            _scale_grads(params, bound, total, clipped)
+        else:
+            clipped = finite & self.rule.exceeded(total, largest)
+        self._counts.add_(torch.stack([clipped, ~finite]).long())
+        return StepRecord(total.detach(), self.rule.threshold_on(total.device), clipped)
+
+    def observe_and_clip(self, parameters: Iterable[torch.Tensor],
+                         sharded: bool = False) -> tuple[float, float | None, bool]:
+        """`clip_on_device`, then the host's copy of what it did: (the pre-clip norm, the threshold
+        in force after this step, None while there is none, whether the gradients were changed).
+        One read of the device per call: for tools and tests, not for the training step."""
+        record = self.clip_on_device(parameters, sharded)
+        values = {"norm": record.norm, "clipped": record.clipped}
+        if record.threshold is not None:
+            values["threshold"] = record.threshold
+        got = read_together(values)
+        threshold = got.get("threshold", [math.nan])[0]
+        return got["norm"][0], (None if math.isnan(threshold) else threshold), bool(got["clipped"][0])
 
     def summary(self) -> dict[str, Any]:
-        return {**self.rule.summary(), "steps_clipped": self.steps_clipped, "steps_observed": self.steps_seen,
-                "nonfinite_steps": self.nonfinite_steps}
+        clipped, nonfinite = self._host_counts()
+        return {**self.rule.summary(), "steps_clipped": clipped, "steps_observed": self.steps_seen,
+                "nonfinite_steps": nonfinite}
 
     # -- Lightning hooks ---------------------------------------------------------------------------
 
@@ -413,20 +516,24 @@ class GradientClipping(Callback):
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not params:
             return  # backward was skipped (training_step returned None): nothing to observe
-        norm, threshold, clipped = self.observe_and_clip(params, sharded=self._sharded)
+        record = self.clip_on_device(params, sharded=self._sharded)
         if not self.log:
             return
+        # Device tensors: Lightning reads them at its log intervals only (a Python number logged
+        # here would be copied to the device every step, which waits for it on CUDA). The threshold
+        # is NaN while there is none yet.
         kwargs: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}
-        pl_module.log("clip/grad_norm", norm, **kwargs)
-        if threshold is not None:
-            pl_module.log("clip/threshold", threshold, **kwargs)
-        pl_module.log("clip/clipped", float(clipped), **kwargs)
+        pl_module.log("clip/grad_norm", record.norm.float(), **kwargs)
+        if record.threshold is not None:
+            pl_module.log("clip/threshold", record.threshold.float(), **kwargs)
+        pl_module.log("clip/clipped", record.clipped.float(), **kwargs)
 
     # -- checkpointing -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        clipped, nonfinite = self._host_counts()
         return {"settings": self.rule.settings(), **self.rule.state_dict(), "steps_seen": self.steps_seen,
-                "steps_clipped": self.steps_clipped, "nonfinite_steps": self.nonfinite_steps}
+                "steps_clipped": clipped, "nonfinite_steps": nonfinite}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         wanted = self.rule.settings()
@@ -439,8 +546,8 @@ class GradientClipping(Callback):
                              f"{wanted}; match the settings or start without the checkpoint.")
         self.rule.load_state_dict(state_dict)
         self.steps_seen = int(state_dict["steps_seen"])
-        self.steps_clipped = int(state_dict["steps_clipped"])
-        self.nonfinite_steps = int(state_dict["nonfinite_steps"])
+        self._loaded_counts = (int(state_dict["steps_clipped"]), int(state_dict["nonfinite_steps"]))
+        self._counts = None
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:
