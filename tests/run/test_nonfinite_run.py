@@ -36,13 +36,16 @@ def test_consecutive_nan_steps_stop_with_one_line_and_a_diagnostic_checkpoint(tm
         run_in_process([*NAN_MODEL, "+model.nan_from=4", "nonfinite.max_consecutive=3"], tmp_path)
     assert stopped.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: training: 3 steps in a row had a non-finite loss")
+    # The guard's counters are read at Lightning's log steps (every 10 by default), so the run stops
+    # at step 10 with the run of bad steps that began at step 3 (steps 3-9: 7 in a row).
+    assert len(err) == 1 and err[0].startswith("error: training: 7 steps in a row had a non-finite loss")
     assert "net.net.1.weight at step 3" in err[0]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    # skipped steps still count as optimizer steps (the schedule advances): bad steps 3, 4, 5
-    assert summary["status"] == "failed" and summary["steps"] == 5
+    # skipped steps still count as optimizer steps (the schedule advances)
+    assert summary["status"] == "failed" and summary["steps"] == 10
+    assert summary["nonfinite"]["skipped_at"] == list(range(3, 10))
     path = summary["nonfinite"]["diagnostic_checkpoint"]
-    assert path.endswith("nonfinite-step000005.ckpt") and path in err[0]
+    assert path.endswith("nonfinite-step000010.ckpt") and path in err[0]
     saved = torch.load(path, map_location="cpu", weights_only=True)
-    assert saved["global_step"] == 5
+    assert saved["global_step"] == 10
     assert all(torch.isfinite(v).all() for v in saved["state_dict"].values())  # the last good weights

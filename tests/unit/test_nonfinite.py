@@ -1,6 +1,8 @@
-"""The non-finite guard: a NaN step moves neither the weights nor the AdamW/SGD state and the
-first bad parameter is named; with several processes all skip when any saw a bad step; enough
-bad steps in a row stop the run with a diagnostic checkpoint; under an fp16 GradScaler it only
+"""The non-finite guard, decided on the device: a NaN step moves neither the weights nor the
+optimizer state, through a fused kernel's `found_inf` or by putting a foreach optimizer back (also
+on its very first step); the first bad parameter is named; with several processes all skip when
+any saw a bad step; the counters are read at log steps, where enough bad steps in a row (even ones
+between two reads) stop the run with a diagnostic checkpoint; under an fp16 GradScaler it only
 counts until the scale is spent; off checks nothing."""
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining
+import trainer.groups.nonfinite as nonfinite
+from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining, takes_found_inf
 
 
 class Module(nn.Module):
@@ -29,14 +32,8 @@ class Module(nn.Module):
         self.logged.append((name, value))
 
 
-def fake_trainer(tmp_path, step=0, scaler=None, others_finite=None):
-    """`others_finite`: a second process that saw a finite (True) or non-finite (False) step."""
+def fake_trainer(tmp_path, step=0, scaler=None, world_size=1, log_every_n_steps=1):
     saved = []
-    decisions = []
-
-    def reduce_boolean_decision(decision, all=True):
-        decisions.append(decision)
-        return decision and others_finite if all else decision or others_finite
 
     def save_checkpoint(path, weights_only=None):
         Path(path).write_bytes(b"checkpoint")
@@ -44,11 +41,11 @@ def fake_trainer(tmp_path, step=0, scaler=None, others_finite=None):
 
     return SimpleNamespace(global_step=step, precision_plugin=SimpleNamespace(scaler=scaler),
                            default_root_dir=str(tmp_path), save_checkpoint=save_checkpoint, saved=saved,
-                           world_size=1 if others_finite is None else 2, decisions=decisions,
-                           strategy=SimpleNamespace(reduce_boolean_decision=reduce_boolean_decision))
+                           world_size=world_size, log_every_n_steps=log_every_n_steps)
 
 
 def step(module, optimizer, guard, trainer, poison=False):
+    """One step in Lightning's order: backward, the hook, the optimizer's step, the batch's end."""
     x = torch.randn(16, 4, generator=torch.Generator().manual_seed(trainer.global_step))
     loss = module(x).square().mean() * (float("nan") if poison else 1.0)
     guard.on_before_backward(trainer, module, loss)
@@ -57,22 +54,34 @@ def step(module, optimizer, guard, trainer, poison=False):
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     trainer.global_step += 1
+    guard.on_train_batch_end(trainer, module, None, None, 0)
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1, foreach=True),
-    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.1, foreach=True)], ids=["adamw", "sgd"])
+OPTIMIZERS = {
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1, foreach=True),
+    "sgd_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.1, foreach=True),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=0.1, weight_decay=0.1, fused=True),
+    "sgd_fused": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.1, fused=True),
+}
+
+
+def same_state(before, after):
+    for index, values in before["state"].items():
+        for key, value in values.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(after["state"][index][key])), (index, key)
+
+
+@pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
 def test_a_nan_step_moves_neither_weights_nor_optimizer_state(tmp_path, make):
     module, guard, trainer = Module(), NonFiniteGuard(), fake_trainer(tmp_path)
     optimizer = make(module.parameters())
+    assert takes_found_inf(optimizer) == bool(optimizer.defaults.get("fused"))
     step(module, optimizer, guard, trainer)
     weights, state = copy.deepcopy(module.state_dict()), copy.deepcopy(optimizer.state_dict())
     step(module, optimizer, guard, trainer, poison=True)
     assert all(torch.equal(weights[k], v) for k, v in module.state_dict().items())
-    after = optimizer.state_dict()["state"]
-    for index, values in state["state"].items():
-        for key, value in values.items():
-            assert torch.equal(torch.as_tensor(value), torch.as_tensor(after[index][key])), (index, key)
+    same_state(state, optimizer.state_dict())
+    assert not hasattr(optimizer, "found_inf")  # a later step must not see this one's flag
     assert guard.skipped_steps == 1 and guard.skipped_at == [1]
     assert guard.first_nonfinite == {"step": 1, "parameter": "body.0.weight"}
     step(module, optimizer, guard, trainer)  # a good step applies again and resets the run of bad ones
@@ -80,19 +89,42 @@ def test_a_nan_step_moves_neither_weights_nor_optimizer_state(tmp_path, make):
     assert guard.consecutive == 0
 
 
-def test_with_several_processes_all_skip_when_any_saw_a_non_finite_step(tmp_path):
+@pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+def test_a_nan_first_step_leaves_the_optimizer_as_fresh_as_it_was(tmp_path, make):
+    """The first step creates the optimizer's state: skipped, it must be the fresh state, so the
+    next good step does exactly what a first step does."""
+    torch.manual_seed(0)
+    module, guard, trainer = Module(), NonFiniteGuard(), fake_trainer(tmp_path)
+    twin = copy.deepcopy(module)
+    optimizer, twin_optimizer = make(module.parameters()), make(twin.parameters())
+    step(module, optimizer, guard, trainer, poison=True)
+    step(module, optimizer, guard, trainer)
+    twin_trainer = fake_trainer(tmp_path, step=1)
+    step(twin, twin_optimizer, NonFiniteGuard(mode="off"), twin_trainer)
+    assert all(torch.equal(a, b) for a, b in zip(module.state_dict().values(), twin.state_dict().values()))
+
+
+def test_with_several_processes_all_skip_when_any_saw_a_non_finite_step(tmp_path, monkeypatch):
     # This process's loss and gradients are finite, another process's loss was not: stepping
     # alone would leave the replicas apart, so this process skips too.
+    others_bad = {"flag": True}
+    seen = []
+
+    def any_process(flag):
+        seen.append(flag.clone())
+        return flag | torch.tensor(others_bad["flag"])
+
+    monkeypatch.setattr(nonfinite, "_any_process", any_process)
     module, guard = Module(), NonFiniteGuard()
-    trainer = fake_trainer(tmp_path, others_finite=False)
+    trainer = fake_trainer(tmp_path, world_size=2)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     weights = copy.deepcopy(module.state_dict())
     step(module, optimizer, guard, trainer)
-    assert trainer.decisions == [True] and guard.skipped_steps == 1
+    assert [bool(s) for s in seen] == [False] and guard.skipped_steps == 1
     assert guard.first_nonfinite == {"step": 0, "parameter": "(another process's loss or gradient shard; this process's were finite)"}
     assert all(torch.equal(weights[k], v) for k, v in module.state_dict().items())
-    agreeing = fake_trainer(tmp_path, others_finite=True)
-    step(module, optimizer, guard, agreeing)
+    others_bad["flag"] = False
+    step(module, optimizer, guard, trainer)
     assert guard.skipped_steps == 1 and not torch.equal(weights["body.0.weight"], module.state_dict()["body.0.weight"])
 
 
@@ -102,10 +134,10 @@ def test_the_first_parameter_named_is_where_the_nan_starts(tmp_path):
     module(torch.randn(2, 4)).sum().backward()
     module.body[2].weight.grad[0, 0] = float("inf")
     guard.on_before_optimizer_step(trainer, module, optimizer)
-    assert guard.first_nonfinite["parameter"] == "body.2.weight"
+    assert guard.summary()["first_nonfinite"]["parameter"] == "body.2.weight"
 
 
-def test_max_consecutive_bad_steps_stop_with_a_diagnostic_checkpoint(tmp_path):
+def test_max_consecutive_bad_steps_stop_at_the_log_step_with_a_diagnostic_checkpoint(tmp_path):
     module, guard, trainer = Module(), NonFiniteGuard(max_consecutive=3), fake_trainer(tmp_path, step=5)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     step(module, optimizer, guard, trainer, poison=True)
@@ -115,8 +147,21 @@ def test_max_consecutive_bad_steps_stop_with_a_diagnostic_checkpoint(tmp_path):
     line = stopped.value.line()
     assert line.startswith("training: 3 steps in a row had a non-finite loss or gradient")
     assert "body.0.weight at step 5" in line and "optimizer.lr" in line
-    assert trainer.saved == [str(tmp_path / "checkpoints" / "nonfinite-step000007.ckpt")]
+    assert trainer.saved == [str(tmp_path / "checkpoints" / "nonfinite-step000008.ckpt")]
     assert guard.summary()["diagnostic_checkpoint"] == trainer.saved[0]
+
+
+def test_a_run_of_bad_steps_between_two_reads_is_not_missed(tmp_path):
+    """Read every 10 steps: three bad steps, then good ones, still stop the run at the next read."""
+    module, guard = Module(), NonFiniteGuard(max_consecutive=3)
+    trainer = fake_trainer(tmp_path, step=1, log_every_n_steps=10)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for poison in (True, True, True, False, False, False, False, False):
+        step(module, optimizer, guard, trainer, poison=poison)
+    assert trainer.saved == [] and guard.skipped_steps == 0  # not read yet: global step 9
+    with pytest.raises(NonFiniteTraining, match="3 steps in a row"):
+        step(module, optimizer, guard, trainer)
+    assert guard.skipped_steps == 3 and guard.skipped_at == [1, 2, 3] and guard.consecutive == 0
 
 
 class FakeScaler:
@@ -139,13 +184,18 @@ def test_under_a_grad_scaler_the_guard_counts_and_leaves_the_skip_to_the_scaler(
         module.body[0].weight.grad.fill_(float("inf"))
         guard.on_before_optimizer_step(trainer, module, optimizer)
         assert module.body[0].weight.grad is not None  # the scaler's own step() skips it
+        assert not hasattr(optimizer, "found_inf")
         optimizer.zero_grad(set_to_none=True)
+        trainer.global_step += 1
+        guard.on_train_batch_end(trainer, module, None, None, 0)
     assert guard.skipped_steps == 4 and trainer.saved == []
     trainer.precision_plugin.scaler.scale = 0.5  # the scale is spent and steps still overflow
     module(torch.randn(2, 4)).sum().backward()
     module.body[0].weight.grad.fill_(float("nan"))
+    guard.on_before_optimizer_step(trainer, module, optimizer)
+    trainer.global_step += 1
     with pytest.raises(NonFiniteTraining):
-        guard.on_before_optimizer_step(trainer, module, optimizer)
+        guard.on_train_batch_end(trainer, module, None, None, 0)
 
 
 def test_off_checks_nothing(tmp_path):

@@ -1,26 +1,111 @@
 """The non-finite guard: a step whose loss or gradients hold NaN or Inf is skipped, not applied.
 
-Its behaviour is in docs/reliability.md ("The non-finite guard"). The skip drops the gradients:
-PyTorch's optimizers leave a parameter without a gradient untouched (no update, no momentum or Adam
-moment, no step count). Under an fp16 GradScaler overflows are routine, so the guard only counts
-and stops once the scale is below 1 and steps still overflow, which no loss scaling can cure. Costs
-one device synchronization per optimizer step (the check must be known before the step)."""
+Its behaviour is in docs/reliability.md ("The non-finite guard"). The check and the skip happen on
+the device, so the host never waits for a step: the flag is one reduction over the gradients' norms
+and the loss, and the optimizer is told through the same route a GradScaler uses. A fused optimizer
+(`optimizer.implementation=fused`, the default on CUDA) takes `found_inf` and leaves weights, state
+and step counts untouched; any other optimizer is stepped and then put back where the flag is set
+(`torch.where` against a copy of its parameters and state taken before the step). The counters and
+the first bad parameter are kept on the device and read at Lightning's log intervals, at epoch ends
+and at checkpoints (`read_counters`): that is when `max_consecutive` bad steps in a row stop the run
+(`max_run`, the longest run since the last read, so a run of bad steps between two reads is not
+missed). Under an fp16 GradScaler overflows are routine, so the guard only counts and stops once
+the scale is below 1 and steps still overflow, which no loss scaling can cure."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence
+from typing import Annotated, Any, Literal, Optional
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from trainer.infra.errors import UserError
+from trainer.infra.on_device import DeviceValues, read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
+
+#: Steps recorded in `skipped_at`.
+RECORDED_SKIPS = 100
+#: Codes of the first bad "parameter" beyond the parameters' own indices.
+_LOSS, _ANOTHER_PROCESS = -2, -3
 
 
 class NonFiniteTraining(UserError):
     """Training diverged: too many consecutive steps with non-finite loss or gradients."""
+
+
+def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` reads `found_inf` and skips on the device, as fused kernels do for
+    a GradScaler (torch.optim's fused Adam, AdamW, SGD, Adagrad)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(optimizer.defaults.get("fused"))
+
+
+class _PutBack:
+    """A copy of an optimizer's parameters and state taken before its step, and the step undone
+    where a device flag is set (`torch.where`): the skip for optimizers without a `found_inf` path.
+    State the step creates (the first step's moments and counters) is zeroed instead, which is the
+    fresh state of torch's optimizers. The copies are kept between steps, so nothing is allocated
+    per step once the state exists."""
+
+    def __init__(self) -> None:
+        self._copies: dict[int, torch.Tensor] = {}
+        self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._params: list[torch.Tensor] = []
+        self._optimizer: Optional[torch.optim.Optimizer] = None
+        self.host_flag_reason: Optional[str] = None
+
+    def take(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        tensors = list(params)
+        for p in params:
+            tensors.extend(v for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor))
+        self._before = []
+        sources, targets = [], []
+        for t in tensors:
+            copy = self._copies.get(id(t))
+            if copy is None or copy.shape != t.shape or copy.dtype != t.dtype or copy.device != t.device:
+                copy = self._copies[id(t)] = torch.empty_like(t, memory_format=torch.preserve_format)
+            self._before.append((t, copy))
+            sources.append(t.detach())
+            targets.append(copy)
+        if targets:
+            torch._foreach_copy_(targets, sources)
+        self._params = params
+        self._optimizer = optimizer
+
+    def undo_where(self, flag: torch.Tensor) -> None:
+        """After the step: every tensor back to its copy where `flag` (0-d bool) is set."""
+        assert self._optimizer is not None, "take a copy first"
+        known = {id(t) for t, _ in self._before}
+        flags: dict[torch.device, torch.Tensor] = {}
+
+        def flag_on(device: torch.device) -> torch.Tensor:
+            if device not in flags:
+                if device != flag.device and device.type == "cpu" and flag.device.type != "cpu":
+                    # torch's non-fused Adam family keeps its step counts on the CPU (unless
+                    # capturable): putting them back needs the flag there, one wait per step.
+                    self.host_flag_reason = "the optimizer keeps state on the CPU (step counts)"
+                flags[device] = flag.to(device)
+            return flags[device]
+
+        with torch.no_grad():
+            for t, copy in self._before:
+                t.copy_(torch.where(flag_on(t.device), copy, t))
+        _zero_new_state(self._optimizer, self._params, known, flag, flag_on)
+        self._before = []
+
+
+def _zero_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], known: set[int],
+                    flag: torch.Tensor, flag_on: Optional[Any] = None) -> None:
+    """Zero, where `flag` is set, the state tensors a step created (not in `known`): the fresh state
+    of torch's optimizers (zero moments and step counts; a zero momentum buffer acts as none)."""
+    with torch.no_grad():
+        for p in params:
+            for v in optimizer.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor) and id(v) not in known:
+                    v.masked_fill_(flag_on(v.device) if flag_on else flag.to(v.device), 0)
 
 
 class NonFiniteGuard(Callback):
@@ -34,12 +119,28 @@ class NonFiniteGuard(Callback):
             raise ValueError(f"max_consecutive must be at least 1, got {max_consecutive}")
         self.mode = mode
         self.max_consecutive = max_consecutive
+        # The host's copy, brought up to date by `read_counters`.
         self.skipped_steps = 0
         self.consecutive = 0
         self.first_nonfinite: dict[str, Any] | None = None
-        self.skipped_at: list[int] = []  # the first 100 skipped steps, for the record
+        self.skipped_at: list[int] = []  # the first RECORDED_SKIPS skipped steps, for the record
         self.diagnostic_checkpoint: str | None = None
         self._loss: torch.Tensor | None = None
+        # On the device: skipped, consecutive, longest run since the last read, the latest run's
+        # first step and first bad parameter (an index into `_names`, or _LOSS/_ANOTHER_PROCESS).
+        self._counters: Optional[torch.Tensor] = None
+        self._skips = DeviceValues(RECORDED_SKIPS)
+        self._names: list[str] = []
+        self._positions: dict[tuple[int, ...], torch.Tensor] = {}
+        self._pending: dict[int, tuple[torch.Tensor, Optional[_PutBack]]] = {}  # per optimizer, until its step ends
+        self._put_back: dict[int, _PutBack] = {}
+        self._state_before: dict[int, tuple[list[torch.Tensor], set[int]]] = {}
+        self._hooked: set[int] = set()
+        self._steps_since_read = 0
+        self._longest = 0
+        self._warned_host_flag = False
+
+    # -- the step (device only) --------------------------------------------------------------------
 
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
         self._loss = loss.detach()
@@ -48,48 +149,143 @@ class NonFiniteGuard(Callback):
                                  optimizer: torch.optim.Optimizer) -> None:
         if self.mode == "off":
             return
-        named = [(name, p) for name, p in pl_module.named_parameters() if p.grad is not None]
-        if not named:
+        named = list(pl_module.named_parameters())
+        if [n for n, _ in named] != self._names:
+            self._names, self._positions = [n for n, _ in named], {}
+        with_grad = [i for i, (_, p) in enumerate(named) if p.grad is not None]
+        if not with_grad:
             return  # backward was skipped: nothing to check
-        grads = [p.grad for _, p in named if p.grad is not None]  # all of them; mypy forgets the filter above
-        finite = local_finite = self._all_finite(grads, self._loss)
+        grads = [named[i][1].grad for i in with_grad]
+        device = grads[0].device
+        finite_each = self._finite_each(grads, device)
+        loss_finite = torch.isfinite(self._loss.float()).all().to(device) if self._loss is not None \
+            else torch.ones((), dtype=torch.bool, device=device)
         self._loss = None
-        if trainer.world_size > 1:
-            # Every process must skip (or stop) together: DDP's gradients agree after their
-            # all-reduce, but a loss is each process's own, and a process that stepped alone would
-            # leave the replicas apart (or one stopping alone would leave the others waiting).
-            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
-        if finite:
-            self.consecutive = 0
-            return
-        step = int(trainer.global_step)
-        self.skipped_steps += 1
-        self.consecutive += 1
-        if len(self.skipped_at) < 100:
-            self.skipped_at.append(step)
-        if self.consecutive == 1 or self.first_nonfinite is None:
-            self.first_nonfinite = {"step": step, "parameter": _first_nonfinite(named) if not local_finite
-                                    else "(another process's loss or gradient shard; this process's were finite)"}
+        local_bad = ~(finite_each.all() & loss_finite)
+        bad = _any_process(local_bad) if trainer.world_size > 1 else local_bad
+        # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
+        # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
+        self._count(trainer, bad, finite_each, loss_finite, tuple(with_grad))
+        pl_module.log("nonfinite/skipped", self._counters[0].float(), on_step=True, on_epoch=False, batch_size=1)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        scaled = scaler is not None and scaler.is_enabled()
-        if not scaled:
-            for _, p in named:
-                p.grad = None  # the optimizer skips every parameter: weights and state untouched
-        pl_module.log("nonfinite/skipped", float(self.skipped_steps), on_step=True, on_epoch=False, batch_size=1)
-        if self.consecutive >= self.max_consecutive and (scaler is None or not scaled or scaler.get_scale() < 1.0):
-            self._stop(trainer)
+        if scaler is not None and scaler.is_enabled():
+            return  # the GradScaler skips overflowing steps itself
+        params = [named[i][1] for i in with_grad]
+        self._hook(optimizer)
+        if takes_found_inf(optimizer):
+            optimizer.found_inf = bad.float()  # read by the fused kernel: no update, state and step counts kept
+            self._pending[id(optimizer)] = (bad, None)
+            self._state_before[id(optimizer)] = (params, {id(v) for p in params
+                                                          for v in optimizer.state.get(p, {}).values()})
+        else:
+            put_back = self._put_back.setdefault(id(optimizer), _PutBack())
+            put_back.take(optimizer, params)
+            self._pending[id(optimizer)] = (bad, put_back)
+
+    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
+        if id(optimizer) not in self._hooked:
+            optimizer.register_step_post_hook(self._after_step)
+            self._hooked.add(id(optimizer))
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        pending = self._pending.pop(id(optimizer), None)
+        if pending is None:
+            return
+        bad, put_back = pending
+        if put_back is None:
+            del optimizer.found_inf  # a later step (or a GradScaler) must not see this one's flag
+            # State the skipped step created is left as the kernel allocated it (fused SGD's momentum
+            # buffers uninitialized): zeroed, it is the fresh state.
+            params, known = self._state_before.pop(id(optimizer))
+            _zero_new_state(optimizer, params, known, bad)
+            return
+        put_back.undo_where(bad)
+        if put_back.host_flag_reason and not self._warned_host_flag:
+            self._warned_host_flag = True
+            warnings.warn(f"nonfinite=skip: {put_back.host_flag_reason}, so each step waits for the device once; "
+                          "optimizer.implementation=fused skips on the device", stacklevel=2)
 
     @staticmethod
-    def _all_finite(grads: list[torch.Tensor], loss: torch.Tensor | None) -> bool:
-        # The norm of a tensor is finite exactly when all its elements are: one reduction per
-        # tensor (a single foreach kernel where available) and one sync for the whole check.
+    def _finite_each(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        # The norm of a tensor is finite exactly when all its elements are: one reduction per tensor
+        # (a single foreach kernel where available).
         norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
-        values = torch.stack([n.float() for n in norms])
-        if loss is not None:
-            values = torch.cat([values, loss.float().reshape(1).to(values.device)])
-        return bool(torch.isfinite(values).all())
+        return torch.isfinite(torch.stack([n.float().to(device) for n in norms]))
 
-    def _stop(self, trainer: L.Trainer) -> None:
+    def _count(self, trainer: L.Trainer, bad: torch.Tensor, finite_each: torch.Tensor,
+               loss_finite: torch.Tensor, with_grad: tuple[int, ...]) -> None:
+        device = bad.device
+        if self._counters is None or self._counters.device != device:
+            held = [self.skipped_steps, self.consecutive, self.consecutive, -1, -1]
+            self._counters = torch.tensor(held, dtype=torch.long, device=device)
+        if with_grad not in self._positions:
+            self._positions[with_grad] = torch.tensor(with_grad, dtype=torch.long, device=device)
+        skipped, consecutive, longest, first_step, first_param = self._counters.unbind()
+        bad_long = bad.long()
+        consecutive = (consecutive + 1) * bad_long
+        starts = bad & (consecutive == 1)
+        # The first parameter in module order whose gradient is not finite; else the loss; else
+        # (finite here) another process's.
+        first_bad = self._positions[with_grad][torch.argmax((~finite_each).long())]
+        which = torch.where(~finite_each.all(), first_bad,
+                            torch.where(~loss_finite, torch.full_like(first_bad, _LOSS),
+                                        torch.full_like(first_bad, _ANOTHER_PROCESS)))
+        step = torch.full_like(first_step, int(trainer.global_step))
+        self._skips.append(step, bad)
+        self._counters.copy_(torch.stack([
+            skipped + bad_long, consecutive, torch.maximum(longest, consecutive),
+            torch.where(starts, step, first_step), torch.where(starts, which, first_param)]))
+        self._steps_since_read += 1
+
+    # -- the reads, at intervals -------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # At Lightning's own log steps, when it reads the logged values too.
+        if self.mode == "off" or not self._steps_since_read or trainer.global_step % max(1, int(trainer.log_every_n_steps)):
+            return
+        self.read_counters(trainer)
+        self._stop_if_diverged(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.mode != "off" and self._steps_since_read:
+            self.read_counters(trainer)
+            self._stop_if_diverged(trainer)
+
+    def read_counters(self, trainer: Optional[L.Trainer] = None) -> int:
+        """Bring the host's copy up to date in one read; returns the longest run of bad steps since
+        the last read."""
+        if self._counters is None:
+            return 0
+        got = read_together({"counters": self._counters, "skips": self._skips.count()})
+        skipped, consecutive, longest, first_step, first_param = (int(v) for v in got["counters"])
+        if got["skips"][0]:
+            self.skipped_at = [int(s) for s in self._skips.host_values()]
+        self._counters[2].copy_(self._counters[1])  # the next read's run starts from the current one
+        self.skipped_steps, self.consecutive = skipped, consecutive
+        if first_step >= 0:
+            self.first_nonfinite = {"step": first_step, "parameter": self._parameter_name(first_param)}
+        self._steps_since_read = 0
+        self._longest = longest
+        return longest
+
+    def _parameter_name(self, code: int) -> str:
+        if code == _LOSS:
+            return "(the loss; every gradient was finite)"
+        if code == _ANOTHER_PROCESS:
+            return "(another process's loss or gradient shard; this process's were finite)"
+        return self._names[code] if 0 <= code < len(self._names) else f"(parameter {code})"
+
+    def _stop_if_diverged(self, trainer: L.Trainer) -> None:
+        if self._longest < self.max_consecutive:
+            return
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaled = scaler is not None and scaler.is_enabled()
+        if scaled and scaler.get_scale() >= 1.0:
+            return
+        self._stop(trainer, self._longest)
+
+    def _stop(self, trainer: L.Trainer, run: int) -> None:
         assert self.first_nonfinite is not None
         path = Path(trainer.default_root_dir) / "checkpoints" / f"nonfinite-step{int(trainer.global_step):06d}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,16 +294,20 @@ class NonFiniteGuard(Callback):
         first = self.first_nonfinite
         raise NonFiniteTraining(
             "training",
-            f"{self.consecutive} steps in a row had a non-finite loss or gradient (the first in "
-            f"{first['parameter']} at step {first['step']}); the last good weights are in {path}",
+            f"{run} steps in a row had a non-finite loss or gradient (the first in "
+            f"{first['parameter']} at step {first['step']}); the weights of the last good step are in {path}",
             "a lower optimizer.lr, clipping=fixed_norm, precision=fp32, or a larger nonfinite.max_consecutive")
 
+    # -- records -----------------------------------------------------------------------------------
+
     def summary(self) -> dict[str, Any]:
+        self.read_counters()
         return {"mode": self.mode, "max_consecutive": self.max_consecutive, "skipped_steps": self.skipped_steps,
                 "skipped_at": list(self.skipped_at), "first_nonfinite": self.first_nonfinite,
                 "diagnostic_checkpoint": self.diagnostic_checkpoint}
 
     def state_dict(self) -> dict[str, Any]:
+        self.read_counters()
         return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive,
                 "first_nonfinite": self.first_nonfinite, "skipped_at": list(self.skipped_at)}
 
@@ -116,14 +316,18 @@ class NonFiniteGuard(Callback):
         self.consecutive = int(state_dict["consecutive"])
         self.first_nonfinite = state_dict["first_nonfinite"]
         self.skipped_at = [int(s) for s in state_dict["skipped_at"]]
+        self._skips.load([float(s) for s in self.skipped_at])
+        self._counters = None
 
 
-def _first_nonfinite(named: Sequence[tuple[str, torch.Tensor]]) -> str:
-    """The first parameter, in module order, whose gradient holds a NaN or Inf."""
-    for name, p in named:
-        if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
-            return name
-    return "(the loss; every gradient was finite)"
+def _any_process(flag: torch.Tensor) -> torch.Tensor:
+    """`flag` or-ed over every process, on the device (an all-reduce the step's stream waits on; the
+    host does not)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    joined = flag.to(torch.int32)
+    dist.all_reduce(joined, op=dist.ReduceOp.MAX)
+    return joined.bool()
 
 
 GROUP = ConfigGroup("nonfinite", __name__, "the guard that skips NaN/Inf steps", lambda values: check_target("nonfinite", values), target=True)
