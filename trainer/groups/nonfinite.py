@@ -226,7 +226,8 @@ class NonFiniteGuard(Callback):
         starts = bad & (consecutive == 1)
         # The first parameter in module order whose gradient is not finite; else the loss; else
         # (finite here) another process's.
-        first_bad = self._positions[with_grad][torch.argmax((~finite_each).long())]
+        # gather, not [tensor]: indexing with a 0-d tensor may read it on the host.
+        first_bad = self._positions[with_grad].gather(0, torch.argmax((~finite_each).long()).reshape(1)).reshape(())
         which = torch.where(~finite_each.all(), first_bad,
                             torch.where(~loss_finite, torch.full_like(first_bad, _LOSS),
                                         torch.full_like(first_bad, _ANOTHER_PROCESS)))

@@ -1,0 +1,172 @@
+"""Counting the host's reads of tensor values, by whose code made them and at which training step.
+
+A read of a tensor's value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`, `int(t)`,
+`.numpy()`, `.cpu()`) waits on CUDA for every kernel queued before it, so a step that makes one
+cannot run ahead of the device. So does a Python number logged with `LightningModule.log`, which
+Lightning copies to the device with a blocking copy each call. `HostReads` patches those entry points
+while it is active and attributes each call to the first frame outside torch's own code: the
+framework's (`trainer/`), Lightning's, torchmetrics', or other code (tests, a team's own). On the
+CPU nothing waits, but the same calls are the ones that would: the count is the same on both.
+
+As a callback (`callbacks=host_reads`) it counts from fit's set-up to its teardown, notes the
+training batch each read belongs to (from the hook Lightning is running, so the reads
+of log-interval steps can be told from those of every step), and writes `host_reads.json` in the run
+folder: the reads by owner, the framework's per step, and the places they were made."""
+
+from __future__ import annotations
+
+import json
+import numbers
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+_TORCH = str(Path(torch.__file__).parent)
+_FRAMEWORK = str(Path(__file__).resolve().parents[1])
+_OWNERS = (("lightning", f"{Path(L.__file__).parent}"), ("framework", _FRAMEWORK))
+READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy", "cpu")
+
+
+# torch's thin wrappers of Tensor methods (a read made through them is its caller's).
+_WRAPPERS = tuple(str(Path(_TORCH) / name) for name in ("_tensor.py", "_tensor_str.py", "overrides.py"))
+
+
+def owner_of(frame: Optional[FrameType]) -> tuple[str, str]:
+    """Whose code a call was made from, as (owner, "file:line"): torch's own where torch code made
+    the read (an optimizer reading its step count), else the first frame outside torch."""
+    here = __file__
+    while frame is not None and (frame.f_code.co_filename == here or frame.f_code.co_filename.startswith(_WRAPPERS)):
+        frame = frame.f_back
+    if frame is not None and frame.f_code.co_filename.startswith(_TORCH):
+        return "torch", f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    if frame is None:
+        return "other", "?"
+    name = frame.f_code.co_filename
+    where = f"{name}:{frame.f_lineno}"
+    if "torchmetrics" in name:
+        return "torchmetrics", where
+    for owner, root in _OWNERS:
+        if name.startswith(root):
+            return owner, where
+    return "other", where
+
+
+# Lightning's hooks that are not part of one training batch.
+_OUTSIDE_STEPS = ("setup", "teardown", "on_fit_start", "on_fit_end", "on_train_start", "on_train_end",
+                  "on_save_checkpoint", "on_load_checkpoint", "state_dict", "load_state_dict")
+
+
+@dataclass
+class Read:
+    what: str
+    owner: str
+    where: str
+    step: Optional[int]  # the training batch it belongs to (None: outside the training batches)
+
+
+@dataclass
+class HostReads(Callback):
+    """Counts host reads while active (`with HostReads() as reads:`); `reads.records` lists them."""
+
+    records: list[Read] = field(default_factory=list)
+    _trainer: Optional[L.Trainer] = None
+    _saved: dict[str, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> "HostReads":
+        for name in READS:
+            self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._counting(name, self._saved[name]))
+        self._saved["log"] = L.LightningModule.log
+        setattr(L.LightningModule, "log", self._counting_log(self._saved["log"]))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(L.LightningModule, "log", self._saved.pop("log"))
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        self._saved.clear()
+
+    def _counting(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        reads = self
+
+        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            owner, where = owner_of(sys._getframe(1))
+            reads.records.append(Read(name, owner, where, reads._current_step()))
+            return original(tensor, *args, **kwargs)
+
+        counted.__name__ = name
+        return counted
+
+    def _counting_log(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        reads = self
+
+        def log(module: L.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(value, numbers.Number):  # a number becomes a device tensor: a blocking copy
+                owner, where = owner_of(sys._getframe(1))
+                reads.records.append(Read("log(number)", owner, where, reads._current_step()))
+            return original(module, name, value, *args, **kwargs)
+
+        return log
+
+    # -- the step each read belongs to -------------------------------------------------------------
+
+    def _current_step(self) -> Optional[int]:
+        """The training batch being run (counted from 0 over the fit), or None outside them: at
+        epoch ends, in validation, in set-up and teardown."""
+        trainer = self._trainer
+        if trainer is None or not trainer.training or trainer.sanity_checking:
+            return None
+        fx = getattr(trainer.lightning_module, "_current_fx_name", None)
+        if fx is None or "epoch" in fx or fx in _OUTSIDE_STEPS:
+            return None
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready) - 1
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and not self._saved:
+            self._trainer = trainer
+            self.__enter__()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit" or not self._saved:
+            return
+        self.__exit__()
+        if trainer.is_global_zero:
+            path = Path(trainer.default_root_dir) / "host_reads.json"
+            path.write_text(json.dumps(self.report(int(trainer.log_every_n_steps)), indent=2) + "\n")
+
+    # -- summaries ---------------------------------------------------------------------------------
+
+    def by_owner(self, step: Optional[Callable[[Optional[int]], bool]] = None) -> Counter[str]:
+        return Counter(r.owner for r in self.records if step is None or step(r.step))
+
+    def report(self, log_every_n_steps: int) -> dict[str, Any]:
+        """What `host_reads.json` holds: reads by owner inside and outside the training steps, the
+        framework's reads per training step, and where each owner's reads were made."""
+        per_step: Counter[int] = Counter(r.step for r in self.records
+                                         if r.owner == "framework" and r.step is not None)
+        return {"log_every_n_steps": log_every_n_steps,
+                "in_training_steps": dict(self.by_owner(lambda s: s is not None)),
+                "elsewhere": dict(self.by_owner(lambda s: s is None)),
+                "framework_per_step": {str(k): v for k, v in sorted(per_step.items())},
+                "framework_reads": [{"what": r.what, "where": _relative(r.where), "step": r.step}
+                                    for r in self.records if r.owner == "framework"][:2000],
+                "places": {owner: dict(self.places(owner).most_common(20))
+                           for owner in ("framework", "lightning", "torchmetrics", "torch", "other")}}
+
+    def places(self, owner: str, step: Optional[Callable[[Optional[int]], bool]] = None) -> Counter[str]:
+        """Where `owner`'s reads were made, with counts (the file:line of the call)."""
+        return Counter(f"{r.what} at {r.where}" for r in self.records
+                       if r.owner == owner and (step is None or step(r.step)))
+
+
+def _relative(where: str) -> str:
+    """A framework file:line from the package's parent folder (trainer/...)."""
+    root = str(Path(_FRAMEWORK).parent) + "/"
+    return where[len(root):] if where.startswith(root) else where
