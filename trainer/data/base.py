@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainer.data.loader import LoaderSettings, resolve_loader
 from trainer.data.resumable import EpochSampler, SeededSamples, own_generator
+from trainer.data.transfer import SideStreamCopy
 from trainer.infra.errors import UserError
 from trainer.infra.schema import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc
 
@@ -90,6 +91,8 @@ class ImageClassificationData(L.LightningDataModule):
         num_workers: Annotated[Union[Annotated[int, NON_NEGATIVE], Auto],
                                Doc("loader processes; auto: usable CPUs - 1 (max 8), none for in-memory data")] = "auto",
         pin_memory: Annotated[Union[bool, Auto], Doc("page-locked host batches; auto: with CUDA")] = "auto",
+        copy_overlap: Annotated[Union[bool, Auto], Doc("copy each batch to the GPU on a side stream, overlapping "
+                                                       "the step before; auto: with CUDA and pinned memory")] = "auto",
         persistent_workers: Annotated[Union[bool, Auto], Doc("keep workers between epochs; auto: when there "
                                                              "are workers")] = "auto",
         prefetch_factor: Annotated[Union[Annotated[int, AT_LEAST_ONE], Auto, None],
@@ -115,6 +118,8 @@ class ImageClassificationData(L.LightningDataModule):
         self.batch_size = AUTO_BATCH_START if batch_size == "auto" else batch_size
         self.eval_batch_size = eval_batch_size or self.batch_size
         self._loader_request = (num_workers, pin_memory, persistent_workers, prefetch_factor)
+        self._copy_overlap = copy_overlap
+        self._side_stream_copy = SideStreamCopy()
         self.loader: LoaderSettings | None = None
         self.train_set: Dataset[Any] | None = None
         self.val_set: Dataset[Any] | None = None
@@ -184,7 +189,8 @@ class ImageClassificationData(L.LightningDataModule):
         """This module's loader request (`auto` values) resolved for the device, changing nothing
         (`apply_loader` applies it); `batch_bytes`, one batch as the loader ships it, bounds the
         prefetch depth."""
-        return resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda, batch_bytes=batch_bytes)
+        return resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda, batch_bytes=batch_bytes,
+                              copy_overlap=self._copy_overlap)
 
     def apply_loader(self, settings: LoaderSettings) -> None:
         """Build every loader from now on with `settings` (the plan's, applied by the build phase)."""
@@ -262,6 +268,14 @@ class ImageClassificationData(L.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_position = state_dict.get("train_position")
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Lightning's move, on a side stream where the plan says so (trainer/data/transfer.py): the
+        batch's copy then overlaps the step before. Batches stay in order, one per call, so the
+        resume position counted in `on_after_batch_transfer` is unchanged."""
+        if self.loader is not None and self.loader.copy_overlap:
+            return self._side_stream_copy(batch, device)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         training = bool(self.trainer is not None and self.trainer.training)

@@ -28,6 +28,8 @@ class LoaderSettings:
     persistent_workers: bool
     prefetch_factor: int | None
     reasons: dict[str, str]
+    #: Batches copied to the GPU on a side stream (trainer/data/transfer.py), not on the compute stream.
+    copy_overlap: bool = False
 
     def dataloader_kwargs(self, rank: int = 0) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -79,12 +81,15 @@ def resolve_loader(
     batch_bytes: int | None = None,
     available_bytes: int | None = None,
     memory_fraction: float = 0.1,
+    copy_overlap: Union[bool, Auto] = "auto",
 ) -> LoaderSettings:
     """Turn ``auto`` into concrete values.
     Workers: none for data already in memory (they would only add inter-process copies); else one
     per usable CPU minus one for the training process, at most 8 (past that the gains are rarely
     worth the memory, and too many workers hurt). Prefetch: PyTorch's 2 batches per worker, fewer
-    when the batches in flight would take more than `memory_fraction` of the available memory."""
+    when the batches in flight would take more than `memory_fraction` of the available memory.
+    Copy overlap: with CUDA and pinned batches (from pageable memory the copy is synchronous, so a
+    side stream would only add an event per batch)."""
     cpus = cpus or usable_cpus()
     reasons: dict[str, str] = {}
     if num_workers == "auto":
@@ -118,7 +123,22 @@ def resolve_loader(
     else:
         prefetch = int(prefetch_factor)
         reasons["prefetch_factor"] = f"{prefetch} (as configured)"
-    return LoaderSettings(workers, pin, persistent, prefetch, reasons)
+    overlap, reasons["copy_overlap"] = _copy_overlap(copy_overlap, cuda, pin)
+    return LoaderSettings(workers, pin, persistent, prefetch, reasons, overlap)
+
+
+def _copy_overlap(requested: Union[bool, Auto], cuda: bool, pinned: bool) -> tuple[bool, str]:
+    """Whether batches are copied on a side stream, and why; on without CUDA it steps aside (the
+    copy then is Lightning's move, which is what a CPU run does anyway)."""
+    if requested == "auto":
+        overlap = cuda and pinned
+        why = ("CUDA, pinned batches: the copy of the next batch overlaps this step's compute" if overlap
+               else "no CUDA" if not cuda else "batches not pinned: the copy cannot be asynchronous")
+        return overlap, f"auto -> {str(overlap).lower()} ({why})"
+    if requested and not cuda:
+        return False, "false (true as configured; no CUDA: nothing to overlap)"
+    return bool(requested), f"{str(bool(requested)).lower()} (as configured" + (
+        "; batches not pinned: each is moved as Lightning does" if requested and not pinned else "") + ")"
 
 
 PREFETCH_TARGET = 2  # PyTorch's default: enough to hide jitter in per-batch loading time
