@@ -1,7 +1,8 @@
 """Tiny real runs with the `callbacks` group: early stopping ends the run at the step its rule gives;
 a team's own callback, named by `_target_`, sees every step, and its state comes back on resume;
 EMA averages the weights (the checkpoint's state_dict is the average) while leaving the training
-itself bit for bit as it was without it.
+itself bit for bit as it was without it; device_stats's utilisation sampler says in summary.json why
+a CPU run was not sampled (and a run without it, which choice samples).
 
 The runs are pinned to the CPU: bit-identical weights between two runs are a CPU claim."""
 
@@ -14,6 +15,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from tests.helpers import ON_CPU, TINY, run_in_process
+from trainer.callbacks.utilisation import NOT_AMONG_CALLBACKS
 
 pytestmark = pytest.mark.run
 
@@ -54,6 +56,13 @@ def test_early_stopping_ends_the_run_when_val_loss_stops_improving(tmp_path):
                              tmp_path)
     assert summary["status"] == "completed"
     assert summary["steps"] == 4
+    assert summary["device_utilisation"] == {"sampled": False, "why": NOT_AMONG_CALLBACKS}
+
+
+def test_device_stats_adds_the_utilisation_sampler_which_says_why_a_cpu_run_is_not_sampled(tmp_path):
+    summary = run_in_process([*RUN, "callbacks=device_stats"], tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["device_utilisation"] == {"sampled": False, "why": "not sampled: the run is on cpu, not CUDA"}
 
 
 def test_a_teams_own_callback_sees_every_step(tmp_path):

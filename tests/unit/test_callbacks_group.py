@@ -22,7 +22,7 @@ import trainer.callbacks
 from tests.helpers import ON_CPU, compose
 from trainer.callbacks.steps import StepBoundary
 from trainer.configuration.spec import validate
-from trainer.groups.callbacks import AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
+from trainer.groups.callbacks import ADDED_BY_CONFIG, AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
 from trainer.groups.clipping import GradientClipping
 from trainer.infra.errors import UserError
 
@@ -47,7 +47,7 @@ def refusal(*overrides: str) -> UserError:
 
 def test_the_ready_choices_validate_in_the_order_composed():
     spec = validate(compose([*ON_CPU, "callbacks=[early_stopping,ema,device_stats]"]))
-    assert list(spec.callbacks) == ["early_stopping", "ema", "device_stats"]
+    assert list(spec.callbacks) == ["early_stopping", "ema", "device_stats", "utilisation"]
     assert spec.callbacks["early_stopping"]["monitor"] == "val/loss"
 
 
@@ -82,13 +82,22 @@ def _framework_callback_classes() -> list[type]:
                for module in pkgutil.iter_modules(trainer.callbacks.__path__)]
     modules += [importlib.import_module(name) for name in ("trainer.groups.checkpointing", "trainer.groups.logger")]
     return [cls for module in modules for _, cls in inspect.getmembers(module, inspect.isclass)
-            if issubclass(cls, Callback) and cls.__module__ == module.__name__ and cls is not StepBoundary]
+            if issubclass(cls, Callback) and cls.__module__ == module.__name__ and cls is not StepBoundary
+            and cls.__name__ not in ADDED_BY_CONFIG]
 
 
 @pytest.mark.parametrize("cls", _framework_callback_classes(), ids=lambda cls: cls.__name__)
 def test_every_callback_class_of_the_framework_is_refused(cls):
     error = refusal(f"+callbacks.extra._target_={cls.__module__}.{cls.__qualname__}")
     assert error.where == "callbacks.extra", error.line()
+
+
+def test_the_frameworks_callbacks_added_by_config_are_accepted():
+    spec = validate(compose([*ON_CPU, "callbacks=device_stats"]))
+    assert spec.callbacks["utilisation"] == {"_target_": "trainer.callbacks.utilisation.UtilisationSampler",
+                                             "interval_s": 0.5}
+    built = build_callbacks(spec.callbacks, has_logger=True, accelerator="cpu")
+    assert [type(c).__name__ for c in built] == ["DeviceStatsMonitor", "UtilisationSampler"]
 
 
 def test_a_teams_callback_on_the_frameworks_reusable_base_is_accepted():

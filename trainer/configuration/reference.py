@@ -180,14 +180,15 @@ def top_level_table() -> str:
 
 def group_tables(group: str, default: Optional[str]) -> str:
     """The keys of every choice of `group`: one column of values a choice (the default first), or
-    for a group whose choices are named objects (logger, callbacks) one table a choice."""
+    for a group whose choices are named objects (logger, callbacks; a choice may hold several) one
+    table a choice."""
     paths = sorted((CONF_DIR / group).glob("*.yaml"), key=lambda path: (path.stem != default, path.stem))
     choices = {path.stem: load_choice(group, path) for path in paths}
     declared = BY_NAME.get(group)
     module, what = (declared.where, declared.chooses) if declared else ("", "")
     title = f"## `{group}`\n\nChooses {what}; `{module}`. Default: " \
             f"{f'`{default}`' if default else 'none'}.\n"
-    if all(len(values) <= 1 and all(isinstance(v, Mapping) for v in values.values())
+    if all(all(isinstance(v, Mapping) for v in values.values())
            for values in choices.values()):
         tables = [f"`{group}={choice}`:\n\n" + _table(["key", "value", "what it does"], list(_rows(group, [values])))
                   for choice, values in choices.items() if values]

@@ -53,6 +53,8 @@ OWNED_FRAMEWORK_CALLBACKS: dict[str, str] = {
 }
 #: Base classes of this package meant to be built upon; a team's callback may derive from them.
 REUSABLE_BASES = ("StepBoundary",)
+#: The framework's callbacks that a run has only when its config adds them (conf/callbacks/).
+ADDED_BY_CONFIG = ("UtilisationSampler", "HostReads")  # callbacks=device_stats, callbacks=host_reads
 _PACKAGE = __name__.split(".")[0]
 
 #: Callbacks whose ``**kwargs`` go to another constructor, not to a parent class, so the signature
@@ -83,7 +85,7 @@ def _refuse_owned(key: str, cls: type) -> None:
             kind = "" if cls is owned else f" (a {owned.__name__})"
             raise UserError(key, f"{cls.__name__}{kind} is set by the framework", f"use {pointer}")
     for base in cls.__mro__:
-        if base.__module__.split(".")[0] == _PACKAGE and base.__name__ not in REUSABLE_BASES \
+        if base.__module__.split(".")[0] == _PACKAGE and base.__name__ not in (*REUSABLE_BASES, *ADDED_BY_CONFIG) \
                 and issubclass(base, Callback):
             kind = "" if cls is base else f" (a {base.__name__})"
             use = OWNED_FRAMEWORK_CALLBACKS.get(base.__name__)

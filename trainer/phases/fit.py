@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trainer.callbacks.utilisation import device_utilisation
 from trainer.groups.compile import compile_counts
 from trainer.infra import attempts
 from trainer.infra.errors import UserError
@@ -53,7 +54,8 @@ def fit(run: Run) -> Fitted:
     if trainer.interrupted:
         raise KeyboardInterrupt
     records: dict[str, Any] = {"throughput": built.meter.summary(), "loss": built.losses.summary(), "scheduler": run.task.schedule,
-               "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary()}
+               "clipping": parts.clipping.summary(), "nonfinite": parts.guard.summary(),
+               "device_utilisation": device_utilisation(trainer.callbacks)}  # type: ignore[attr-defined]  # set by a connector
     if run.plan.compile_mode != "off":
         # What Dynamo compiled during this fit (variable lengths and progressive resizing recompile).
         after = compile_counts()

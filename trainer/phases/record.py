@@ -12,6 +12,7 @@ from typing import Any
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainer.callbacks.graceful import StoppedBySignal
+from trainer.callbacks.utilisation import device_utilisation
 from trainer.configuration.recipes import lineage_record
 from trainer.groups.logger import finish_loggers
 from trainer.infra import attempts
@@ -83,6 +84,7 @@ def record_failure(run: Run, ex: BaseException) -> BaseException | None:
     signum = ex.signum if isinstance(ex, StoppedBySignal) else None
     _wrap_up(run, failed=True)
     record.end(status, error=exception_line(ex), nonfinite=run.parts.guard.summary(),
+               device_utilisation=device_utilisation(built.trainer.callbacks),  # type: ignore[attr-defined]
                wall_time_s=time.perf_counter() - run.started, steps=steps,
                **attempts.totals([*identity.earlier_attempts,
                                   attempts.ended(identity.attempt, status, steps, signum, record.working)]))
