@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.helpers import REPO, run_in_process, write_digit_pngs
 
@@ -130,6 +131,9 @@ def test_profile_records_steps_of_the_real_loop_and_writes_its_tables(tmp_path):
     assert conv["backward_ms"] > 0 and conv["forward_ms"] > 0 and conv["flops_per_s"] > 0 and conv["intensity"] > 0
     assert 0 < record["memory_bound_share"] < 1 and record["roof"]["how"].startswith(("measured here", "H", "A"))
     assert "| convolution/matmul |" in (folder / "ops.md").read_text()
+    # The step's phases marked for Nsight Systems on CUDA only; a CPU run says so.
+    assert record["nvtx"].startswith("NVTX ranges: on" if torch.cuda.is_available() else "NVTX ranges: off (no CUDA)")
+    assert record["nvtx"] in (folder / "ops.md").read_text()
     assert (folder / "roofline.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "summary.json").exists()
 

@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+from trainer.callbacks.nvtx import NvtxRanges
 from trainer.groups.precision import compute_dtype
 from trainer.infra.errors import UserError
 from trainer.infra.library_logs import quiet_library_warnings
@@ -25,7 +26,9 @@ def run_profile(run: Run) -> None:
     folder = run.job.run_dir / "profile"
     folder.mkdir(parents=True, exist_ok=True)
     profiler = StepProfiler(folder, steps, on_device=device.type == "cuda")
-    built = build_trainer(run, measuring_steps=profiler.total + 1, extra_callbacks=[profiler])
+    # The step's phases as NVTX ranges for Nsight Systems; only on CUDA (a CPU run is told so).
+    ranges = NvtxRanges(device)
+    built = build_trainer(run, measuring_steps=profiler.total + 1, extra_callbacks=[profiler, ranges])
     with quiet_library_warnings():
         built.trainer.fit(task, datamodule=parts.datamodule)
     if profiler.events is None:
@@ -34,10 +37,12 @@ def run_profile(run: Run) -> None:
     dtype = compute_dtype(plan.precision)
     roof = machine_roof(device, plan.precision, plan.tf32, torch.float32 if dtype == torch.float32 else torch.bfloat16)
     record = write_report(profiler.events, folder, device.type == "cuda", dtype.itemsize, roof,
-                          f"{name} on {plan.accelerator}, batch {plan.batch_size}, {plan.precision}")
+                          f"{name} on {plan.accelerator}, batch {plan.batch_size}, {plan.precision}",
+                          nvtx=ranges.status)
     top = ", ".join(f"{c['category']} {c['share']:.0%}" for c in record["categories"][:4])
     log.info("profile: %.2f ms per step over %d steps; %s; memory-bound operators %.0f%% of the step",
              record["step_ms"], record["steps"], top, 100 * record["memory_bound_share"])
     for flag in record["unusual"]:
         log.info("profile: unusual: %s", flag)
+    log.info("profile: %s", ranges.status)
     log.info("profile written: %s (ops.md, profile.json, roofline.png, the trace for Perfetto or TensorBoard)", folder)
