@@ -28,6 +28,7 @@ from tests.helpers import ON_CPU, TINY, compose, prepared_run
 from trainer.configuration.spec import choice_config, validate
 from trainer.groups.checkpointing import SafeCheckpointIO
 from trainer.groups.clipping import GradientClipping, Off
+from trainer.groups.communication import UNCOMPRESSED
 from trainer.groups.trainer import TRAINER_KEYS_OWNED_ELSEWHERE
 from trainer.infra.devices import decide_devices
 from trainer.infra.errors import UserError
@@ -130,7 +131,7 @@ def test_the_persons_plugins_follow_the_fp16_precision_plugin_and_the_checkpoint
     spec = types.SimpleNamespace(trainer={"plugins": [{"_target_": "x.Env"}], "benchmark": None},
                                  precision=choice_config("precision", "fp16_mixed"))
     plan = types.SimpleNamespace(precision="16-mixed", accelerator="cuda", tf32=True, cudnn_benchmark=True,
-                                 slurm_environment=False)
+                                 slurm_environment=False, communication=UNCOMPRESSED)
     plugins = _trainer_arguments(spec, plan, GradientClipping(Off()))["plugins"]
     assert [type(p).__name__ for p in plugins[:2]] == ["MixedPrecision", "SafeCheckpointIO"]
     assert plugins[2] == {"_target_": "x.Env"}

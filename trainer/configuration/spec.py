@@ -19,6 +19,7 @@ from trainer.data import group as data
 from trainer.groups import (callbacks, checkpointing, clipping, compile, logger, nonfinite, optimizer, precision,
                             regularization, scheduler, task, trainer)
 from trainer.groups.checkpointing import CheckpointingConfig
+from trainer.groups.communication import UNCOMPRESSED, Communication, communication_of
 from trainer.groups.compile import CompileConfig
 from trainer.groups.optimizer.schema import OptimizerConfig
 from trainer.groups.precision import PrecisionConfig
@@ -122,6 +123,8 @@ class RunSpec:
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     clipping: dict[str, Any] = field(default_factory=dict)
     nonfinite: dict[str, Any] = field(default_factory=dict)
+    #: The `trainer` group's gradient compression keys (not Trainer arguments: not in `trainer`).
+    communication: Communication = UNCOMPRESSED
     activation_checkpointing: list[str] = field(default_factory=list)
     choices: dict[str, str] = field(default_factory=dict)
     #: The whole config as validated: plain containers, interpolations resolved.
@@ -147,7 +150,8 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
         scheduler=checked["scheduler"], precision=checked["precision"], compile=checked["compile"],
         checkpointing=checked["checkpointing"], regularization=checked["regularization"], loggers=checked["logger"],
         trainer=checked["trainer"], callbacks=checked["callbacks"], clipping=checked["clipping"],
-        nonfinite=checked["nonfinite"], activation_checkpointing=model.checkpointed_stages(plain["model"]),
+        nonfinite=checked["nonfinite"], communication=communication_of(plain.get("trainer") or {}),
+        activation_checkpointing=model.checkpointed_stages(plain["model"]),
         target=_target_config(plain.get("target") or {}), task=checked["task"], choices=dict(group_choices or {}), resolved=plain)
 
 

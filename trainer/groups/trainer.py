@@ -5,7 +5,10 @@
   to a strategy, so one instance cannot serve two.
 - Whatever Lightning rejects while the Trainer is built ends as one line naming the argument (found
   by trial Trainers when Lightning's message does not name it: docs/config.md). Values Lightning
-  accepts here but fails on once fit starts are bounded in the schema instead (TRAINER_BOUNDS)."""
+  accepts here but fails on once fit starts are bounded in the schema instead (TRAINER_BOUNDS).
+- The group's own keys beside the Trainer's (gradient_compression, powersgd_*) are the DDP gradient
+  compression's (trainer/groups/communication.py): `validate` checks them and leaves them out of the
+  Trainer's arguments; the spec keeps them as `spec.communication`."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins import CheckpointIO, ClusterEnvironment, LayerSync, Precision
 
+from trainer.groups.communication import KEYS as COMMUNICATION_KEYS
+from trainer.groups.communication import Communication, communication_of
 from trainer.infra.errors import UserError, first_line
 from trainer.infra.instantiation import construct
 from trainer.infra.schema import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, ConfigGroup, Range, Schema, check_mapping,
@@ -219,7 +224,10 @@ def _restore_torch_flags(flags: tuple[bool, bool, bool, str | None]) -> None:
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:
-    """Checked against `lightning.Trainer`'s own signature; only the keys given are kept."""
+    """Checked against `lightning.Trainer`'s own signature; only the keys given are kept. The
+    compression keys are checked too, and left out (`communication_of` reads them)."""
+    communication_of(values)
+    values = {key: value for key, value in values.items() if key not in COMMUNICATION_KEYS}
     for key in values:
         if key in TRAINER_KEYS_OWNED_ELSEWHERE:
             raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
@@ -302,5 +310,6 @@ ARGUMENT_DOCS = {
     "max_epochs": "stop training once this number of epochs is reached (-1: no limit)",
 }
 
-GROUP = ConfigGroup("trainer", __name__, "the lightning.Trainer's own arguments", validate, signature=L.Trainer,
+GROUP = ConfigGroup("trainer", __name__, "the lightning.Trainer's own arguments", validate, keys=Communication,
+                    signature=L.Trainer,
                     argument_docs={L.Trainer: ARGUMENT_DOCS}, hidden=tuple(TRAINER_KEYS_OWNED_ELSEWHERE))

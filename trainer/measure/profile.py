@@ -30,8 +30,10 @@ POOLING = "pooling"
 REDUCTION = "reduction/softmax/loss"
 DATA_MOVEMENT = "data movement"
 OPTIMIZER = "optimizer"
+COMMUNICATION = "communication"
 OTHER = "other"
-CATEGORIES = (CONV_MATMUL, NORMALIZATION, ELEMENTWISE, POOLING, REDUCTION, DATA_MOVEMENT, OPTIMIZER, OTHER)
+CATEGORIES = (CONV_MATMUL, NORMALIZATION, ELEMENTWISE, POOLING, REDUCTION, DATA_MOVEMENT, OPTIMIZER, COMMUNICATION,
+              OTHER)
 #: Categories whose operators do O(1) arithmetic per element they read or write: memory-bound on
 #: every CPU and GPU whatever their shapes (a fusion, not a faster kernel, is what helps them).
 MEMORY_BOUND_BY_NATURE = (NORMALIZATION, ELEMENTWISE, POOLING, REDUCTION, DATA_MOVEMENT, OPTIMIZER)
@@ -52,10 +54,19 @@ _PATTERNS: tuple[tuple[str, str], ...] = (
                   r"masked_fill_?|ne|eq|lt|gt|le|ge|ones_like|zeros_like|empty_like)$|elementwise|vectorized"),
 )
 _OPTIMIZER_OPS = re.compile(r"^_foreach_|^_fused_(adam|adamw|sgd)|^Optimizer\.|multi_tensor")
+# Collectives between processes (DDP's gradient all-reduce, its start-up broadcast) and DDP's reducer
+# around them, matched on the whole name before the namespace is stripped. Names as torch.profiler
+# gives them: on gloo (seen, torch 2.14) c10d::allreduce_, gloo:all_reduce, c10d::broadcast_,
+# torch.distributed.ddp.reducer::copy_bucket_to_grad, torch::distributed::reducer::mul_out; on NCCL
+# nccl:all_reduce, record_param_comms and the ncclDevKernel_/ncclKernel_ kernels.
+_COMMUNICATION_OPS = re.compile(r"^c10d::|^(gloo|nccl|mpi|ucc):|record_param_comms|^nccl|processgroup|"
+                                r"ddp\.reducer::|distributed::reducer::", re.IGNORECASE)
 
 
 def category_of(name: str) -> str:
     """The category of an operator (``aten::relu``) or a kernel's name."""
+    if _COMMUNICATION_OPS.search(name):
+        return COMMUNICATION
     bare = name.split("::", 1)[1] if "::" in name else name
     if _OPTIMIZER_OPS.search(bare):
         return OPTIMIZER
@@ -392,8 +403,9 @@ class StepProfiler(Callback):
 
 # -- the report ---------------------------------------------------------------------------------------------
 def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: int, roof: Roof,
-                 title: str) -> dict[str, Any]:
-    """ops.md, profile.json and roofline.png from the recorded events; returns profile.json's record."""
+                 title: str, nvtx: Optional[str] = None) -> dict[str, Any]:
+    """ops.md, profile.json and roofline.png from the recorded events; returns profile.json's record.
+    `nvtx`: whether the step's phases were marked for Nsight Systems (trainer/callbacks/nvtx.py)."""
     ops, step_ms = ops_of(events, on_device)
     if not step_ms:
         raise RuntimeError("the profiler recorded no training step")
@@ -403,7 +415,7 @@ def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: 
     lines = [f"# Profile: {title}", "",
              f"{result.steps} training steps of the run's own loop recorded by torch.profiler (after {WAIT_STEPS} "
              f"skipped and {WARMUP_STEPS} warm-up steps): {result.step_ms:.2f} ms per step (the profiler's own "
-             f"cost included). Roof: {roof.how}.", "",
+             f"cost included). Roof: {roof.how}.", *([f"{nvtx}."] if nvtx else []), "",
              "## By category", "", *category_table(result), "",
              f"Memory-bound operators: {memory_share:.0%} of the step ({', '.join(MEMORY_BOUND_BY_NATURE)} by "
              f"nature; convolution/matmul too when below the ridge of {roof.ridge:.1f} FLOPs/byte).",
@@ -420,6 +432,7 @@ def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: 
         "memory_bound_share": memory_share, "unusual": flags,
         "roof": {"peak_flops": roof.peak_flops, "bandwidth": roof.bandwidth, "ridge": roof.ridge, "how": roof.how},
         "trace": sorted(p.name for p in folder.glob("*.pt.trace.json")),
+        **({"nvtx": nvtx} if nvtx else {}),
     }
     write_json_atomic(folder / "profile.json", record)
     plot_roofline(result, roof, folder / "roofline.png", title)

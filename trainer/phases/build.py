@@ -32,6 +32,7 @@ from trainer.data.group import build_data
 from trainer.groups.callbacks import build_callbacks
 from trainer.groups.checkpointing import SafeCheckpointIO, build_checkpointing, build_periodic
 from trainer.groups.clipping import GradientClipping
+from trainer.groups.communication import strategy_target
 from trainer.groups.compile import allow_recompiles, apply_compile
 from trainer.groups.logger import build_loggers, logger_callbacks, run_hyperparameters, run_labels
 from trainer.groups.precision import apply_tf32, lightning_precision
@@ -170,4 +171,7 @@ def _trainer_arguments(spec: RunSpec, plan: Plan, clipping: GradientClipping) ->
     if plan.slurm_environment:  # without auto-requeue: see trainer/groups/trainer.py slurm_environment
         plugins.append(SLURMEnvironment(auto_requeue=False))
     arguments.update(accelerator=plan.accelerator, plugins=plugins, benchmark=plan.cudnn_benchmark, **precision)
+    if plan.communication.gradient_compression != "none":
+        # The configured DDP strategy, made with the compression's hook (fresh for each Trainer).
+        arguments["strategy"] = strategy_target(plan.communication, arguments.get("strategy", "auto"))
     return arguments

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from trainer.configuration.spec import validate
+from trainer.groups.communication import decide as decide_communication
 from trainer.groups.logger import logger_ids
 from trainer.groups.task import objective_of
 from trainer.groups.sweeps import objective_value
@@ -31,6 +32,9 @@ def check_job(run: Run) -> None:
     check_launch(devices.processes, run.job.multirun, run.job.launcher, spec.top.diagnose or spec.top.profile,
                  spec.trainer.get("strategy", "auto"), devices.accelerator,
                  measuring="profile" if spec.top.profile else "diagnose")
+    # Refused here, before anything is built; the plan records the same decision (trainer/phases/plan.py).
+    decide_communication(spec.communication, spec.trainer.get("strategy", "auto"), devices.processes,
+                         devices.accelerator)
     if spec.top.ladder and not run.job.multirun:
         raise UserError("ladder", f"'{spec.top.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"python train.py -m +ladder={spec.top.ladder}")

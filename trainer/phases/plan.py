@@ -20,6 +20,8 @@ from torch import nn
 from trainer.configuration.spec import RunSpec
 from trainer.data.loader import LoaderSettings
 from trainer.data.progressive_resize import ResizeSchedule, epochs_of_run
+from trainer.groups.communication import UNCOMPRESSED, Communication
+from trainer.groups.communication import decide as decide_communication
 from trainer.groups.compile import recompile_note, resolve_compile_mode, resolve_dynamic
 from trainer.groups.optimizer.build import OptimizerRecipe, choose_implementation
 from trainer.groups.optimizer.parameters import describe_groups
@@ -160,6 +162,8 @@ class Plan:
     units_per_sample: int = 1
     #: torch.compile's dynamic shapes (None: torch decides; true for batches of varying length).
     compile_dynamic: Optional[bool] = None
+    #: The DDP gradient compression the Trainer's strategy registers (gradient_compression none: none).
+    communication: Communication = UNCOMPRESSED
 
     @property
     def global_batch_units(self) -> int:
@@ -230,6 +234,9 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     derived["clipping"] = Derived(parts.clipping.mode, parts.clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
     derived["progress"], derived["trainer.benchmark"] = early["progress"], early["trainer.benchmark"]
+    communication = decide_communication(spec.communication, spec.trainer.get("strategy", "auto"),
+                                         probe.devices.processes, accelerator)
+    derived["trainer.gradient_compression"] = Derived(communication.compression, communication.how)
     slurm = slurm_environment(spec.trainer.get("plugins"))
     if slurm:
         derived["trainer.plugins"] = Derived("SLURMEnvironment", "inside a SLURM job: Lightning's SLURM environment, "
@@ -237,7 +244,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     return Plan(accelerator, probe.devices.per_node, probe.precision, loader, decode, batch, global_batch, recipe, tf32,
                 probe.channels_last, compile_mode, stages, probe.progress, probe.cudnn_benchmark, slurm, flops, peak,
                 peak_note, MappingProxyType(derived), _warnings(spec, definition.unit, global_batch, units), resize,
-                definition.unit, units, dynamic)
+                definition.unit, units, dynamic, spec.communication)
 
 
 def _warnings(spec: RunSpec, unit: str, global_batch: int, units_per_sample: int) -> tuple[str, ...]:
