@@ -34,7 +34,7 @@ def test_clipping_and_guard_steps_do_not_synchronize(tmp_path, kernel):
     x, y = torch.randn(64, 32, device=device), torch.randn(64, 10, device=device)
     nan, spike = torch.tensor(float("nan"), device=device), torch.tensor(100.0, device=device)
     # The optimizer's state and the callbacks' device buffers are made on the first step (allowed to copy).
-    for warm in range(2):
+    for _ in range(2):
         loss = (module(x) - y).square().mean()
         loss.backward()
         guard.on_before_backward(trainer, module, loss)

@@ -6,7 +6,6 @@ percentile of the recorded norms, `clip_grads_with_norm_`, and a skip that drops
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np

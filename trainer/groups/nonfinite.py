@@ -155,7 +155,7 @@ class NonFiniteGuard(Callback):
         with_grad = [i for i, (_, p) in enumerate(named) if p.grad is not None]
         if not with_grad:
             return  # backward was skipped: nothing to check
-        grads = [named[i][1].grad for i in with_grad]
+        grads = [g for i in with_grad if (g := named[i][1].grad) is not None]
         device = grads[0].device
         finite_each = self._finite_each(grads, device)
         loss_finite = torch.isfinite(self._loss.float()).all().to(device) if self._loss is not None \
@@ -166,14 +166,15 @@ class NonFiniteGuard(Callback):
         # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
         # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
         self._count(trainer, bad, finite_each, loss_finite, tuple(with_grad))
+        assert self._counters is not None
         pl_module.log("nonfinite/skipped", self._counters[0].float(), on_step=True, on_epoch=False, batch_size=1)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             return  # the GradScaler skips overflowing steps itself
-        params = [named[i][1] for i in with_grad]
+        params: list[torch.Tensor] = [named[i][1] for i in with_grad]
         self._hook(optimizer)
         if takes_found_inf(optimizer):
-            optimizer.found_inf = bad.float()  # read by the fused kernel: no update, state and step counts kept
+            optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
             self._pending[id(optimizer)] = (bad, None)
             self._state_before[id(optimizer)] = (params, {id(v) for p in params
                                                           for v in optimizer.state.get(p, {}).values()})
@@ -193,7 +194,7 @@ class NonFiniteGuard(Callback):
             return
         bad, put_back = pending
         if put_back is None:
-            del optimizer.found_inf  # a later step (or a GradScaler) must not see this one's flag
+            del optimizer.found_inf  # type: ignore[attr-defined]  # a later step (or a GradScaler) must not see this one's flag
             # State the skipped step created is left as the kernel allocated it (fused SGD's momentum
             # buffers uninitialized): zeroed, it is the fresh state.
             params, known = self._state_before.pop(id(optimizer))
@@ -243,7 +244,7 @@ class NonFiniteGuard(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # At Lightning's own log steps, when it reads the logged values too.
-        if self.mode == "off" or not self._steps_since_read or trainer.global_step % max(1, int(trainer.log_every_n_steps)):
+        if self.mode == "off" or not self._steps_since_read or trainer.global_step % max(1, int(trainer.log_every_n_steps)):  # type: ignore[attr-defined]
             return
         self.read_counters(trainer)
         self._stop_if_diverged(trainer)
@@ -282,7 +283,7 @@ class NonFiniteGuard(Callback):
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scaled = scaler is not None and scaler.is_enabled()
-        if scaled and scaler.get_scale() >= 1.0:
+        if scaled and scaler is not None and scaler.get_scale() >= 1.0:
             return
         self._stop(trainer, self._longest)
 

@@ -115,6 +115,7 @@ class DeviceValues:
         """The values held, oldest first (a host read: for checkpoints and records)."""
         if self._values is None:
             return list(self._pending)
+        assert self._count is not None and self._next is not None
         got = read_together({"values": self._values, "count": self._count, "next": self._next})
         count, start = int(got["count"][0]), int(got["next"][0])
         values = got["values"]

@@ -84,11 +84,11 @@ class HostReads(Callback):
             self._saved[name] = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self._counting(name, self._saved[name]))
         self._saved["log"] = L.LightningModule.log
-        setattr(L.LightningModule, "log", self._counting_log(self._saved["log"]))
+        L.LightningModule.log = self._counting_log(self._saved["log"])  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        setattr(L.LightningModule, "log", self._saved.pop("log"))
+        L.LightningModule.log = self._saved.pop("log")  # type: ignore[method-assign]
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, original)
         self._saved.clear()
@@ -139,7 +139,8 @@ class HostReads(Callback):
         self.__exit__()
         if trainer.is_global_zero:
             path = Path(trainer.default_root_dir) / "host_reads.json"
-            path.write_text(json.dumps(self.report(int(trainer.log_every_n_steps)), indent=2) + "\n")
+            every = int(trainer.log_every_n_steps)  # type: ignore[attr-defined]
+            path.write_text(json.dumps(self.report(every), indent=2) + "\n")
 
     # -- summaries ---------------------------------------------------------------------------------
 
