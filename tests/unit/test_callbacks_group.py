@@ -206,3 +206,26 @@ def test_an_ema_that_averages_over_more_steps_than_the_run_has_is_warned_about(c
     assert bool(lines) == warned
     if warned:
         assert "Try callbacks.ema.decay=0.974 or less" in lines[0] and "\n" not in lines[0]
+
+
+def test_the_rich_bar_reads_its_metrics_at_log_steps_only(monkeypatch):
+    """Lightning's bar reads the logged tensors on the host after every batch (a wait for the GPU
+    each step); the framework's asks Lightning only at the log steps and shows the last values between."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from trainer.callbacks.progress import LogStepRichProgressBar
+
+    asked = []
+    monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, trainer, module: asked.append(trainer.global_step)
+                        or {"train/loss": float(trainer.global_step)})
+    bar = LogStepRichProgressBar()
+    shown = []
+    for step in range(1, 26):
+        trainer = SimpleNamespace(training=True, global_step=step, log_every_n_steps=10)
+        shown.append(bar.get_metrics(trainer, None)["train/loss"])
+    assert asked == [1, 10, 20]
+    assert shown[8] == 1.0 and shown[9] == 10.0 and shown[-1] == 20.0
+    validating = SimpleNamespace(training=False, global_step=25, log_every_n_steps=10)
+    assert bar.get_metrics(validating, None) == {"train/loss": 25.0}  # outside training: read as asked

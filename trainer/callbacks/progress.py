@@ -1,4 +1,5 @@
-"""Plain progress lines for logs and pipes, where a live progress bar would spam the file."""
+"""Progress: plain lines for logs and pipes, where a live progress bar would spam the file, and
+Lightning's Rich bar for a terminal, its metrics read at the log steps only."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar
 
 log = logging.getLogger("trainer.progress")
 
@@ -52,3 +53,22 @@ class PlainProgress(Callback):
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else "?"
         log.info(f"epoch {trainer.current_epoch + 1}/{epochs}  step {trainer.global_step}  "
                  f"{format_metrics(metrics, self.KEYS)}  {now - self._fit_start:.1f}s")
+
+
+class LogStepRichProgressBar(RichProgressBar):
+    """Lightning's Rich bar, whose metrics (train/loss) are read at Lightning's log steps only.
+
+    Deliberately replaces one behaviour of the library: Lightning's bar asks for its metrics after
+    every batch, and each ask reads the logged tensors' values on the host (`.item()`), which on a
+    GPU makes every step wait for the device. Between log steps the bar shows the last values read."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: dict[str, Any] | None = None
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        every = max(1, int(getattr(trainer, "log_every_n_steps", 1)))
+        if self._shown is not None and trainer.training and trainer.global_step % every:
+            return self._shown
+        self._shown = super().get_metrics(trainer, pl_module)
+        return self._shown

@@ -16,13 +16,13 @@ from typing import Any, Sequence
 
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import Callback
 
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop
 from trainer.callbacks.logged_metrics import LoggedMetrics
 from trainer.callbacks.loss_record import LossRecord
-from trainer.callbacks.progress import PlainProgress
+from trainer.callbacks.progress import LogStepRichProgressBar, PlainProgress
 from trainer.callbacks.rng import RNGState
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
@@ -114,7 +114,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     callbacks += [c for c in (build_periodic(spec.checkpointing, run_dir), checkpoint) if c is not None]
     if plan.progress == "rich":
-        callbacks.append(RichProgressBar())
+        callbacks.append(LogStepRichProgressBar())
     elif plan.progress == "plain":
         callbacks.append(PlainProgress(every_s=spec.top.progress_every_s))
     loggers = []
