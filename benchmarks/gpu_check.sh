@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The one prepared GPU check: the first thing to run whenever a GPU machine is lent. At most 9
-# minutes on one H200 with 16 CPU cores, interpreter starts and torch.compile included.
+# minutes on one H200 with 16 CPU cores, interpreter starts and torch.compile included; the rows
+# users ask first come first, within the first 5 minutes.
 #
 #   benchmarks/gpu_check.sh                 # on a CUDA machine; results in benchmarks/results/gpu/
 #   benchmarks/gpu_check.sh --out DIR       # results in DIR
+#   benchmarks/gpu_check.sh --steps a,b,c   # only these steps, in this order (e.g. batch_study)
 #   benchmarks/gpu_check.sh --dry-run       # every step for a few iterations on the CPU, tiny model
 #                                           # and images (CI runs it: tests/run/test_gpu_check.py);
 #                                           # results in outputs/gpu_check_dry_run/ unless --out
@@ -11,18 +13,35 @@
 # Each step is a function step_NAME run under its own time budget (seconds, below), plus whatever
 # the steps before it left unused, so the whole check stays within the sum of the budgets: a step
 # that overruns is stopped and recorded as timed out, a step that fails is recorded as failed, and
-# the next step runs either way. Every step writes into RESULTS/NAME/ (its log in step.log) and its key
-# figures into RESULTS/NAME/figures.md (benchmarks/gpu_check_report.py reads them from the step's
-# files, also after a failure); RESULTS/summary.md lists each step, its status, duration and key
-# figures. The exit status is 1 if any step failed, 2 on a usage error.
+# the next step runs either way. Every step writes into RESULTS/NAME/ (its log in step.log) as soon
+# as it ends, and its key figures into RESULTS/NAME/figures.md, the first line the key figure
+# (benchmarks/gpu_check_report.py reads them from the step's files, also after a failure);
+# RESULTS/summary.md lists each step, its status, duration and key figures. The exit status is 1
+# if any step failed, 2 on a usage error. The steps, in order (the ResNet-50 runs are
+# benchmarks/practices.py's GPU base: 224 px device-made images, batch 128, bf16, TF32,
+# channels_last, fused SGD, no compile, 16 steps = the meter's 5 warm-up + one 10-step window):
 #
 #   environment  nvidia-smi output, torch / CUDA / cuDNN versions, the devices, the framework's fingerprint
-#   gpu_tests    pytest -m gpu over tests/gpu/: junit.xml and pytest.log
-#   practices    benchmarks/practices.py --preset gpu: ResNet-50 at 224 px on device-made images, one
-#                run per setting of 16 steps (5 warm-up + one 10-step window): bf16 vs fp32, TF32
-#                on/off, channels_last, fused vs foreach, compile vs eager
+#   step_cost    the default step's sync cost: practices.py's "clipping + non-finite guard, decided on the
+#                device" row (the defaults against clipping=off nonfinite=off), on/off interleaved over
+#                2 repeats; within its 2% budget or not (practices.md / .json)
 #   ladder       the ResNet-50 ladder (benchmarks/ladder_gpu.sh) shortened to 16 steps of batch 128 per
 #                stage, no validation; ladder_mfu.md: img/s, speed-up and MFU per stage
+#   data_stage   benchmarks/data_stage.py: train.py with data=imagefolder on 2,048 real JPEG photos
+#                (500x375) it writes, ResNet-50: samples/s end to end for decode=fast with and without
+#                the copy overlap and decode=device, with the GPU's utilisation and the loader settings
+#   gpu_tests    pytest -m gpu over tests/gpu/: junit.xml and pytest.log
+#   practices    the other practices.py --preset gpu rows: bf16 vs fp32, TF32 on/off, channels_last,
+#                fused vs foreach (the compile row is left out: the ladder and the next step compile)
+#   reduce_overhead  compile=reduce_overhead (CUDA graphs) against compile=default (runs.md)
+#   fsdp         trainer=fsdp trainer.devices=1 against the default strategy: samples/s, peak memory
+#                (or the framework's refusal, which is then the row's figure)
+#   profile_memory  profile=true (ops.md and profile.json by category, the NVTX line) and
+#                memory_plan=true (summary.json's memory_plan, memory_plan.png) on the base
+#   gpt          +recipe=gpt_small shortened: 26 steps eager (no compile) on 2 MB of the standard
+#                library's sources: tokens/s and MFU (runs.md)
+#
+# Only with --steps (kept for when they are asked):
 #   input_pipeline  benchmarks/input_pipeline.py --device-side: images per host core per decode mode,
 #                and the device mode's batched nvjpeg decode + crop on the GPU (input_pipeline.md)
 #   progressive_resize  benchmarks/progressive_resize.py: ResNet-50's step samples/s at each size of
@@ -33,44 +52,65 @@
 #                batch 512 and 4,096, AdamW's sqrt rule against none, one seed, 2 epochs: final val
 #                accuracy at a GPU-sized batch (batch_scaling.md; one seed, so no interval)
 #
-# A later step (the deploy bench) is a function step_NAME plus its name
-# in STEPS and its budgets in BUDGET_S and DRY_BUDGET_S (and, for key figures, a reader in
-# benchmarks/gpu_check_report.py). Keep the sum of BUDGET_S within 510 s.
+# A later step is a function step_NAME plus its budgets in BUDGET_S and DRY_BUDGET_S, its name in
+# STEPS or EXTRA_STEPS (and, for key figures, a reader in benchmarks/gpu_check_report.py). Keep the
+# sum of the default steps' BUDGET_S within 540 s.
 set -uo pipefail
 
-STEPS=(environment gpu_tests practices ladder input_pipeline progressive_resize batch_study)
-# Seconds per step on one H200: environment ~5 s; the GPU tests ~90 s (three torch.compile modes
-# of a tiny network are most of it); practices 6 runs of ~15-20 s and one compile of ResNet-50
-# (~60 s); the ladder one process, six stages, two compiles (the second mostly from the cache the
-# practices step filled); the input pipeline ~20 s; of the GPU tests, the deployment ones (a 1-epoch
-# digits run, its export, a compiled bench) ~50 s; the batch study four runs of ~10 s in one process;
-# progressive resizing ~15 s (an interpreter, 4 sizes of 13 ResNet-50 steps, cuDNN's autotuning of
-# each shape, 4 short loader timings) (estimates: neither has run on a GPU yet). 510 s in all, plus
-# at most 5 s per step to stop one that overruns. progressive_resize's 20 s come from gpu_tests
-# (165 -> 145 s): the one budget with room over its estimate (~90 + ~50 s), and the environment
-# step before it leaves ~5 s of its 10; practices and the ladder are at their estimates already.
-declare -A BUDGET_S=([environment]=10 [gpu_tests]=145 [practices]=140 [ladder]=130 [input_pipeline]=25
-                     [progressive_resize]=20 [batch_study]=40)
-# The dry run takes 30-60 s on 2 CPU cores; these only stop a hung step.
-declare -A DRY_BUDGET_S=([environment]=40 [gpu_tests]=90 [practices]=120 [ladder]=120 [input_pipeline]=90
-                         [progressive_resize]=90 [batch_study]=120)
+STEPS=(environment step_cost ladder data_stage gpu_tests practices reduce_overhead fsdp profile_memory gpt)
+EXTRA_STEPS=(input_pipeline progressive_resize batch_study)
+# Seconds per step on one H200, estimates (nothing has run on a GPU yet). A train.py run costs
+# ~12 s before its first step (interpreter, torch/Lightning imports, CUDA context, cuDNN's
+# autotuning), and 16 eager ResNet-50 steps at batch 128 ~1 s.
+# - environment ~5 s (one torch import, nvidia-smi).
+# - step_cost 4 runs (2 repeats, on/off interleaved) of ~12 s: 3 repeats (6 runs, ~75 s) do not fit.
+# - ladder one process, six stages, two compiles of ResNet-50 (~50 s cold, the second ~25 s from
+#   Inductor's cache): ~115 s.
+# - data_stage 2,048 JPEGs written by 16 processes (~3 s), then 3 runs of ~14 s (8 loader workers).
+# - gpu_tests ~90 s for three torch.compile modes of a tiny network, ~30 s the rest (was 145 with
+#   the deployment tests' compile uncached; the ResNet compiles before do not help them).
+# - practices 5 runs of ~12 s (the base, fp32 with TF32, fp32 without, NCHW, foreach).
+# - reduce_overhead 2 compiled runs, Inductor's cache warm from the ladder: ~20 s each.
+# - fsdp 2 runs of ~12 s, FSDP's wrapping a few seconds more.
+# - profile_memory 2 runs of ~13 s (the profile's report, the memory plan's measurement passes).
+# - gpt one run: ~12 s, the corpus (2 MB) tokenized ~3 s, 26 steps of 16,384 tokens ~3 s.
+# 540 s in all, plus at most 5 s per step to stop one that overruns.
+declare -A BUDGET_S=([environment]=10 [step_cost]=50 [ladder]=120 [data_stage]=55 [gpu_tests]=120
+                     [practices]=60 [reduce_overhead]=40 [fsdp]=30 [profile_memory]=30 [gpt]=25
+                     [input_pipeline]=25 [progressive_resize]=20 [batch_study]=40)
+# These only stop a hung step of the dry run (which takes about TODO s on 2 CPU cores in all).
+declare -A DRY_BUDGET_S=([environment]=40 [step_cost]=90 [ladder]=120 [data_stage]=90 [gpu_tests]=90
+                         [practices]=120 [reduce_overhead]=90 [fsdp]=90 [profile_memory]=90 [gpt]=90
+                         [input_pipeline]=90 [progressive_resize]=90 [batch_study]=120)
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 
 caller_dir=$PWD
 cd "$(dirname "$0")/.." || exit 2
 DRY=0
 OUT=""
+CHOSEN=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) [ $# -ge 2 ] || { echo "error: --out needs a folder" >&2; exit 2; }; OUT=$2; shift ;;
     --out=*) OUT=${1#--out=} ;;
+    --steps) [ $# -ge 2 ] || { echo "error: --steps needs a list, e.g. ladder,gpt" >&2; exit 2; }; CHOSEN=$2; shift ;;
+    --steps=*) CHOSEN=${1#--steps=} ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "error: unknown argument '$1'; allowed: --dry-run, --out DIR" >&2; exit 2 ;;
+    *) echo "error: unknown argument '$1'; allowed: --dry-run, --out DIR, --steps a,b,c" >&2; exit 2 ;;
   esac
   shift
 done
+if [ -n "$CHOSEN" ]; then
+  IFS=, read -r -a STEPS <<< "$CHOSEN"
+  for name in "${STEPS[@]}"; do
+    if [ -z "${BUDGET_S[$name]+x}" ]; then
+      echo "error: --steps: no step '$name'; the steps: ${!BUDGET_S[*]}" >&2
+      exit 2
+    fi
+  done
+fi
 if [ -z "$OUT" ]; then
   if [ "$DRY" = 1 ]; then OUT=outputs/gpu_check_dry_run; else OUT=benchmarks/results/gpu; fi
 elif [[ "$OUT" != /* ]]; then
@@ -86,6 +126,7 @@ if [ "$DRY" = 1 ]; then
 fi
 # Fresh records only: a stale file from an earlier check must not pass for this one's.
 for name in "${STEPS[@]}"; do rm -rf "${OUT:?}/$name"; done
+if [ -z "$CHOSEN" ]; then for name in "${EXTRA_STEPS[@]}"; do rm -rf "${OUT:?}/$name"; done; fi
 rm -f "$OUT/summary.md" "$OUT/steps.tsv" "$OUT/run.json"
 
 # -- the steps -------------------------------------------------------------------------------------
@@ -135,18 +176,83 @@ step_gpu_tests() {
   return $status
 }
 
+# The dry run's stand-in for the ResNet-50 base (benchmarks/practices.py's GPU base): the small CNN
+# on 8 px device-made images, on the CPU, 8 steps; its numbers mean nothing, the files' making is tested.
+tiny_base() {
+  TINY=(model=small_cnn 'data.shape=[3,8,8]' data.num_classes=10 data.batch_size=4 data.train_samples=32
+        data.val_samples=4 data.test_samples=4 trainer.accelerator=cpu)
+}
+
+step_step_cost() {
+  local dir="$OUT/step_cost" size=(--run-timeout 60)
+  # In the dry run in this interpreter (no import per run).
+  [ "$DRY" = 1 ] && { tiny_base; size=(--in-process --base "${TINY[@]}"); }
+  "$PYTHON" benchmarks/practices.py --preset gpu --only "clipping + non-finite" --repeats 2 \
+    --out "$dir/practices.md" --json "$dir/practices.json" --runs-dir "$dir/runs" "${size[@]}"
+}
+
 step_practices() {
-  local dir="$OUT/practices"
-  local size=()
+  local dir="$OUT/practices" size=(--run-timeout 60)
+  [ "$DRY" = 1 ] && { tiny_base; size=(--in-process --base "${TINY[@]}"); }
+  # The step cost's row is step_cost's; compile's is the ladder's and reduce_overhead's.
+  "$PYTHON" benchmarks/practices.py --preset gpu --skip "clipping + non-finite" "torch.compile" --repeats 1 \
+    --out "$dir/practices.md" --json "$dir/practices.json" --runs-dir "$dir/runs" "${size[@]}"
+}
+
+# check_runs DIR [check_runs.py arguments]: named train.py runs side by side, in DIR/runs.md and
+# runs.json, on the ResNet-50 base (the dry run: on the tiny one, in this interpreter).
+check_runs() {
+  local dir=$1 size=(--base-preset gpu --run-timeout 90)
+  shift
+  [ "$DRY" = 1 ] && { tiny_base; size=(--base-preset gpu --in-process --base "${TINY[@]}"); }
+  "$PYTHON" benchmarks/check_runs.py --out "$dir/runs.md" --json "$dir/runs.json" --runs-dir "$dir/runs" \
+    "${size[@]}" "$@"
+}
+
+step_data_stage() {
+  local dir="$OUT/data_stage" size=(--run-timeout 60)
+  [ "$DRY" = 1 ] && size=(--quick --in-process)
+  "$PYTHON" benchmarks/data_stage.py --out "$dir/data_stage.md" --json "$dir/data_stage.json" --runs-dir "$dir/runs" \
+    "${size[@]}"
+}
+
+step_reduce_overhead() {
+  local dir="$OUT/reduce_overhead" default=compile=default reduce=compile=reduce_overhead
+  # On the CPU Inductor's compile takes minutes of the dry run: compile=auto (eager there) stands
+  # in for both modes, and the table says so in its overrides.
+  [ "$DRY" = 1 ] && { default=compile=auto; reduce=compile=auto; }
+  check_runs "$dir" --show compile,precision --run default "$default" --run reduce_overhead "$reduce"
+}
+
+step_fsdp() {
+  local dir="$OUT/fsdp"
+  # The framework refuses trainer=fsdp without CUDA (the dry run): that refusal is then the row.
+  check_runs "$dir" --show precision,compile --run default "" --run fsdp "trainer=fsdp trainer.devices=1" \
+    --may-refuse fsdp
+}
+
+step_profile_memory() {
+  local dir="$OUT/profile_memory" steps=""
+  # The profile keeps profile_steps after 3 skipped and 2 warm-up steps: the dry run's 8 steps fit 2.
+  [ "$DRY" = 1 ] && steps=" profile_steps=2"
+  check_runs "$dir" --show precision,compile --run profile "profile=true$steps" --run memory_plan "memory_plan=true"
+}
+
+step_gpt() {
+  local dir="$OUT/gpt" cache="${TMPDIR:-/tmp}/gpu_check_text_cache"
+  # 26 steps: 5 warm-up, two 10-step windows; eager (compile=auto would compile GPT-2 small for about
+  # a minute, more than the step's budget); 2 MB of the standard library's sources (~0.6 M tokens).
+  local run=(+recipe=gpt_small compile=off data.max_corpus_mb=2 "data.cache_dir=$cache" trainer.max_epochs=1
+             trainer.limit_train_batches=26 trainer.limit_val_batches=0 trainer.limit_test_batches=0
+             trainer.num_sanity_val_steps=0 checkpointing=off progress=off logger=csv)
+  local size=(--run-timeout 90)
   if [ "$DRY" = 1 ]; then
-    # In this interpreter (no import per run): the table's numbers mean nothing, its making is tested.
-    size=(--in-process --base model=small_cnn 'data.shape=[3,8,8]' data.num_classes=10 data.batch_size=4
-          data.train_samples=32 data.val_samples=4 data.test_samples=4 trainer.accelerator=cpu)
-  else
-    size=(--run-timeout 120)
+    run+=(data.max_corpus_mb=0.3 data.vocab_size=300 data.sequence_length=32 data.batch_size=4 data.num_workers=0
+          model.layers=1 model.width=32 model.heads=2 trainer.limit_train_batches=8 trainer.accelerator=cpu)
+    size=(--in-process)
   fi
-  "$PYTHON" benchmarks/practices.py --preset gpu --repeats 1 --out "$dir/practices.md" --json "$dir/practices.json" \
-    --runs-dir "$dir/runs" "${size[@]}"
+  "$PYTHON" benchmarks/check_runs.py --out "$dir/runs.md" --json "$dir/runs.json" --runs-dir "$dir/runs" \
+    --show precision,compile,global_batch_tokens "${size[@]}" --run gpt_small "${run[*]}"
 }
 
 step_ladder() {
@@ -181,8 +287,9 @@ step_batch_study() {
     --out "$dir/batch_scaling.md" --runs "$dir/runs" "${size[@]}"
 }
 
-export -f step_environment step_gpu_tests step_practices step_ladder step_input_pipeline step_progressive_resize \
-  step_batch_study
+export -f step_environment step_step_cost step_ladder step_data_stage step_gpu_tests step_practices \
+  step_reduce_overhead step_fsdp step_profile_memory step_gpt step_input_pipeline step_progressive_resize \
+  step_batch_study tiny_base check_runs
 
 # -- running them ----------------------------------------------------------------------------------
 
@@ -213,10 +320,11 @@ run_step() {
 printf 'step\tstatus\tseconds\tbudget_s\tlimit_s\texit\n' > "$OUT/steps.tsv"
 printf '{"dry_run": %s, "started": "%s", "command": "benchmarks/gpu_check.sh%s", "python": "%s"}\n' \
   "$([ "$DRY" = 1 ] && echo true || echo false)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-  "$([ "$DRY" = 1 ] && echo ' --dry-run')" "$PYTHON" > "$OUT/run.json"
+  "$([ "$DRY" = 1 ] && echo ' --dry-run')${CHOSEN:+ --steps $CHOSEN}" "$PYTHON" > "$OUT/run.json"
 failed=0
 unused=0  # seconds the steps so far left of their budgets: the next step may use them
-for name in "${STEPS[@]}"; do
+for index in "${!STEPS[@]}"; do
+  name=${STEPS[$index]}
   if [ "$DRY" = 1 ]; then budget=${DRY_BUDGET_S[$name]}; else budget=${BUDGET_S[$name]}; fi
   limit=$((budget + unused))
   ELAPSED_S=$limit
@@ -227,7 +335,7 @@ for name in "${STEPS[@]}"; do
     failed=1
     if [ "$name" = environment ] && [ "$DRY" = 0 ]; then
       echo "no usable CUDA device: the other steps are skipped (benchmarks/gpu_check.sh --dry-run runs on the CPU)" >&2
-      for rest in "${STEPS[@]:1}"; do
+      for rest in "${STEPS[@]:$((index + 1))}"; do
         mkdir -p "$OUT/$rest"
         printf '%s\tskipped\t0.0\t%s\t-\t-\n' "$rest" "${BUDGET_S[$rest]}" >> "$OUT/steps.tsv"
         echo "skipped: the environment step found no usable CUDA device" > "$OUT/$rest/figures.md"

@@ -122,6 +122,29 @@ def figures_practices(folder: Path) -> list[str]:
     return lines
 
 
+def figures_step_cost(folder: Path) -> list[str]:
+    """The defaults' per-step cost (clipping + the non-finite guard, decided on the device): the
+    on/off ratio against its budget first, then each repeat's ratio and the rates."""
+    record = json.loads((folder / "practices.json").read_text())
+    rows = record["rows"]
+    if not rows:
+        raise ValueError("practices.json has no row")
+    row = rows[0]
+    on, off = row["on"], row["off"]
+    if row["status"] != "ok":
+        return [f"{row['practice']}: failed ({on['failed']} of the on runs, {off['failed']} of the off runs)"]
+    spread = row.get("repeat_ratios") or []
+    verdict = ("no budget" if row.get("budget") is None else
+               f"{'within' if row['within_budget'] else 'OVER'} the budget (on/off >= {row['budget']:.2f})")
+    return [f"the defaults' step cost (clipping + non-finite guard on the device): on/off {row['ratio']:.3f}x, "
+            f"{verdict}; {_num(on['samples_per_s'])} vs {_num(off['samples_per_s'])} samples/s on "
+            f"{record.get('device') or '?'}",
+            f"per repeat (on and off next to each other): {', '.join(f'{r:.3f}x' for r in spread) or '-'} "
+            f"({record.get('repeats')} repeats)",
+            f"MFU on {_pct(on.get('mfu'))}, off {_pct(off.get('mfu'))}; peak MiB on {_num(on.get('peak_mib'))}, "
+            f"off {_num(off.get('peak_mib'))}"]
+
+
 def figures_ladder(folder: Path) -> list[str]:
     record = json.loads((folder / "ladder.json").read_text())
     stages = record["stages"]
@@ -168,10 +191,139 @@ def figures_batch_study(folder: Path) -> list[str]:
             *(line[2:] for line in verdicts.splitlines() if line.startswith("- "))]
 
 
+def _runs(folder: Path, name: str = "runs.json") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """benchmarks/check_runs.py's record and its rows, at least one."""
+    record = json.loads((folder / name).read_text())
+    if not record["rows"]:
+        raise ValueError(f"{name} has no run")
+    return record, record["rows"]
+
+
+def _rate(row: dict[str, Any]) -> str:
+    return f"{_num(row.get('units_per_s'))} {row.get('unit') or 'samples'}/s"
+
+
+def _why(row: dict[str, Any]) -> str:
+    return f"{row['name']} {row['status']}" + (f": {row['error']}" if row.get("error") else "")
+
+
+def _util(row: dict[str, Any]) -> str:
+    util = row.get("device_utilisation") or {}
+    return f"GPU util {util['gpu_util_mean']:.0f}%" if util.get("sampled") else "GPU util not sampled"
+
+
+def figures_data_stage(folder: Path) -> list[str]:
+    """samples/s end to end per decode mode and copy overlap, each against the first (fast with the
+    overlap), then each run's loader settings and GPU utilisation (benchmarks/data_stage.py)."""
+    record, rows = _runs(folder, "data_stage.json")
+    first = rows[0].get("units_per_s")
+    device = next((r["device"] for r in rows if r.get("device")), "?")
+    cells = []
+    for row in rows:
+        rate = row.get("units_per_s")
+        if row["status"] != "completed" or not rate:
+            cells.append(f"{row['name']} {row['status']}")
+            continue
+        ratio = f" ({rate / first:.2f}x)" if first and row is not rows[0] else ""
+        cells.append(f"{row['name']} {_num(rate)}{ratio}")
+    lines = [f"samples/s end to end on {record.get('images', '?'):,} JPEGs, {device}: {', '.join(cells)}"]
+    for row in rows:
+        if row["status"] != "completed":
+            lines.append(_why(row))
+            continue
+        settings = row.get("settings") or {}
+        lines.append(f"{row['name']}: {_rate(row)}, {_util(row)}; decode {settings.get('data.decode')}, copy_overlap "
+                     f"{settings.get('data.copy_overlap')}, {settings.get('data.num_workers')} workers, pinned "
+                     f"{settings.get('data.pin_memory')}; peak {_num(row.get('peak_mib'))} MiB")
+    return lines
+
+
+def _pair(folder: Path, what: str) -> list[str]:
+    """Two runs of benchmarks/check_runs.py: the second against the first."""
+    _, rows = _runs(folder)
+    device = next((r["device"] for r in rows if r.get("device")), "?")
+    if len(rows) < 2:
+        return [f"{what}: only {rows[0]['name']} ran ({rows[0]['status']})"]
+    first, second = rows[0], rows[1]
+    done = [r for r in (first, second) if r["status"] == "completed" and r.get("units_per_s")]
+    if len(done) < 2:
+        return [f"{what}: " + "; ".join(_why(r) for r in (first, second) if r not in done)] + \
+            [f"{r['name']}: {_rate(r)}, peak {_num(r.get('peak_mib'))} MiB" for r in done]
+    lines = [f"{what}: {second['units_per_s'] / first['units_per_s']:.2f}x ({second['name']} {_rate(second)} vs "
+             f"{first['name']} {_num(first['units_per_s'])}), MFU {_pct(second.get('mfu'))} vs {_pct(first.get('mfu'))}, "
+             f"peak {_num(second.get('peak_mib'))} vs {_num(first.get('peak_mib'))} MiB on {device}"]
+    for row in (first, second):
+        settings = ", ".join(f"{k} {v}" for k, v in (row.get("settings") or {}).items())
+        lines.append(f"{row['name']}: {_rate(row)}, {row.get('windows')} windows, {row['seconds']:.0f} s in all; {settings}")
+    return lines
+
+
+def figures_reduce_overhead(folder: Path) -> list[str]:
+    """compile=reduce_overhead (CUDA graphs) against compile=default on the ResNet-50 base."""
+    return _pair(folder, "reduce_overhead vs default compile")
+
+
+def figures_fsdp(folder: Path) -> list[str]:
+    """trainer=fsdp on one device against the default strategy, or the framework's refusal."""
+    _, rows = _runs(folder)
+    fsdp = next((r for r in rows if r["name"] == "fsdp"), None)
+    if fsdp is not None and fsdp["status"] == "refused":
+        return [f"trainer=fsdp trainer.devices=1 refused by the framework: {fsdp['error']}"] + \
+            [f"{r['name']}: {_rate(r)}, peak {_num(r.get('peak_mib'))} MiB" for r in rows if r is not fsdp]
+    return _pair(folder, "fsdp on one device vs the default strategy")
+
+
+def figures_profile_memory(folder: Path) -> list[str]:
+    """The profile's step time and top categories, with its NVTX line, then the memory plan's
+    headline (modelled and measured peak, the parts, what each practice would change)."""
+    _, rows = _runs(folder)
+    profile = next((r for r in rows if r["name"] == "profile"), None)
+    plan_row = next((r for r in rows if r["name"] == "memory_plan"), None)
+    key, lines = [], []
+    if profile is not None and profile.get("profile"):
+        p = profile["profile"]
+        top = ", ".join(f"{c['category']} {c['share']:.0%}" for c in p["categories"][:4])
+        key.append(f"profile {p['step_ms']:.1f} ms/step: {top}")
+        lines += [f"profile: {p['steps']} steps on {'the device' if p['on_device'] else 'the CPU'}, memory-bound "
+                  f"operators {_pct(p.get('memory_bound_share'))}; {p.get('nvtx') or 'no NVTX line'}",
+                  *(f"profile: unusual: {flag}" for flag in p.get("unusual") or [])]
+    elif profile is not None:
+        key.append(_why(profile))
+    plan = (plan_row or {}).get("memory_plan")
+    if plan:
+        measured = plan.get("measured_peak")
+        key.append(f"memory plan at batch {plan['batch_size']}: peak modelled {plan['modelled_peak'] / 2**20:,.0f} MiB"
+                   + (f", measured {measured / 2**20:,.0f} MiB" if isinstance(measured, (int, float)) else ""))
+        parts = ", ".join(f"{name} {value / 2**20:,.0f}" for name, value in plan["bytes"].items())
+        lines.append(f"memory plan on {plan['device']} (MiB): {parts}; {plan['peak_how']}")
+        lines += [f"memory plan: {p['practice']}: peak {p['peak'] / 2**20:,.0f} MiB ({p['how']})"
+                  for p in plan.get("practices") or []]
+    elif plan_row is not None:
+        key.append(_why(plan_row) if plan_row["status"] != "completed" else "memory plan: not in summary.json")
+    if not key:
+        raise ValueError("runs.json has neither the profile nor the memory plan run")
+    return ["; ".join(key), *lines]
+
+
+def figures_gpt(folder: Path) -> list[str]:
+    """+recipe=gpt_small shortened: tokens/s and MFU."""
+    _, rows = _runs(folder)
+    row = rows[0]
+    if row["status"] != "completed":
+        return [_why(row)]
+    settings = ", ".join(f"{k} {v}" for k, v in (row.get("settings") or {}).items())
+    return [f"gpt_small: {_rate(row)}, MFU {_pct(row.get('mfu'))} on {row.get('device') or '?'} "
+            f"({row.get('steps')} steps, {row.get('windows')} windows)",
+            f"{_num(row.get('samples_per_s'))} sequences/s; peak {_num(row.get('peak_mib'))} MiB; {settings}",
+            *([f"MFU peak: {row['mfu_note']}"] if row.get("mfu_note") else [])]
+
+
 FIGURES: dict[str, Callable[[Path], list[str]]] = {
-    "environment": figures_environment, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
-    "ladder": figures_ladder, "input_pipeline": figures_input_pipeline,
-    "progressive_resize": figures_progressive_resize, "batch_study": figures_batch_study,
+    "environment": figures_environment, "step_cost": figures_step_cost, "ladder": figures_ladder,
+    "data_stage": figures_data_stage, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
+    "reduce_overhead": figures_reduce_overhead, "fsdp": figures_fsdp, "profile_memory": figures_profile_memory,
+    "gpt": figures_gpt, "input_pipeline": figures_input_pipeline, "progressive_resize": figures_progressive_resize,
+    "batch_study": figures_batch_study,
 }
 
 

@@ -40,26 +40,22 @@ def test_the_launcher_and_rank_are_read_from_the_environment(env, launcher, rank
 
 def test_launches_that_cannot_give_one_run_are_refused_with_one_line():
     check_launch(1, multirun=True, launcher_target="hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-                 diagnose=False, env={})  # one process: any sweep is fine
-    check_launch(2, multirun=False, launcher_target="", diagnose=False, env={})  # Lightning starts the other
+                 env={})  # one process: any sweep is fine
+    check_launch(2, multirun=False, launcher_target="", env={})  # Lightning starts the other
     with pytest.raises(LaunchRefused) as caught:
         check_launch(2, multirun=True, launcher_target="hydra._internal.core_plugins.basic_launcher.BasicLauncher",
-                     diagnose=False, env={})
+                     env={})
     assert caught.value.line().startswith("trainer.devices: 2 processes per job inside a Hydra multirun")
     # Hydra's submitit SLURM launcher: each job is one SLURM task per device, started by srun.
-    check_launch(4, multirun=True, diagnose=False, env=SRUN_TASK2,
+    check_launch(4, multirun=True, env=SRUN_TASK2,
                  launcher_target="hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher")
     with pytest.raises(LaunchRefused):  # the local submitit launcher starts one task per job
-        check_launch(2, multirun=True, diagnose=False, env={},
+        check_launch(2, multirun=True, env={},
                      launcher_target="hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
     with pytest.raises(UserError, match="torchrun started 2 processes but the config trains on 1"):
-        check_launch(1, multirun=False, launcher_target="", diagnose=False, env=TORCHRUN_RANK1)
-    with pytest.raises(UserError, match="^diagnose: measures one process, but the run would start 2"):
-        check_launch(2, multirun=False, launcher_target="", diagnose=True, env={})
-    with pytest.raises(UserError, match="^profile: measures one process"):
-        check_launch(2, multirun=False, launcher_target="", diagnose=True, env={}, measuring="profile")
+        check_launch(1, multirun=False, launcher_target="", env=TORCHRUN_RANK1)
     with pytest.raises(UserError, match="runs on CUDA GPUs only, and this run's accelerator is cpu"):
-        check_launch(2, multirun=False, launcher_target="", diagnose=False, strategy="fsdp", accelerator="cpu",
+        check_launch(2, multirun=False, launcher_target="", strategy="fsdp", accelerator="cpu",
                      env={})
 
 

@@ -123,6 +123,35 @@ def decide(communication: Communication, strategy: Any, processes: int, accelera
     return Decision(choice, f"{hooks[choice]}; {processes} processes on {backend}", backend)
 
 
+def check_measurable(strategy: Any, processes: int, measuring: str) -> None:
+    """diagnose=true and profile=true (`measuring`) on several processes: Lightning's DDP whose every
+    process runs the script (each measures the same steps, rank 0 reports). Anything else ends in one
+    line naming `measuring`."""
+    if processes <= 1:
+        return
+    name = _strategy_name(strategy)
+    cls = _strategy_class(strategy, processes)
+    if cls is None or not _is_plain_ddp(cls):
+        raise UserError(measuring, f"measures one process or Lightning's DDP, and trainer.strategy={name} is neither: "
+                        "FSDP and DeepSpeed shard the model and gather its weights inside forward and backward, which "
+                        "the one-process timings cannot separate from the arithmetic",
+                        "trainer=ddp, or trainer.devices=1 trainer.num_nodes=1")
+    start = _start_method(strategy)
+    if start != "popen":
+        raise UserError(measuring, f"trainer.strategy={name} starts its processes from inside fit ({start}), and the "
+                        "measurement runs in the processes that run the script",
+                        "trainer=ddp (Lightning re-runs the script for each process), or torchrun / srun")
+
+
+def _start_method(strategy: Any) -> str:
+    """How a DDP strategy starts its processes: popen (each runs the script), spawn, fork."""
+    if isinstance(strategy, Mapping):
+        return str(strategy.get("start_method", "popen"))
+    if isinstance(strategy, str) and strategy.lower() in StrategyRegistry:
+        return str(StrategyRegistry[strategy.lower()]["init_params"].get("start_method", "popen"))
+    return str(getattr(strategy, "_start_method", "popen"))
+
+
 def _strategy_name(strategy: Any) -> str:
     if isinstance(strategy, Mapping) and "_target_" in strategy:
         return f"{{_target_: {strategy['_target_']}}}"

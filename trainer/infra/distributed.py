@@ -75,10 +75,10 @@ def rank_zero_record(record: Path, needs: Sequence[str], key: str, asked: str, i
     raise UserError(key, f"{asked}: rank 0 wrote no {record} within {timeout_s:.0f} s", instead)
 
 
-def check_launch(processes: int, multirun: bool, launcher_target: str, diagnose: bool, strategy: Any = "auto",
-                 accelerator: str = "cpu", env: Mapping[str, str] | None = None, measuring: str = "diagnose") -> None:
-    """Refuse, before anything starts, the combinations that would not give one run per job.
-    `diagnose`: the run measures one process instead of training (the key `measuring` asks it)."""
+def check_launch(processes: int, multirun: bool, launcher_target: str, strategy: Any = "auto",
+                 accelerator: str = "cpu", env: Mapping[str, str] | None = None) -> None:
+    """Refuse, before anything starts, the combinations that would not give one run per job (which
+    strategies diagnose=true and profile=true can measure: trainer.groups.communication.check_measurable)."""
     if isinstance(strategy, str) and strategy.startswith("fsdp") and accelerator != "cuda":
         # Lightning's own check would stop the run later, with a traceback.
         raise UserError("trainer.strategy", f"'{strategy}' (Lightning's FSDPStrategy) runs on CUDA GPUs only, "
@@ -94,9 +94,6 @@ def check_launch(processes: int, multirun: bool, launcher_target: str, diagnose:
                             f"trainer.devices and trainer.num_nodes whose product is {started}")
     if processes <= 1:
         return
-    if diagnose:
-        raise UserError(measuring, f"measures one process, but the run would start {processes}",
-                        "trainer.devices=1 trainer.num_nodes=1 (the single-device timings also hold for each rank)")
     if not multirun:
         return
     if "submitit" in launcher_target and "slurm" in launcher_target.lower() and launcher == "slurm":

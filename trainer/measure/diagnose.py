@@ -25,6 +25,7 @@ from trainer.data.loader import resolve_loader, usable_cpus
 from trainer.groups.precision import compute_dtype
 from trainer.infra.atomic import write_json_atomic
 from trainer.infra.figures import new_figure, save_png
+from trainer.measure.communication import CommunicationTimer, CommunicationTiming, communication_lines, half_iqr
 from trainer.measure.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
                                      Breakdown, breakdown, ops_of, unusual)
 
@@ -35,6 +36,8 @@ log = logging.getLogger("trainer")
 INPUT_BOUND_RATIO = 0.9
 OVERHEAD_SHARE = 0.3
 OPTIMIZER_SHARE = 0.3
+# Under DDP: an all-reduce the backward does not hide, above 30% of the step, is the bottleneck.
+COMMUNICATION_SHARE = 0.3
 
 
 @dataclass
@@ -49,6 +52,9 @@ class Timings:
     #: Half the interquartile range of each timing's samples (data, forward, forward_backward, step,
     #: full), in ms: how far a median may move between two diagnoses of the same config.
     noise_ms: dict[str, float] = field(default_factory=dict)
+    #: Under DDP: the gradient all-reduce the backward does not hide, per step (trainer/measure/communication.py);
+    #: part of the full step, not of the model's step timed in one process.
+    communication_ms: float = 0.0
 
     @property
     def backward_ms(self) -> float:
@@ -60,13 +66,14 @@ class Timings:
 
     @property
     def remainder_ms(self) -> float:
-        """Full step minus the model's arithmetic: waiting for data plus host and framework work."""
-        return max(0.0, self.full_ms - self.step_ms)
+        """Full step minus the model's arithmetic (and, under DDP, the exposed all-reduce): waiting for
+        data plus host and framework work."""
+        return max(0.0, self.full_ms - self.step_ms - self.communication_ms)
 
 
 @dataclass
 class Verdict:
-    kind: str  # input-bound | compute-bound | optimizer-bound | host-overhead-bound
+    kind: str  # input-bound | communication-bound | compute-bound | optimizer-bound | host-overhead-bound
     reason: str
     try_next: list[str]
     #: Set when the deciding comparison is within the timings' noise of its threshold: the verdict
@@ -92,13 +99,6 @@ def median_and_noise(run_once: Callable[[], Any], device: torch.device, warmup: 
         synchronize(device)
         samples.append((time.perf_counter() - start) * 1000)
     return statistics.median(samples), half_iqr(samples)
-
-
-def half_iqr(samples: list[float]) -> float:
-    if len(samples) < 4:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(samples, n=4)
-    return (q3 - q1) / 2
 
 
 def _batches(datamodule: ImageClassificationData, device: torch.device) -> Generator[Any, None, None]:
@@ -264,6 +264,15 @@ def _verdict(t: Timings, context: dict[str, Any]) -> Verdict:
         tries.append("cheaper decoding: smaller stored images, or pre-decoded data")
         return Verdict("input-bound", f"the loader needs {t.data_ms:.1f} ms per batch, the model's step "
                        f"{t.step_ms:.1f} ms: the device waits for data", tries)
+    if t.communication_ms > COMMUNICATION_SHARE * full:
+        tries = []
+        if context.get("gradient_compression", "none") == "none":
+            tries.append("trainer.gradient_compression=fp16 (half the bytes; bf16 on gloo or NCCL >= 2.10)")
+        tries += ["a larger data.batch_size (one all-reduce per more samples)",
+                  "trainer.accumulate_grad_batches=2 (one all-reduce per 2 batches: Lightning skips the sync between)"]
+        return Verdict("communication-bound", f"the gradient all-reduce the backward does not hide takes "
+                       f"{t.communication_ms:.1f} ms of the {t.full_ms:.1f} ms step ({t.communication_ms / full:.0%})",
+                       tries)
     if t.remainder_ms > OVERHEAD_SHARE * full:
         tries = []
         if cuda and context.get("compile") != "reduce-overhead":
@@ -305,11 +314,16 @@ def _verdict(t: Timings, context: dict[str, Any]) -> Verdict:
 def _rules(t: Timings) -> list[tuple[str, float, float]]:
     """(verdict, margin, noise) of each rule in `verdict`'s order: the rule fires when its margin
     (ms) is positive; noise (ms) is how far the margin may move between two diagnoses."""
-    n = {key: t.noise_ms.get(key, 0.0) for key in ("data", "forward_backward", "step", "full")}
-    return [
+    n = {key: t.noise_ms.get(key, 0.0) for key in ("data", "forward_backward", "step", "full", "communication")}
+    rules = [
         ("input-bound", t.data_ms - INPUT_BOUND_RATIO * t.step_ms, math.hypot(n["data"], INPUT_BOUND_RATIO * n["step"])),
+    ]
+    if t.communication_ms > 0:  # a DDP run's: one process has none to weigh
+        rules.append(("communication-bound", t.communication_ms - COMMUNICATION_SHARE * t.full_ms,
+                      math.hypot(n["communication"], COMMUNICATION_SHARE * n["full"])))
+    return rules + [
         ("host-overhead-bound", t.remainder_ms - OVERHEAD_SHARE * t.full_ms,
-         math.hypot((1 - OVERHEAD_SHARE) * n["full"], n["step"])),
+         math.hypot((1 - OVERHEAD_SHARE) * n["full"], n["step"], n["communication"])),
         ("optimizer-bound", t.optimizer_ms - OPTIMIZER_SHARE * t.step_ms,
          math.hypot((1 - OPTIMIZER_SHARE) * n["step"], n["forward_backward"])),
     ]
@@ -334,8 +348,10 @@ def borderline(t: Timings, kind: str) -> str | None:
 
 def shares(t: Timings) -> dict[str, float]:
     full = t.full_ms or 1e-9
-    return {"forward": t.forward_ms / full, "backward": t.backward_ms / full, "optimizer": t.optimizer_ms / full,
-            "data wait + host overhead": t.remainder_ms / full}
+    parts = {"forward": t.forward_ms / full, "backward": t.backward_ms / full, "optimizer": t.optimizer_ms / full}
+    if t.communication_ms > 0:
+        parts["all-reduce (exposed)"] = t.communication_ms / full
+    return {**parts, "data wait + host overhead": t.remainder_ms / full}
 
 
 def input_side_of(workers: list[dict[str, Any]], step_samples_per_s: float,
@@ -371,13 +387,17 @@ def input_side_lines(side: dict[str, Any] | None) -> list[str]:
 
 
 def report_lines(t: Timings, v: Verdict, workers: list[dict[str, Any]],
-                 decoders: list[dict[str, Any]] | None = None) -> list[str]:
+                 decoders: list[dict[str, Any]] | None = None,
+                 communication: CommunicationTiming | None = None) -> list[str]:
     rows = [("data pipeline alone", t.data_ms), ("forward alone", t.forward_ms),
             ("forward + backward", t.forward_backward_ms), ("forward + backward + optimizer", t.step_ms),
             ("full training step", t.full_ms)]
-    lines = [f"diagnosis at batch {t.batch_size} (ms per step, median after warm-up, device synchronized):"]
+    each = f", each of {communication.processes} processes" if communication is not None else ""
+    lines = [f"diagnosis at batch {t.batch_size}{each} (ms per step, median after warm-up, device synchronized):"]
     lines += [f"  {name:<32} {ms:9.2f} ms  {t.batch_size / (ms / 1000) if ms else 0:10,.0f} samples/s"
               for name, ms in rows]
+    if communication is not None:
+        lines += communication_lines(communication, t.full_ms)
     lines.append("shares of the full step: " + ", ".join(f"{k} {v:.0%}" for k, v in shares(t).items()))
     if workers:
         lines.append("loader workers: " + ", ".join(f"{w['num_workers']} -> {w['samples_per_s']:,.0f}/s" for w in workers))
@@ -428,9 +448,11 @@ def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> N
     axes = figure.subplots(1, 2)
     left = axes[0]
     parts = [("forward", t.forward_ms), ("backward", t.backward_ms), ("optimizer", t.optimizer_ms),
-             ("data wait + host", t.remainder_ms)]
+             ("all-reduce (exposed)", t.communication_ms), ("data wait + host", t.remainder_ms)]
     start = 0.0
-    for (name, ms), colour in zip(parts, ("#4c72b0", "#55a868", "#c44e52", "#8172b2")):
+    for (name, ms), colour in zip(parts, ("#4c72b0", "#55a868", "#c44e52", "#937860", "#8172b2")):
+        if name.startswith("all-reduce") and not ms:
+            continue
         left.barh(["full step"], [ms], left=start, color=colour, label=f"{name} {ms:.1f} ms")
         start += ms
     left.barh(["data alone"], [t.data_ms], color="#dd8452", label=f"data pipeline alone {t.data_ms:.1f} ms")
@@ -454,13 +476,21 @@ def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> N
 def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.optim.Optimizer,
              forward_context: Callable[[], Any], scaler: Any, device: torch.device,
              full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], context: dict[str, Any],
-             run_dir: Path, steps: int = 20, sweep: bool = True) -> dict[str, Any]:
+             run_dir: Path, steps: int = 20, sweep: bool = True, communication: CommunicationTimer | None = None,
+             write: bool = True) -> dict[str, Any]:
     """Run the four timings, a short profile of the model's step and the worker sweep; write
-    diagnosis.json and diagnosis.png. `full_step_samples_per_s`: the real loop's samples/s and the
-    rates of its timed windows."""
+    diagnosis.json and diagnosis.png. `full_step_samples_per_s`: the real loop's samples/s (of one
+    process) and the rates of its timed windows.
+
+    Under DDP (`communication`: the timer among the full step's callbacks) every process runs all
+    of it, the full step first: every process then exists (Lightning's launcher starts the others
+    inside fit) and has the threads training gives it, so the one-process timings after it are
+    measured as each process trains. Only where `write` (rank 0) are the files written."""
     notes: list[str] = []
     datamodule.setup("fit")
     batch_size = datamodule.batch_size
+    early = full_step_samples_per_s() if communication is not None else None
+    task.to(device)  # after a fit, Lightning's teardown has moved the model to the CPU
     data_ms, data_noise = time_data(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
                                                                               if datamodule.loader else 0))
     batches = _batches(datamodule, device)
@@ -470,10 +500,14 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         batches.close()
     model = time_model(task, optimizer, resident, forward_context, scaler, device, steps, warmup=3)
     (forward_ms, _), (fb_ms, _), (step_ms, step_noise) = model["forward"], model["forward_backward"], model["step"]
-    rate, window_rates = full_step_samples_per_s()
+    rate, window_rates = early if early is not None else full_step_samples_per_s()
+    task.to(device)  # the same, after the fit just run (profile_step times the model on the device)
     if not rate:
         raise RuntimeError("the full-step run produced no timed window")
     full_ms = batch_size / rate * 1000
+    reduced = communication.result if communication is not None else None
+    if communication is not None and reduced is None:
+        raise RuntimeError("the full-step run under DDP did not time the all-reduce")
     if full_ms < step_ms:
         notes.append("the full step measured faster than the model alone: timing noise on a busy machine; "
                      "rerun with a larger diagnose_steps")
@@ -482,7 +516,10 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     full_noise = half_iqr(windows_ms) if len(windows_ms) >= 4 else full_ms * step_noise / max(step_ms, 1e-9)
     noise = {"data": data_noise, "forward": model["forward"][1], "forward_backward": model["forward_backward"][1],
              "step": step_noise, "full": full_noise}
-    timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes, noise)
+    if reduced is not None:
+        noise["communication"] = reduced.exposed_noise_ms
+    timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes, noise,
+                      communication_ms=reduced.exposed_or_zero_ms if reduced is not None else 0.0)
     operators = profile_step(task, optimizer, resident, forward_context, scaler, device,
                              str(context.get("precision", "32-true")))
 
@@ -496,10 +533,10 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     context["decode_sweep"] = decoders
     input_side = input_side_of(workers, rate, context)
     result_verdict = verdict(timings, context)
-    for line in (report_lines(timings, result_verdict, workers, decoders) + input_side_lines(input_side)
+    for line in (report_lines(timings, result_verdict, workers, decoders, reduced) + input_side_lines(input_side)
                  + operator_lines(operators, context)):
         log.info(line)
-    record = {
+    record: dict[str, Any] = {
         "batch_size": batch_size,
         "steps_timed": steps,
         "method": "median of timed repeats after warm-up, device synchronized before each clock read; "
@@ -527,6 +564,11 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         "context": context,
         "notes": notes,
     }
+    if reduced is not None:
+        record["communication"] = reduced.record(full_ms)
+        record["derived_ms"]["all_reduce_exposed"] = timings.communication_ms
+    if not write:
+        return record
     write_json_atomic(run_dir / "diagnosis.json", record)
     plot(timings, result_verdict, workers, run_dir / "diagnosis.png")
     log.info("diagnosis written: %s, %s", run_dir / "diagnosis.json", run_dir / "diagnosis.png")

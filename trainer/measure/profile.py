@@ -61,6 +61,9 @@ _OPTIMIZER_OPS = re.compile(r"^_foreach_|^_fused_(adam|adamw|sgd)|^Optimizer\.|m
 # nccl:all_reduce, record_param_comms and the ncclDevKernel_/ncclKernel_ kernels.
 _COMMUNICATION_OPS = re.compile(r"^c10d::|^(gloo|nccl|mpi|ucc):|record_param_comms|^nccl|processgroup|"
                                 r"ddp\.reducer::|distributed::reducer::", re.IGNORECASE)
+# The all-reduce itself among them: c10d::allreduce_ (the call), gloo:all_reduce (gloo's worker thread,
+# which does the work on CPU processes), nccl:all_reduce and NCCL's AllReduce kernels (their device time).
+_ALL_REDUCE = re.compile(r"all_?reduce", re.IGNORECASE)
 
 
 def category_of(name: str) -> str:
@@ -203,6 +206,19 @@ def category_table(result: Breakdown) -> list[str]:
     lines.append(f"| outside operators (Python, the loop, waiting) | {result.outside_share:.1%} | "
                  f"{result.outside_ms:.2f} | | | | | | |")
     return lines
+
+
+def all_reduce_ms(ops: Iterable[Op], steps: int, on_device: bool) -> float:
+    """ms per step in the all-reduce's operators (DDP's gradient all-reduce): their self device time
+    on a GPU (NCCL's kernels), else their self CPU time (on gloo, its worker thread's)."""
+    spent = sum(op.self_device_us if on_device else op.self_cpu_us for op in ops
+                if op.category == COMMUNICATION and _ALL_REDUCE.search(op.name))
+    return spent / 1000 / max(steps, 1)
+
+
+def all_reduce_line(ms: float, step_ms: float) -> str:
+    return (f"all-reduce: {ms:.2f} ms/step, {ms / step_ms if step_ms else 0.0:.1%} of the step (overlapped with "
+            "backward by DDP's buckets where the device allows)")
 
 
 def top_ops(ops: Sequence[Op], steps: int, on_device: bool, count: int = 15) -> list[str]:
@@ -358,10 +374,12 @@ def plot_roofline(result: Breakdown, roof: Roof, path: "Path", title: str) -> No
 # -- the callback that records the real loop --------------------------------------------------------------
 class StepProfiler(Callback):
     """Records `WAIT_STEPS` + `WARMUP_STEPS` + `active` training steps of the run's own loop with
-    torch.profiler, writes the trace and the tables into `folder`, then stops the fit."""
+    torch.profiler, writes the trace and the tables into `folder`, then stops the fit. Under DDP every
+    process records the same steps (the profiler's cost alike on each, so none waits for another in
+    the all-reduce for it); only where `write_trace` (rank 0) is the trace written."""
 
-    def __init__(self, folder: Path, active: int, on_device: bool) -> None:
-        self.folder, self.active, self.on_device = folder, active, on_device
+    def __init__(self, folder: Path, active: int, on_device: bool, write_trace: bool = True) -> None:
+        self.folder, self.active, self.on_device, self.write_trace = folder, active, on_device, write_trace
         self.total = WAIT_STEPS + WARMUP_STEPS + active
         self._profiler: Any = None
         self._seen = 0
@@ -375,7 +393,8 @@ class StepProfiler(Callback):
             trace = tensorboard_trace_handler(str(self.folder), worker_name="train")
 
             def ready(profiler: Any) -> None:
-                trace(profiler)  # *.pt.trace.json: Perfetto, chrome://tracing, TensorBoard's profiler plugin
+                if self.write_trace:
+                    trace(profiler)  # *.pt.trace.json: Perfetto, chrome://tracing, TensorBoard's profiler plugin
                 self.events = profiler.events()
 
             self._profiler = profile(activities=activities, record_shapes=True, with_flops=True,
@@ -411,12 +430,14 @@ def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: 
         raise RuntimeError("the profiler recorded no training step")
     result = breakdown(ops, len(step_ms), sum(step_ms) / len(step_ms), on_device, bytes_per_element)
     memory_share = result.memory_bound_share(roof.ridge)
+    reduce_ms = all_reduce_ms(ops, result.steps, on_device)
     flags = unusual(result)
     lines = [f"# Profile: {title}", "",
              f"{result.steps} training steps of the run's own loop recorded by torch.profiler (after {WAIT_STEPS} "
              f"skipped and {WARMUP_STEPS} warm-up steps): {result.step_ms:.2f} ms per step (the profiler's own "
              f"cost included). Roof: {roof.how}.", *([f"{nvtx}."] if nvtx else []), "",
              "## By category", "", *category_table(result), "",
+             *([all_reduce_line(reduce_ms, result.step_ms), ""] if reduce_ms > 0 else []),
              f"Memory-bound operators: {memory_share:.0%} of the step ({', '.join(MEMORY_BOUND_BY_NATURE)} by "
              f"nature; convolution/matmul too when below the ridge of {roof.ridge:.1f} FLOPs/byte).",
              *(f"Unusual: {flag}" for flag in flags), "",
@@ -430,6 +451,8 @@ def write_report(events: Any, folder: Path, on_device: bool, bytes_per_element: 
                         "calls_per_step": r.calls / result.steps} for r in result.rows],
         "outside_operators": {"ms": result.outside_ms, "share": result.outside_share},
         "memory_bound_share": memory_share, "unusual": flags,
+        **({"all_reduce": {"ms_per_step": reduce_ms, "share": reduce_ms / result.step_ms if result.step_ms else 0.0}}
+           if reduce_ms > 0 else {}),
         "roof": {"peak_flops": roof.peak_flops, "bandwidth": roof.bandwidth, "ridge": roof.ridge, "how": roof.how},
         "trace": sorted(p.name for p in folder.glob("*.pt.trace.json")),
         **({"nvtx": nvtx} if nvtx else {}),

@@ -107,7 +107,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     curves = Curves(losses)
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
     parts = run.parts
-    # The guard goes first: a step it skips has no gradients left for clipping to record.
+    # The guard goes first: it flags a step from the gradients as backward left them (clipping then
+    # sees a skipped step's non-finite norm, counts it and records nothing).
     # RNGState and LoggedMetrics: the random generators' states and the logged metrics go into
     # every checkpoint and come back on resume.
     callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState(), logged]

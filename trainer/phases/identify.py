@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from trainer.configuration.spec import validate
+from trainer.groups.communication import check_measurable
 from trainer.groups.communication import decide as decide_communication
 from trainer.groups.logger import logger_ids
 from trainer.groups.task import objective_of
@@ -29,9 +30,11 @@ def check_job(run: Run) -> None:
     """`run.spec`, `run.devices` and `run.rank_zero`; what cannot run as one job is refused here."""
     run.spec = spec = validate(run.job.cfg, run.job.choices)
     run.devices = devices = decide_devices(spec.trainer)
-    check_launch(devices.processes, run.job.multirun, run.job.launcher, spec.top.diagnose or spec.top.profile,
-                 spec.trainer.get("strategy", "auto"), devices.accelerator,
-                 measuring="profile" if spec.top.profile else "diagnose")
+    check_launch(devices.processes, run.job.multirun, run.job.launcher, spec.trainer.get("strategy", "auto"),
+                 devices.accelerator)
+    if spec.top.diagnose or spec.top.profile:
+        check_measurable(spec.trainer.get("strategy", "auto"), devices.processes,
+                         "profile" if spec.top.profile else "diagnose")
     # Refused here, before anything is built; the plan records the same decision (trainer/phases/plan.py).
     decide_communication(spec.communication, spec.trainer.get("strategy", "auto"), devices.processes,
                          devices.accelerator)
