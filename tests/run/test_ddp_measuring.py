@@ -1,0 +1,127 @@
+"""diagnose=true and profile=true on two CPU processes (gloo, started by Lightning): the all-reduce
+gets its figures and its share of the step, every process measures the same steps (else the run
+would hang in a collective), and rank 0 alone writes and prints.
+
+Who wrote what in the run folder is recorded by an audit hook (a `sitecustomize` on PYTHONPATH,
+loaded by every process, Lightning's second one included): each file opened for writing, renamed
+into place there, with the writer's rank. The arithmetic is
+tests/unit/test_ddp_measuring.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = [pytest.mark.run, pytest.mark.slow]
+
+TWO_CPU_PROCESSES = ["trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "progress=plain"]
+
+AUDIT = '''
+import os, sys
+_root, _log = os.environ.get("WRITE_AUDIT_ROOT"), os.environ.get("WRITE_AUDIT_LOG")
+if _root and _log:
+    _fd = os.open(_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def _written(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if not ((isinstance(mode, str) and any(c in mode for c in "wax+"))
+                    or (isinstance(flags, int) and flags & _WRITING)):
+                return
+        elif event == "os.rename":
+            path = args[1]
+        elif event == "os.mkdir":
+            path = args[0]
+        else:
+            return
+        if isinstance(path, int):
+            return
+        path = os.path.abspath(os.fsdecode(path))
+        if path.startswith(_root):
+            rank = os.environ.get("LOCAL_RANK") or os.environ.get("RANK") or "0"
+            os.write(_fd, f"{rank}\\t{path}\\n".encode())
+
+    sys.addaudithook(_written)
+'''
+
+
+def _launch(overrides: list[str], root: Path, timeout: float = 180) -> tuple[subprocess.CompletedProcess[str],
+                                                                              dict[str, set[str]]]:
+    """train.py on two CPU processes under `root`, and the paths under `root` each rank wrote."""
+    audit = root / "audit"
+    audit.mkdir(parents=True)
+    (audit / "sitecustomize.py").write_text(AUDIT)
+    runs = root / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(audit), env.get("PYTHONPATH")])),
+               WRITE_AUDIT_ROOT=str(runs), WRITE_AUDIT_LOG=str(audit / "writes.tsv"))
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), *TWO_CPU_PROCESSES, *overrides, f"run.root={root}"],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    writes: dict[str, set[str]] = {}
+    log = audit / "writes.tsv"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        rank, path = line.split("\t", 1)
+        if not Path(path).is_dir():  # every process makes (or finds) the run folder: Hydra's os.makedirs
+            writes.setdefault(rank, set()).add(path)
+    return result, writes
+
+
+def _only_run_folder(root: Path) -> Path:
+    folders = [p for p in (root / "runs").glob("*/*") if p.is_dir()]
+    assert len(folders) == 1, f"one run folder for all ranks, found {folders}"
+    return folders[0]
+
+
+def test_diagnose_under_ddp_times_the_all_reduce_and_rank_zero_alone_writes(tmp_path):
+    result, writes = _launch(["diagnose=true", "diagnose_steps=5"], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    folder = _only_run_folder(tmp_path)
+    record = json.loads((folder / "diagnosis.json").read_text())
+    full = record["ms_per_step"]["full_step"]
+    comm = record["communication"]
+    assert comm["processes"] == 2 and comm["backend"] == "gloo" and comm["dtype"] == "float32"
+    # Every gradient of the default small CNN, in fp32, once per step.
+    assert comm["gradient_bytes"] == 4 * record["context"]["parameters"]
+    assert 0 < comm["alone_ms"] < full, comm
+    assert 0 < comm["exposed_ms"] < full, comm
+    assert comm["exposed_share_of_full_step"] == pytest.approx(comm["exposed_ms"] / full)
+    assert record["shares_of_full_step"]["all-reduce (exposed)"] == pytest.approx(comm["exposed_ms"] / full)
+    assert record["derived_ms"]["all_reduce_exposed"] == pytest.approx(comm["exposed_ms"])
+    # Printed once, by rank 0: the timings per process and the all-reduce's two figures.
+    assert output.count("diagnosis at batch 64, each of 2 processes") == 1
+    assert output.count("gradient all-reduce (2 processes on gloo") == 1
+    assert output.count("exposed (step - step under no_sync)") == 1
+    assert (folder / "diagnosis.png").is_file()
+    assert writes.get("0") and str(folder / "diagnosis.json") in writes["0"]
+    assert not writes.get("1"), f"rank 1 wrote {sorted(writes.get('1', []))}"
+
+
+def test_profile_under_ddp_puts_the_all_reduce_in_its_category_and_rank_zero_alone_writes(tmp_path):
+    result, writes = _launch(["profile=true", "profile_steps=2"], tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    profile = _only_run_folder(tmp_path) / "profile"
+    record = json.loads((profile / "profile.json").read_text())
+    shares = {c["category"]: c["share"] for c in record["categories"]}
+    assert shares.get("communication", 0) > 0, shares
+    reduce = record["all_reduce"]
+    assert 0 < reduce["ms_per_step"] < record["step_ms"]
+    assert reduce["share"] == pytest.approx(reduce["ms_per_step"] / record["step_ms"])
+    ops = (profile / "ops.md").read_text()
+    line = next(line for line in ops.splitlines() if line.startswith("all-reduce: "))
+    assert f"{reduce['ms_per_step']:.2f} ms/step, {reduce['share']:.1%} of the step" in line
+    assert "overlapped with backward by DDP's buckets where the device allows" in line
+    assert "| communication |" in ops
+    assert len(list(profile.glob("*.pt.trace.json"))) == 1  # rank 0's trace alone
+    assert output.count("profile written:") == 1 and output.count("profile: all-reduce: ") == 1
+    assert writes.get("0") and str(profile / "ops.md") in writes["0"]
+    assert not writes.get("1"), f"rank 1 wrote {sorted(writes.get('1', []))}"
