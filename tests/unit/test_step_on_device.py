@@ -2,7 +2,8 @@
 run with loss spikes and NaN steps injected, the percentile clipping (calibrating, then frozen or
 rolling) and the non-finite guard clip by the same factors, skip the same steps and end at the same
 weights, bit for bit, as the host-side rules they replaced (kept below as the reference: numpy's
-percentile of the recorded norms, `clip_grads_with_norm_`, and a skip that drops the gradients)."""
+percentile of the recorded norms, `clip_grads_with_norm_`, and a skip that drops the gradients),
+also once a log step has told the rule that calibration is over and its steps take the short path."""
 
 from __future__ import annotations
 
@@ -101,9 +102,12 @@ def run(optimizer_kind, rolling_window, on_device, tmp_path):
         optimizer.zero_grad(set_to_none=True)
         if on_device:
             trainer.global_step += 1
+            if trainer.global_step % 10 == 0:
+                clipping.rule.settle()  # at a log step: from the first after calibration, the short path
     if on_device:
         skipped = [step in guard.summary()["skipped_at"] for step in range(50)]
         summary = clipping.summary()
+        assert clipping.rule._calibration_over  # the steps after step 20 took the short path
     else:
         summary = {"threshold": rule.threshold, "calibration": rule.calibration}
     return factors, skipped, [p.detach().clone() for p in module.parameters()], summary

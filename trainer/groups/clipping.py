@@ -92,6 +92,10 @@ class ClippingRule:
         """Whether Lightning's clipping changes a step with this global norm and largest element."""
         return torch.zeros((), dtype=torch.bool, device=norm.device)
 
+    def settle(self) -> None:
+        """Called at log steps, where a host read costs nothing extra: a rule may learn there what
+        lets its later steps do less."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -203,6 +207,7 @@ class Percentile(ClippingRule):
         # the first norm is seen, host values (from a checkpoint) until then.
         self._bounds: Optional[torch.Tensor] = None
         self._loaded_bounds: tuple[Optional[float], Optional[float]] = (None, None)
+        self._calibration_over = False  # known on the host (`settle`)
 
     def describe(self) -> str:
         later = f"the last {self.rolling_window} (AutoClip)" if self.rolling_window else None
@@ -257,12 +262,23 @@ class Percentile(ClippingRule):
     def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
         return self._bind(device)[0].clone()
 
+    def settle(self) -> None:
+        """Learn on the host whether calibration has ended (one read, made at a log step): from then
+        on a step skips the calibration's arithmetic, which can no longer change anything."""
+        if not self._calibration_over and self._calibration.bound:
+            self._calibration_over = int(self._calibration.count().item()) >= self.calibration_steps
+
     def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         bounds = self._bind(norm.device)
         threshold, calibrated = bounds[0], bounds[1]
         value = norm.detach().to(bounds.dtype)
         if self._window is not None:
             self._window.append(value, finite)  # the pre-clip norm, so clipping cannot drag the threshold down
+        if self._calibration_over:
+            if self._window is None:
+                return threshold.clone()  # frozen at the calibrated threshold
+            bounds[0].copy_(torch.where(finite, self._window.percentile(self.percentile), threshold))
+            return bounds[0].clone()
         self._calibration.bind(norm.device)
         calibrating = self._calibration.count() < self.calibration_steps
         # Recorded before the threshold is taken, as AutoClip does: the first step is never clipped
@@ -288,6 +304,7 @@ class Percentile(ClippingRule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._calibration.load([float(n) for n in state["calibration_norms"]])
+        self._calibration_over = len(state["calibration_norms"]) >= self.calibration_steps
         if self._window is not None:
             self._window.load([float(n) for n in state["window"]])
         bounds = (state["threshold"], state["calibrated_threshold"])
@@ -527,6 +544,12 @@ class GradientClipping(Callback):
         if record.threshold is not None:
             pl_module.log("clip/threshold", record.threshold.float(), **kwargs)
         pl_module.log("clip/clipped", record.clipped.float(), **kwargs)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # At Lightning's log steps, where it reads the logged values too.
+        if self.rule.clips_here and not trainer.global_step % max(1, int(trainer.log_every_n_steps)):  # type: ignore[attr-defined]
+            self.rule.settle()
 
     # -- checkpointing -----------------------------------------------------------------------------
 

@@ -29,8 +29,6 @@ from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
 
 #: Steps recorded in `skipped_at`.
 RECORDED_SKIPS = 100
-#: Codes of the first bad "parameter" beyond the parameters' own indices.
-_LOSS, _ANOTHER_PROCESS = -2, -3
 
 
 class NonFiniteTraining(UserError):
@@ -45,7 +43,7 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
 
 class _PutBack:
     """A copy of an optimizer's parameters and state taken before its step, and the step undone
-    where a device flag is set (`torch.where`): the skip for optimizers without a `found_inf` path.
+    where a device flag is set: the skip for optimizers without a `found_inf` path.
     State the step creates (the first step's moments and counters) is zeroed instead, which is the
     fresh state of torch's optimizers. The copies are kept between steps, so nothing is allocated
     per step once the state exists."""
@@ -54,10 +52,24 @@ class _PutBack:
         self._copies: dict[int, torch.Tensor] = {}
         self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._params: list[torch.Tensor] = []
+        self._key: Any = None
+        self._sources: list[torch.Tensor] = []
+        self._targets: list[torch.Tensor] = []
+        self._originals: list[torch.Tensor] = []
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self.host_flag_reason: Optional[str] = None
 
     def take(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+        # torch's optimizers update their state in place, so from the second step on the same
+        # tensors come back: the lists are kept while the parameters, the number of state entries
+        # and the first parameter's state tensors are the same ones (a loaded state dict is not).
+        first = optimizer.state.get(params[0], {}) if params else {}
+        key = (tuple(map(id, params)), len(optimizer.state), tuple(id(v) for v in first.values()))
+        if key == self._key and self._sources:
+            torch._foreach_copy_(self._targets, self._sources)
+            self._before = list(zip(self._originals, self._targets))
+            return
+        self._key = key
         tensors = list(params)
         for p in params:
             tensors.extend(v for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor))
@@ -72,6 +84,7 @@ class _PutBack:
             targets.append(copy)
         if targets:
             torch._foreach_copy_(targets, sources)
+        self._sources, self._targets, self._originals = sources, targets, tensors
         self._params = params
         self._optimizer = optimizer
 
@@ -90,9 +103,22 @@ class _PutBack:
                 flags[device] = flag.to(device)
             return flags[device]
 
+        # Floating tensors: a NaN a bad step left is zeroed, then one foreach lerp per device and
+        # dtype with the flag as weight: torch's lerp is `start + w (end - start)` below w = 0.5 and
+        # `end - (end - start)(1 - w)` above, so w = 0 keeps the stepped tensor and w = 1 gives the
+        # copy, both exactly, with one pass instead of a `where` and a copy per tensor.
+        groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         with torch.no_grad():
             for t, copy in self._before:
-                t.copy_(torch.where(flag_on(t.device), copy, t))
+                if t.is_floating_point():
+                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
+                    stepped, copies = groups.setdefault((t.device, t.dtype), ([], []))
+                    stepped.append(t)
+                    copies.append(copy)
+                else:
+                    t.copy_(torch.where(flag_on(t.device), copy, t))
+            for (device, dtype), (stepped, copies) in groups.items():
+                torch._foreach_lerp_(stepped, copies, flag_on(device).to(dtype))
         _zero_new_state(self._optimizer, self._params, known, flag, flag_on)
         self._before = []
 
@@ -127,8 +153,9 @@ class NonFiniteGuard(Callback):
         self.diagnostic_checkpoint: str | None = None
         self._loss: torch.Tensor | None = None
         # On the device: skipped, consecutive, longest run since the last read, the latest run's
-        # first step and first bad parameter (an index into `_names`, or _LOSS/_ANOTHER_PROCESS).
+        # first step; and which tensors were finite at that step (`_count`).
         self._counters: Optional[torch.Tensor] = None
+        self._first_flags: Optional[torch.Tensor] = None
         self._skips = DeviceValues(RECORDED_SKIPS)
         self._names: list[str] = []
         self._positions: dict[tuple[int, ...], torch.Tensor] = {}
@@ -211,33 +238,40 @@ class NonFiniteGuard(Callback):
         # The norm of a tensor is finite exactly when all its elements are: one reduction per tensor
         # (a single foreach kernel where available).
         norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
+        if all(n.device == device and n.dtype == torch.float32 for n in norms):
+            return torch.isfinite(torch.stack(norms))
         return torch.isfinite(torch.stack([n.float().to(device) for n in norms]))
 
     def _count(self, trainer: L.Trainer, bad: torch.Tensor, finite_each: torch.Tensor,
                loss_finite: torch.Tensor, with_grad: tuple[int, ...]) -> None:
         device = bad.device
         if self._counters is None or self._counters.device != device:
-            held = [self.skipped_steps, self.consecutive, self.consecutive, -1, -1]
+            held = [self.skipped_steps, self.consecutive, self.consecutive, -1]
             self._counters = torch.tensor(held, dtype=torch.long, device=device)
-        if with_grad not in self._positions:
-            self._positions[with_grad] = torch.tensor(with_grad, dtype=torch.long, device=device)
-        skipped, consecutive, longest, first_step, first_param = self._counters.unbind()
+        # Which tensors were finite at the step that began the latest run of bad steps: every
+        # parameter in module order, then the loss. The name is found from it when the host reads.
+        flags = torch.cat([finite_each, loss_finite.reshape(1)])
+        if len(with_grad) != len(self._names):
+            full = torch.ones(len(self._names) + 1, dtype=torch.bool, device=device)
+            flags = full.index_copy_(0, self._position_index(with_grad, device), flags)
+        if self._first_flags is None or self._first_flags.device != device or len(self._first_flags) != len(flags):
+            self._first_flags = torch.ones_like(flags)
+        skipped, consecutive, longest, first_step = self._counters.unbind()
         bad_long = bad.long()
         consecutive = (consecutive + 1) * bad_long
-        starts = bad & (consecutive == 1)
-        # The first parameter in module order whose gradient is not finite; else the loss; else
-        # (finite here) another process's.
-        # gather, not [tensor]: indexing with a 0-d tensor may read it on the host.
-        first_bad = self._positions[with_grad].gather(0, torch.argmax((~finite_each).long()).reshape(1)).reshape(())
-        which = torch.where(~finite_each.all(), first_bad,
-                            torch.where(~loss_finite, torch.full_like(first_bad, _LOSS),
-                                        torch.full_like(first_bad, _ANOTHER_PROCESS)))
+        starts = consecutive == 1
         step = torch.full_like(first_step, int(trainer.global_step))
         self._skips.append(step, bad)
-        self._counters.copy_(torch.stack([
-            skipped + bad_long, consecutive, torch.maximum(longest, consecutive),
-            torch.where(starts, step, first_step), torch.where(starts, which, first_param)]))
+        self._first_flags.copy_(torch.where(starts, flags, self._first_flags))
+        self._counters.copy_(torch.stack([skipped + bad_long, consecutive, torch.maximum(longest, consecutive),
+                                          torch.where(starts, step, first_step)]))
         self._steps_since_read += 1
+
+    def _position_index(self, with_grad: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """Where the checked tensors (the parameters with gradients, then the loss) go among all."""
+        if with_grad not in self._positions:
+            self._positions[with_grad] = torch.tensor([*with_grad, len(self._names)], dtype=torch.long, device=device)
+        return self._positions[with_grad]
 
     # -- the reads, at intervals -------------------------------------------------------------------
 
@@ -259,24 +293,30 @@ class NonFiniteGuard(Callback):
         the last read."""
         if self._counters is None:
             return 0
-        got = read_together({"counters": self._counters, "skips": self._skips.count()})
-        skipped, consecutive, longest, first_step, first_param = (int(v) for v in got["counters"])
+        values = {"counters": self._counters, "skips": self._skips.count()}
+        if self._first_flags is not None:
+            values["first"] = self._first_flags
+        got = read_together(values)
+        skipped, consecutive, longest, first_step = (int(v) for v in got["counters"])
         if got["skips"][0]:
             self.skipped_at = [int(s) for s in self._skips.host_values()]
         self._counters[2].copy_(self._counters[1])  # the next read's run starts from the current one
         self.skipped_steps, self.consecutive = skipped, consecutive
         if first_step >= 0:
-            self.first_nonfinite = {"step": first_step, "parameter": self._parameter_name(first_param)}
+            self.first_nonfinite = {"step": first_step, "parameter": self._parameter_name(got.get("first", []))}
         self._steps_since_read = 0
         self._longest = longest
         return longest
 
-    def _parameter_name(self, code: int) -> str:
-        if code == _LOSS:
+    def _parameter_name(self, finite: list[float]) -> str:
+        """The first parameter, in module order, whose gradient was not finite; else the loss; else
+        (all finite here) another process's."""
+        for index, ok in enumerate(finite[:-1]):
+            if not ok:
+                return self._names[index] if index < len(self._names) else f"(parameter {index})"
+        if finite and not finite[-1]:
             return "(the loss; every gradient was finite)"
-        if code == _ANOTHER_PROCESS:
-            return "(another process's loss or gradient shard; this process's were finite)"
-        return self._names[code] if 0 <= code < len(self._names) else f"(parameter {code})"
+        return "(another process's loss or gradient shard; this process's were finite)"
 
     def _stop_if_diverged(self, trainer: L.Trainer) -> None:
         if self._longest < self.max_consecutive:
@@ -320,6 +360,7 @@ class NonFiniteGuard(Callback):
         self.skipped_at = [int(s) for s in state_dict["skipped_at"]]
         self._skips.load([float(s) for s in self.skipped_at])
         self._counters = None
+        self._first_flags = None
 
 
 def _any_process(flag: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,12 @@ class DeviceValues:
         self.bind(value.device)
         assert self._values is not None and self._count is not None and self._next is not None
         if not self.ring:
-            when = when & (self._count < self.capacity)
+            # Filled in order and never wrapped: the next slot is the count, and a full store has none.
+            slot = (self._slots == self._count) & when
+            self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
+            self._count.add_(slot.any().long())
+            self._next.copy_(self._count)
+            return
         slot = (self._slots == self._next) & when
         self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
         taken = when.long()
