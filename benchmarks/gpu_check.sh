@@ -66,19 +66,23 @@ EXTRA_STEPS=(input_pipeline progressive_resize batch_study)
 # - step_cost 4 runs (2 repeats, on/off interleaved) of ~12 s: 3 repeats (6 runs, ~75 s) do not fit.
 # - ladder one process, six stages, two compiles of ResNet-50 (~50 s cold, the second ~25 s from
 #   Inductor's cache): ~115 s.
-# - data_stage 2,048 JPEGs written by 16 processes (~3 s), then 3 runs of ~14 s (8 loader workers).
-# - gpu_tests ~90 s for three torch.compile modes of a tiny network, ~30 s the rest (was 145 with
-#   the deployment tests' compile uncached; the ResNet compiles before do not help them).
+# - data_stage 2,048 JPEGs (and 204 for val/) written by 16 processes (~8 s: ~40 ms a photo on a core
+#   here), then 3 runs of ~14 s (8 loader workers, 16 steps, the files' header scan ~1 s).
+# - gpu_tests ~90 s for three torch.compile modes of a tiny network and ~50 s for the deployment
+#   tests (the earlier estimates): its 120 s are under that, leaning on what the steps before leave
+#   (the environment ~5 s of 10, the ladder ~5 s of 120).
 # - practices 5 runs of ~12 s (the base, fp32 with TF32, fp32 without, NCHW, foreach).
 # - reduce_overhead 2 compiled runs, Inductor's cache warm from the ladder: ~20 s each.
 # - fsdp 2 runs of ~12 s, FSDP's wrapping a few seconds more.
 # - profile_memory 2 runs of ~13 s (the profile's report, the memory plan's measurement passes).
 # - gpt one run: ~12 s, the corpus (2 MB) tokenized ~3 s, 26 steps of 16,384 tokens ~3 s.
-# 540 s in all, plus at most 5 s per step to stop one that overruns.
+# 540 s in all for the default steps (the --steps-only ones not counted), plus at most 5 s per step
+# to stop one that overruns.
 declare -A BUDGET_S=([environment]=10 [step_cost]=50 [ladder]=120 [data_stage]=55 [gpu_tests]=120
                      [practices]=60 [reduce_overhead]=40 [fsdp]=30 [profile_memory]=30 [gpt]=25
                      [input_pipeline]=25 [progressive_resize]=20 [batch_study]=40)
-# These only stop a hung step of the dry run (which takes about TODO s on 2 CPU cores in all).
+# These only stop a hung step of the dry run (165-195 s in all on 2 CPU cores, ~10 s of each step
+# the interpreter's imports; the three --steps-only steps ~80 s more).
 declare -A DRY_BUDGET_S=([environment]=40 [step_cost]=90 [ladder]=120 [data_stage]=90 [gpu_tests]=90
                          [practices]=120 [reduce_overhead]=90 [fsdp]=90 [profile_memory]=90 [gpt]=90
                          [input_pipeline]=90 [progressive_resize]=90 [batch_study]=120)
@@ -247,8 +251,10 @@ step_gpt() {
              trainer.num_sanity_val_steps=0 checkpointing=off progress=off logger=csv)
   local size=(--run-timeout 90)
   if [ "$DRY" = 1 ]; then
-    run+=(data.max_corpus_mb=0.3 data.vocab_size=300 data.sequence_length=32 data.batch_size=4 data.num_workers=0
-          model.layers=1 model.width=32 model.heads=2 trainer.limit_train_batches=8 trainer.accelerator=cpu)
+    # Half a megabyte: 20 documents, a quarter each held out so that val and test have one.
+    run+=(data.max_corpus_mb=0.5 data.val_fraction=0.25 data.test_fraction=0.25 data.vocab_size=300
+          data.sequence_length=32 data.batch_size=4 data.num_workers=0 model.layers=1 model.width=32 model.heads=2
+          trainer.limit_train_batches=8 trainer.accelerator=cpu)
     size=(--in-process)
   fi
   "$PYTHON" benchmarks/check_runs.py --out "$dir/runs.md" --json "$dir/runs.json" --runs-dir "$dir/runs" \

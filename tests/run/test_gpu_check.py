@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -20,6 +19,8 @@ pytestmark = [pytest.mark.run, pytest.mark.slow]
 
 STEPS = ["environment", "step_cost", "ladder", "data_stage", "gpu_tests", "practices", "reduce_overhead", "fsdp",
          "profile_memory", "gpt"]
+# Only with --steps, in this order (the order the test asks for, not the script's).
+EXTRA_STEPS = ["input_pipeline"]  # progressive_resize and batch_study: their scripts have tests of their own
 LADDER = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channels_last", "resnet50_compile",
           "resnet50_optimized"]
 
@@ -32,6 +33,21 @@ def dry_run(tmp_path_factory):
     proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def extras_run(tmp_path_factory):
+    """The steps run only when asked (--steps), in the order given: their functions are kept working."""
+    out = tmp_path_factory.mktemp("gpu_check_extras")
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["PYTHON"] = sys.executable
+    proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--steps",
+                           ",".join(EXTRA_STEPS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [(step, "ok") for step in EXTRA_STEPS]
+    assert json.loads((out / "run.json").read_text())["command"].endswith("--steps " + ",".join(EXTRA_STEPS))
     return out, proc
 
 
@@ -174,39 +190,12 @@ def test_steps_option_refuses_an_unknown_step(tmp_path):
     assert proc.returncode == 2 and "no step 'nope'" in proc.stderr
 
 
-def test_input_pipeline_step_times_every_decode_mode_and_the_device_side(dry_run):
+def test_input_pipeline_step_times_every_decode_mode_and_the_device_side(extras_run):
     """The input-pipeline step's table has every pipeline, and the device mode's decode ran (on the
     CPU in a dry run); its key figures are the verdict lines."""
-    out, _ = dry_run
+    out, _ = extras_run
     report = (out / "input_pipeline" / "input_pipeline.md").read_text()
     for row in ("torchvision ImageFolder", "data.decode=pil", "data.decode=fast", "data.decode=device"):
         assert row in report
     assert "device mode, decode + crop + resize of prefetched batches on" in report
     assert (out / "input_pipeline" / "figures.md").read_text().startswith("fast vs standard:")
-
-
-def test_progressive_resize_step_times_the_step_at_every_size_of_the_schedule(dry_run):
-    """The progressive-resizing step's table has a row per size of the default 224 px schedule with
-    the fast loader's rate and the step's samples/s; its key figures are the step's rate per size,
-    then the schedule's expected time."""
-    out, _ = dry_run
-    report = (out / "progressive_resize" / "progressive_resize.md").read_text()
-    rate = r"([\d,.]+) \([\d,.]+-[\d,.]+\) \| ([\d.]+)x"
-    for size in (128, 160, 192, 224):  # ResizeSchedule.of(224, 0.5, (0.5, 0.8), "auto", 16)
-        row = re.search(rf"^\| {size} \| [\d.]+ \| \d+ \| {rate} \| - \| - \| {rate} \|$", report, re.MULTILINE)
-        assert row and all(float(g.replace(",", "")) > 0 for g in row.groups()), (size, report)
-    figures = (out / "progressive_resize" / "figures.md").read_text().splitlines()
-    assert figures[0].startswith("step samples/s by size on the CPU: 128 px ") and "224 px" in figures[0]
-    assert "expected time of 16 epochs against all at 224 px" in figures[1] and "data.decode=fast" in figures[1]
-
-
-def test_batch_study_step_measures_both_rules_at_both_batches(dry_run):
-    """The batch study step: AdamW's sqrt rule and none at two batches, one seed; its key figures
-    are every run's val accuracy, then the verdict lines."""
-    out, _ = dry_run
-    jobs = json.loads((out / "batch_study" / "batch_scaling_jobs.json").read_text())
-    assert sorted((j["batch"], j["lr_rule"]) for j in jobs) == [(32, "none"), (32, "sqrt"), (64, "none"), (64, "sqrt")]
-    assert all(j["status"] == "completed" for j in jobs)
-    figures = (out / "batch_study" / "figures.md").read_text().splitlines()
-    assert figures[0].startswith("4 runs on ") and "batch 64 sqrt 0." in figures[0]
-    assert figures[1].startswith("adamw, sqrt rule, val accuracy against batch 64: 32: ")

@@ -118,7 +118,7 @@ class _PutBack:
                 else:
                     t.copy_(torch.where(flag_on(t.device), copy, t))
             for (device, dtype), (stepped, copies) in groups.items():
-                torch._foreach_lerp_(stepped, copies, flag_on(device).to(dtype))
+                torch._foreach_lerp_(stepped, copies, flag_on(device).to(dtype))  # type: ignore[call-overload]
         _zero_new_state(self._optimizer, self._params, known, flag, flag_on)
         self._before = []
 
