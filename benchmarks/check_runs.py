@@ -32,22 +32,14 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from practices import merged  # noqa: E402 - one value per key, the last given winning
+
 REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20
 
 #: The plan's settings shown by default (summary.json's `derived`): what makes the runs differ.
 DEFAULT_SHOW = ("precision", "compile")
-
-
-def merged(*override_lists: Sequence[str]) -> list[str]:
-    """One value per key, the last given winning (as benchmarks/practices.py merges them)."""
-    by_key: dict[str, str] = {}
-    for overrides in override_lists:
-        for override in overrides:
-            key = override.split("=", 1)[0].lstrip("+~")
-            by_key.pop(key, None)
-            by_key[key] = override
-    return list(by_key.values())
 
 
 def run_train(overrides: list[str], folder: Path, timeout: Optional[float], in_process: bool) -> tuple[str, str]:
