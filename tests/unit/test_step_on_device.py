@@ -103,7 +103,7 @@ def run(optimizer_kind, rolling_window, on_device, tmp_path):
         if on_device:
             trainer.global_step += 1
             if trainer.global_step % 10 == 0:
-                clipping.rule.settle()  # at a log step: from the first after calibration, the short path
+                clipping.rule.settle(clipping.steps_seen)  # at a log step: from the first after calibration, the short path
     if on_device:
         skipped = [step in guard.summary()["skipped_at"] for step in range(50)]
         summary = clipping.summary()

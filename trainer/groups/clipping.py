@@ -92,9 +92,9 @@ class ClippingRule:
         """Whether Lightning's clipping changes a step with this global norm and largest element."""
         return torch.zeros((), dtype=torch.bool, device=norm.device)
 
-    def settle(self) -> None:
-        """Called at log steps, where a host read costs nothing extra: a rule may learn there what
-        lets its later steps do less."""
+    def settle(self, steps_seen: int) -> None:
+        """Called at log steps, where a host read costs nothing extra, with the steps observed so
+        far: a rule may learn there what lets its later steps do less."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -262,10 +262,11 @@ class Percentile(ClippingRule):
     def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
         return self._bind(device)[0].clone()
 
-    def settle(self) -> None:
-        """Learn on the host whether calibration has ended (one read, made at a log step): from then
-        on a step skips the calibration's arithmetic, which can no longer change anything."""
-        if not self._calibration_over and self._calibration.bound:
+    def settle(self, steps_seen: int) -> None:
+        """Learn on the host whether calibration has ended (one read, made at a log step, and only
+        once `calibration_steps` steps have been seen, as it cannot end before): from then on a step
+        skips the calibration's arithmetic, which can no longer change anything."""
+        if not self._calibration_over and self._calibration.bound and steps_seen >= self.calibration_steps:
             self._calibration_over = int(self._calibration.count().item()) >= self.calibration_steps
 
     def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
@@ -549,7 +550,7 @@ class GradientClipping(Callback):
                            batch_idx: int) -> None:
         # At Lightning's log steps, where it reads the logged values too.
         if self.rule.clips_here and not trainer.global_step % max(1, int(trainer.log_every_n_steps)):  # type: ignore[attr-defined]
-            self.rule.settle()
+            self.rule.settle(self.steps_seen)
 
     # -- checkpointing -----------------------------------------------------------------------------
 
