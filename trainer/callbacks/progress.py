@@ -10,6 +10,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
+from trainer.callbacks.steps import at_log_step
+
 log = logging.getLogger("trainer.progress")
 
 
@@ -67,8 +69,7 @@ class LogStepRichProgressBar(RichProgressBar):
         self._shown: dict[str, Any] | None = None
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
-        every = max(1, int(getattr(trainer, "log_every_n_steps", 1)))
-        if self._shown is not None and trainer.training and trainer.global_step % every:
+        if self._shown is not None and trainer.training and not at_log_step(trainer):
             return self._shown
         self._shown = super().get_metrics(trainer, pl_module)
         return self._shown

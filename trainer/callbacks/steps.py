@@ -1,4 +1,5 @@
-"""What a training step hands the callbacks: its loss, and whether it ended on an optimizer step."""
+"""What a training step hands the callbacks: its loss, whether it ended on an optimizer step, and
+whether that step is a log step."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ def step_loss(outputs: Any) -> torch.Tensor | None:
     """The loss of a training step as Lightning passes it to ``on_train_batch_end``."""
     loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
     return loss if isinstance(loss, torch.Tensor) else None
+
+
+def at_log_step(trainer: L.Trainer) -> bool:
+    """Whether the optimizer step just taken is one of Lightning's log steps (every
+    `trainer.log_every_n_steps`), where Lightning reads the logged values on the host anyway: the
+    place for a callback's own reads of device values."""
+    every = max(1, int(getattr(trainer, "log_every_n_steps", None) or 1))
+    return int(trainer.global_step) % every == 0
 
 
 class StepBoundary(Callback):

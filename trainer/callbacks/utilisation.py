@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from trainer.callbacks.steps import at_log_step
 from trainer.infra.schema import POSITIVE, Doc
 
 #: What summary.json says of a run whose callbacks do not include the sampler.
@@ -90,8 +91,7 @@ class UtilisationSampler(Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        every = max(1, int(trainer.log_every_n_steps or 1))  # type: ignore[attr-defined]  # set by a connector
-        if self._thread is None or not trainer.loggers or trainer.global_step % every:
+        if self._thread is None or not trainer.loggers or not at_log_step(trainer):
             return
         metrics = self.means_since_last_log()
         if metrics:

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
+from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
 from trainer.infra.on_device import DeviceValues, read_together, scalar, value_dtype
 from trainer.infra.schema import ConfigGroup, Doc, check_target, locate_target
@@ -549,7 +550,7 @@ class GradientClipping(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # At Lightning's log steps, where it reads the logged values too.
-        if self.rule.clips_here and not trainer.global_step % max(1, int(trainer.log_every_n_steps)):  # type: ignore[attr-defined]
+        if self.rule.clips_here and at_log_step(trainer):
             self.rule.settle(self.steps_seen)
 
     # -- checkpointing -----------------------------------------------------------------------------

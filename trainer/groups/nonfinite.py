@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
 from trainer.infra.on_device import DeviceValues, read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
@@ -119,19 +120,20 @@ class _PutBack:
                     t.copy_(torch.where(flag_on(t.device), copy, t))
             for (device, dtype), (stepped, copies) in groups.items():
                 torch._foreach_lerp_(stepped, copies, flag_on(device).to(dtype))  # type: ignore[call-overload]
-        _zero_new_state(self._optimizer, self._params, known, flag, flag_on)
+        _zero_new_state(self._optimizer, self._params, known, flag_on)
         self._before = []
 
 
 def _zero_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], known: set[int],
-                    flag: torch.Tensor, flag_on: Optional[Any] = None) -> None:
-    """Zero, where `flag` is set, the state tensors a step created (not in `known`): the fresh state
-    of torch's optimizers (zero moments and step counts; a zero momentum buffer acts as none)."""
+                    flag_on: Callable[[torch.device], torch.Tensor]) -> None:
+    """Zero, where the flag (`flag_on(device)`) is set, the state tensors a step created (not in
+    `known`): the fresh state of torch's optimizers (zero moments and step counts; a zero momentum
+    buffer acts as none)."""
     with torch.no_grad():
         for p in params:
             for v in optimizer.state.get(p, {}).values():
                 if isinstance(v, torch.Tensor) and id(v) not in known:
-                    v.masked_fill_(flag_on(v.device) if flag_on else flag.to(v.device), 0)
+                    v.masked_fill_(flag_on(v.device), 0)
 
 
 class NonFiniteGuard(Callback):
@@ -159,12 +161,12 @@ class NonFiniteGuard(Callback):
         self._skips = DeviceValues(RECORDED_SKIPS)
         self._names: list[str] = []
         self._positions: dict[tuple[int, ...], torch.Tensor] = {}
-        self._pending: dict[int, tuple[torch.Tensor, Optional[_PutBack]]] = {}  # per optimizer, until its step ends
+        # Per optimizer, until its step ends: the flag, and the put-back, or (found_inf) the
+        # parameters and the ids of the state tensors that existed before the step.
+        self._pending: dict[int, tuple[torch.Tensor, _PutBack | tuple[list[torch.Tensor], set[int]]]] = {}
         self._put_back: dict[int, _PutBack] = {}
-        self._state_before: dict[int, tuple[list[torch.Tensor], set[int]]] = {}
         self._hooked: set[int] = set()
         self._steps_since_read = 0
-        self._longest = 0
         self._warned_host_flag = False
 
     # -- the step (device only) --------------------------------------------------------------------
@@ -202,9 +204,8 @@ class NonFiniteGuard(Callback):
         self._hook(optimizer)
         if takes_found_inf(optimizer):
             optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
-            self._pending[id(optimizer)] = (bad, None)
-            self._state_before[id(optimizer)] = (params, {id(v) for p in params
-                                                          for v in optimizer.state.get(p, {}).values()})
+            self._pending[id(optimizer)] = (bad, (params, {id(v) for p in params
+                                                           for v in optimizer.state.get(p, {}).values()}))
         else:
             put_back = self._put_back.setdefault(id(optimizer), _PutBack())
             put_back.take(optimizer, params)
@@ -220,12 +221,12 @@ class NonFiniteGuard(Callback):
         if pending is None:
             return
         bad, put_back = pending
-        if put_back is None:
+        if not isinstance(put_back, _PutBack):
             del optimizer.found_inf  # type: ignore[attr-defined]  # a later step (or a GradScaler) must not see this one's flag
             # State the skipped step created is left as the kernel allocated it (fused SGD's momentum
             # buffers uninitialized): zeroed, it is the fresh state.
-            params, known = self._state_before.pop(id(optimizer))
-            _zero_new_state(optimizer, params, known, bad)
+            params, known = put_back
+            _zero_new_state(optimizer, params, known, lambda device: bad.to(device))
             return
         put_back.undo_where(bad)
         if put_back.host_flag_reason and not self._warned_host_flag:
@@ -278,17 +279,15 @@ class NonFiniteGuard(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # At Lightning's own log steps, when it reads the logged values too.
-        if self.mode == "off" or not self._steps_since_read or trainer.global_step % max(1, int(trainer.log_every_n_steps)):  # type: ignore[attr-defined]
+        if self.mode == "off" or not self._steps_since_read or not at_log_step(trainer):
             return
-        self.read_counters(trainer)
-        self._stop_if_diverged(trainer)
+        self._stop_if_diverged(trainer, self.read_counters())
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.mode != "off" and self._steps_since_read:
-            self.read_counters(trainer)
-            self._stop_if_diverged(trainer)
+            self._stop_if_diverged(trainer, self.read_counters())
 
-    def read_counters(self, trainer: Optional[L.Trainer] = None) -> int:
+    def read_counters(self) -> int:
         """Bring the host's copy up to date in one read; returns the longest run of bad steps since
         the last read."""
         if self._counters is None:
@@ -305,7 +304,6 @@ class NonFiniteGuard(Callback):
         if first_step >= 0:
             self.first_nonfinite = {"step": first_step, "parameter": self._parameter_name(got.get("first", []))}
         self._steps_since_read = 0
-        self._longest = longest
         return longest
 
     def _parameter_name(self, finite: list[float]) -> str:
@@ -318,14 +316,15 @@ class NonFiniteGuard(Callback):
             return "(the loss; every gradient was finite)"
         return "(another process's loss or gradient shard; this process's were finite)"
 
-    def _stop_if_diverged(self, trainer: L.Trainer) -> None:
-        if self._longest < self.max_consecutive:
+    def _stop_if_diverged(self, trainer: L.Trainer, longest: int) -> None:
+        """Stop when the longest run of bad steps since the last read reached `max_consecutive`."""
+        if longest < self.max_consecutive:
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scaled = scaler is not None and scaler.is_enabled()
         if scaled and scaler is not None and scaler.get_scale() >= 1.0:
             return
-        self._stop(trainer, self._longest)
+        self._stop(trainer, longest)
 
     def _stop(self, trainer: L.Trainer, run: int) -> None:
         assert self.first_nonfinite is not None

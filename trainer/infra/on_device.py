@@ -54,7 +54,7 @@ class DeviceValues:
         self.ring = ring
         self._values: Optional[torch.Tensor] = None
         self._count: Optional[torch.Tensor] = None  # values held (<= capacity)
-        self._next: Optional[torch.Tensor] = None  # where the next value goes
+        self._next: Optional[torch.Tensor] = None  # where a ring's next value goes
         self._slots: Optional[torch.Tensor] = None
         self._pending: list[float] = []  # loaded from a checkpoint before the device was known
 
@@ -87,7 +87,6 @@ class DeviceValues:
             slot = (self._slots == self._count) & when
             self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
             self._count.add_(slot.any().long())
-            self._next.copy_(self._count)
             return
         slot = (self._slots == self._next) & when
         self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
@@ -122,7 +121,8 @@ class DeviceValues:
             return list(self._pending)
         assert self._count is not None and self._next is not None
         got = read_together({"values": self._values, "count": self._count, "next": self._next})
-        count, start = int(got["count"][0]), int(got["next"][0])
+        # A ring's oldest value is where the next goes; a store filled in order starts at 0.
+        count, start = int(got["count"][0]), int(got["next"][0]) if self.ring else 0
         values = got["values"]
         if count < self.capacity:
             return values[:count]
