@@ -40,28 +40,40 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
-                        summaries, write_report)
+from sweep_jobs import (add_jobs, keep_comparison, load_jobs, overrides_of, provenance_of, run_multirun,  # noqa: E402
+                        summaries, timed_alone, write_report)
 
 from trainer.infra.figures import new_figure, save_png  # noqa: E402
-from trainer.measure.seed_groups import Spread, difference  # noqa: E402 - after the repository is on the path
+from trainer.measure.decision_rule import compare, correct, detectable_drop, pooled_sd, seeds_for  # noqa: E402
+from trainer.measure.seed_groups import Spread  # noqa: E402 - after the repository is on the path
 
-#: Config names, except the `UNCLIPPED` arms: a config name with its calibration left unclipped.
-ARMS = ("off", "fixed_norm", "percentile", "autoclip", "percentile_unclipped_calibration",
-        "autoclip_unclipped_calibration")
+#: Config names, except the `UNCLIPPED` arm: a config name with its calibration left unclipped
+#: (the default before this study).
+ARMS = ("off", "fixed_norm", "percentile", "autoclip", "percentile_unclipped_calibration")
 UNCLIPPED = "_unclipped_calibration"
 DEFAULT_ARM = "percentile"
 SETTINGS = ("fragile", "stable")
 DIVERGED_BELOW = 0.5
+#: The decision rule (docs/practices.md, "How a default is decided"), per setting: the smallest
+#: difference in val accuracy the study must catch, and the spread it was sized on (the within-arm
+#: sd pooled over the runs that did not diverge in the 2026-12-02 jobs file, commit 2a22e87). Where
+#: training is stable one point matters; where it is fragile the question is whether a mode rescues
+#: the run, so ten points.
+MARGINS = {"stable": 0.01, "fragile": 0.10}
+PILOT_SD = {"stable": 0.0071, "fragile": 0.059}
+
+
+def planned_seeds(setting: str, arms: int = len(ARMS)) -> int:
+    """The seeds the rule asks for: the default against each other arm is one family (m = arms - 1)."""
+    return seeds_for(PILOT_SD[setting], arms - 1, drop=MARGINS[setting])
 #: Overrides that differ between the jobs of a setting or only say where a job ran.
 PER_JOB = ("clipping", "clipping.clip_during_calibration", "seed", "run.root", "hydra.sweep.dir", "checkpointing", "progress", "trainer.accelerator")
 
 
 def setting_overrides(setting: str, fragile_lr: float) -> list[str]:
     if setting == "fragile":
-        # The linear rule pinned: the setting the study measured (SGD's default then; sqrt since).
-        return ["model.norm=none", "optimizer=sgd", f"optimizer.lr={fragile_lr:g}", "optimizer.lr_scaling=linear",
-                "scheduler.warmup=0"]
+        # SGD's lr and warmup are set; its lr rule is today's default (at batch 64 it moves the lr).
+        return ["model.norm=none", "optimizer=sgd", f"optimizer.lr={fragile_lr:g}", "scheduler.warmup=0"]
     return []
 
 
@@ -87,7 +99,7 @@ def job_of(summary: dict[str, Any], setting: str) -> dict[str, Any]:
             "threshold": clipping.get("threshold"), "diverged": diverged, "steps": steps,
             "reached": bool(target.get("reached")), "target_s": target.get("wall_s") if target.get("reached") else None,
             "target_steps": target.get("steps") if target.get("reached") else None,
-            "lr": (summary.get("hyperparameters") or {}).get("lr"), "machine": machine_of(summary),
+            "lr": (summary.get("hyperparameters") or {}).get("lr"), **provenance_of(summary),
             "overrides": [o for o in summary.get("overrides", []) if o.split("=", 1)[0] not in PER_JOB]}
 
 
@@ -117,28 +129,45 @@ def table(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
             f"| {arm}{' (default)' if arm == DEFAULT_ARM else ''} | {Spread.of(values(runs, 'spikes')).text('{:.1f}')} | "
             f"{sum(bool(r['spikes']) for r in runs)} of {len(runs)} | {sum(r['diverged'] for r in runs)} of {len(runs)} | "
             f"{'-' if clipped.mean is None else f'{clipped.mean:.1%}'} | {Spread.of(values(runs, 'val_acc')).text('{:.4f}')} | "
-            f"{sum(r['reached'] for r in runs)} of {len(runs)} | {Spread.of(values(runs, 'target_s')).text('{:.1f}')} | "
+            f"{sum(r['reached'] for r in runs)} of {len(runs)} | "
+            f"{Spread.of(values([r for r in runs if timed_alone(r)], 'target_s')).text('{:.1f}')} | "
             f"{Spread.of(values(runs, 'target_steps')).text('{:.0f}')} |")
     return lines
 
 
+def accuracies(runs: list[dict[str, Any]]) -> list[float]:
+    """Val accuracies; a run that measured none (stopped for non-finite steps) counts at chance."""
+    return [0.1 if r["val_acc"] is None or not math.isfinite(r["val_acc"]) else float(r["val_acc"]) for r in runs]
+
+
 def verdicts(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
-    """Each arm against no clipping, and the default against each other arm: the difference in val
-    accuracy and in spikes a run, with Welch's 95% interval."""
+    """The default against each other arm, one family corrected by Holm: the difference in val
+    accuracy with Welch's interval and p-values; the runs that diverged and that spiked beside it."""
+    default = arm_jobs(jobs, setting, DEFAULT_ARM)
+    others = [a for a in ARMS if a != DEFAULT_ARM and arm_jobs(jobs, setting, a)]
+    family = correct([c for c in (compare(a, accuracies(arm_jobs(jobs, setting, a)), accuracies(default)) for a in others)
+                      if c is not None])
     lines = []
-    pairs = [("off", arm) for arm in ARMS if arm != "off"] + [(arm, DEFAULT_ARM) for arm in ARMS
-                                                               if arm not in ("off", DEFAULT_ARM)]
-    for base, arm in pairs:
-        first, other = arm_jobs(jobs, setting, base), arm_jobs(jobs, setting, arm)
-        acc = difference(values(first, "val_acc"), values(other, "val_acc"))
-        spikes = difference(values(first, "spikes"), values(other, "spikes"))
-        if acc is None and spikes is None:
-            continue
-        lines.append(f"- {setting}, {arm} against {base}: val acc "
-                     f"{acc.text('{:.4f}') if acc else '-'}; spikes a run {spikes.text('{:.1f}') if spikes else '-'}; "
-                     f"diverged {sum(r['diverged'] for r in other)} of {len(other)} against "
-                     f"{sum(r['diverged'] for r in first)} of {len(first)}")
+    for found in family:
+        other = arm_jobs(jobs, setting, found.label)
+        lines.append(f"- {setting}, {DEFAULT_ARM} (default) against {found.label}: val acc {found.text()}; diverged "
+                     f"{sum(r['diverged'] for r in default)} of {len(default)} against {sum(r['diverged'] for r in other)} "
+                     f"of {len(other)}; runs with a loss spike {sum(bool(r['spikes']) for r in default)} against "
+                     f"{sum(bool(r['spikes']) for r in other)}")
     return lines
+
+
+def power_lines(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
+    """The seeds the rule asked for, and what the runs' own spread lets "within the noise" rule out."""
+    groups = [[r["val_acc"] for r in arm_jobs(jobs, setting, a) if not r["diverged"]] for a in ARMS]
+    measured, m = pooled_sd(groups), sum(1 for a in ARMS if arm_jobs(jobs, setting, a)) - 1
+    seeds = min((len(arm_jobs(jobs, setting, a)) for a in ARMS if arm_jobs(jobs, setting, a)), default=0)
+    line = (f"- {setting}: a drop of {MARGINS[setting]:g} to catch with 80% power at Holm's strictest level of "
+            f"m={len(ARMS) - 1}, pilot sd {PILOT_SD[setting]}: {planned_seeds(setting)} seeds planned; {seeds} an arm ran")
+    if measured is not None and m > 0:
+        line += (f"; measured sd {measured:.4f} (runs that did not diverge), so within the noise rules out a drop of "
+                 f"{detectable_drop(seeds, measured, m):.4f} or more")
+    return [line]
 
 
 def plot(jobs: list[dict[str, Any]], path: Path) -> None:
@@ -178,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--seeds", default="1,2,3,4,5")
+    parser.add_argument("--seeds", default="auto", help="a list, or auto: 1 to as many as the decision rule asks "
+                        "for each setting (planned_seeds)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--copies", type=int, default=4, help="distortions of each training digit (42 is the full set)")
     parser.add_argument("--fragile-lr", type=float, default=0.8, help="SGD's lr at batch 256 in the fragile setting")
@@ -190,32 +220,43 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="write the report from the jobs file, training nothing")
     args = parser.parse_args(argv)
     if args.quick:
-        args.arms, args.seeds, args.epochs, args.copies, args.val_every = "off,percentile", "1", 1, 2, 10
+        args.arms, args.seeds, args.epochs, args.copies, args.val_every = "off,percentile", "1,2", 1, 2, 10
     jobs_file = args.out.with_name(f"{args.out.stem}_jobs.json")
     runs = args.runs or REPO / "outputs" / "clipping_study" / time.strftime("%Y-%m-%d_%H-%M-%S")
     walls = []
+    command = " ".join(["python benchmarks/clipping_study.py", *(argv if argv is not None else sys.argv[1:])])
     for setting in ([] if args.report_only else args.settings.split(",")):
+        seeds = (",".join(str(i) for i in range(1, planned_seeds(setting) + 1)) if args.seeds == "auto" else args.seeds)
         for suffix, arms, extra in sweeps(args.arms.split(",")):
             folder, label = runs / f"{setting}{suffix}", f"{setting}{suffix}"
-            wall = run_multirun([f"clipping={','.join(arms)}", *extra, f"seed={args.seeds}",
+            wall = run_multirun([f"clipping={','.join(arms)}", *extra, f"seed={seeds}",
                                  *setting_overrides(setting, args.fragile_lr), "data=digits_expanded",
                                  f"data.copies={args.copies}", "data.eval_copies=4", f"trainer.max_epochs={args.epochs}",
                                  f"+trainer.val_check_interval={args.val_every}", "target.metric=val/acc",
                                  f"target.value={args.target}"], folder, label)
             walls.append(f"{label} {wall / 60:.1f} min")
-            add_jobs(jobs_file, [job_of(s, setting) for s in summaries(folder)], key)
+            add_jobs(jobs_file, [{**job_of(s, setting), "study_command": command} for s in summaries(folder)], key)
             keep_comparison(folder, args.out.with_name(f"{args.out.stem}_sweeps"), label)
     jobs = load_jobs(jobs_file)
-    command = " ".join(["python benchmarks/clipping_study.py", *(argv if argv is not None else sys.argv[1:])])
     settings = [s for s in SETTINGS if any(j["setting"] == s for j in jobs)]
     ran = "; ".join(f"{s}: `{' '.join(next(j for j in jobs if j['setting'] == s)['overrides'])}`" for s in settings)
     lines = ["# Gradient clipping: spikes, divergence and accuracy, fragile and stable", "",
              f"Written {time.strftime('%Y-%m-%d')} from {jobs_file.name} ({len(jobs)} jobs on "
-             f"{', '.join(sorted({j['machine'] for j in jobs}))}). The settings, as run: {ran}. A spike: a step's "
+             f"{', '.join(sorted({j['machine'] for j in jobs}))}, run {min((j.get('started') or '?') for j in jobs)} to "
+             f"{max((j.get('started') or '?') for j in jobs)}). The settings, as run: {ran}. A spike: a step's "
              "loss above 3x the median of the previous 50 steps. Diverged: stopped for non-finite steps, a non-finite "
              f"final loss, or val acc below {DIVERGED_BELOW}. Steps clipped: the share of all steps. Differences are "
-             "Welch's 95% intervals over the seeds; within the noise where the interval holds 0. "
-             + (f"This call's sweeps: {', '.join(walls)}." if walls else ""), "", f"`{command}`", "", "## Verdicts", ""]
+             "Welch's 95% intervals over the seeds with p-values, Holm-adjusted within each setting (the default "
+             "against each other arm is one family); beyond the noise where the adjusted p is below 0.05. A run that "
+             "measured no accuracy counts at chance (0.1). Times only from jobs timed alone "
+             f"({sum(timed_alone(j) for j in jobs)} of {len(jobs)}: 1-minute load within the CPUs + 0.5). "
+             + (f"This call's sweeps: {', '.join(walls)}." if walls else ""), "", "The study's commands (jobs):", "",
+             *(f"- `{c}` ({sum(j.get('study_command', 'not recorded') == c for j in jobs)})"
+               for c in dict.fromkeys(j.get("study_command", "not recorded") for j in jobs)),
+             "", "## The decision rule and its power (docs/practices.md)", ""]
+    for setting in settings:
+        lines += power_lines(setting, jobs)
+    lines += ["", "## Verdicts", ""]
     for setting in settings:
         lines += verdicts(setting, jobs)
     lines += ["", "## Tables", ""]

@@ -30,6 +30,8 @@ def run_multirun(overrides: Sequence[str], folder: Path, label: str, accelerator
 
 def summaries(folder: Path) -> Iterator[dict[str, Any]]:
     """The summary.json of each job of a sweep folder, in job order (jobs without one are left out)."""
+    if not folder.is_dir():
+        return
     for job in sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name)):
         try:
             yield json.loads((job / "summary.json").read_text())
@@ -46,14 +48,42 @@ def machine_of(summary: dict[str, Any]) -> str:
     return (summary.get("device") or {}).get("name") or "unknown"
 
 
+#: The 1-minute load average above which a job counts as timed beside other load: the job's own
+#: process keeps about one unit busy per CPU (its threads), so anything past the CPUs plus a half is
+#: someone else's work. Such a job's accuracy stands; its times are left out of time figures.
+LOAD_MARGIN = 0.5
+
+
+def provenance_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """Where, when and beside what a job ran (summary.json `host`, `command`, `wall_time_s`): the
+    command that reruns it alone, start and end, the duration, the machine, the load averages at
+    start and end, and whether it ran beside other load (`beside_load`)."""
+    host = summary.get("host") or {}
+    loads = [load[0] for load in (host.get("load_at_start"), host.get("load_at_end")) if load]
+    cpus = host.get("cpus")
+    return {"command": "python " + (summary.get("command") or "train.py " + " ".join(summary.get("overrides", []))),
+            "started": host.get("started"), "ended": host.get("ended"),
+            "duration_s": round(summary["wall_time_s"], 1) if summary.get("wall_time_s") is not None else None,
+            "machine": machine_of(summary), "host": host.get("name"), "cpus": cpus,
+            "load_1min": {"start": loads[0] if loads else None, "end": loads[-1] if loads else None},
+            "beside_load": (None if not loads or not cpus else max(loads) > cpus + LOAD_MARGIN)}
+
+
+def timed_alone(job: dict[str, Any]) -> bool:
+    """Whether a job's times may enter a time figure: it recorded its load, and nothing else ran."""
+    return job.get("beside_load") is False
+
+
 def load_jobs(path: Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
 def add_jobs(path: Path, new: list[dict[str, Any]], key: Callable[[dict[str, Any]], tuple]) -> list[dict[str, Any]]:
-    """The jobs file with `new` added (a new job replaces a known one of the same key), saved."""
+    """The jobs file with `new` added, saved: a new job's fields replace a known one's of the same
+    key, and what only the known one records (the study command that ran it) stays."""
     by_key = {key(j): j for j in load_jobs(path)}
-    by_key.update({key(j): j for j in new})
+    for job in new:
+        by_key[key(job)] = {**by_key.get(key(job), {}), **job}
     jobs = [by_key[k] for k in sorted(by_key, key=lambda k: tuple((0, v) if isinstance(v, (int, float)) else (1, str(v))
                                                                  for v in k))]
     path.parent.mkdir(parents=True, exist_ok=True)

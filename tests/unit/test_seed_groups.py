@@ -103,3 +103,11 @@ def test_a_sweep_without_repeats_keeps_its_per_job_report(tmp_path: Path):
     write_job(sweep, 1, ["optimizer.lr=0.01"], 0.8, 1000)
     markdown = write_comparison(sweep)[2]
     assert "## Over seeds" not in markdown and "| optimizer.lr=0.001 |" in markdown
+
+
+def test_settings_without_any_spread_get_no_interval_rather_than_a_zero_width_one():
+    # Three seeds at exactly the same quantized accuracy in both settings: nothing is known about
+    # the noise, so nothing is called beyond it.
+    found = difference([0.9102] * 3, [0.9120] * 3)
+    assert found.within_noise is None
+    assert "no spread" in found.text("{:.4f}")

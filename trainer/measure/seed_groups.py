@@ -51,6 +51,8 @@ class Difference:
     value: float
     low: float | None
     high: float | None
+    #: Why there is no interval where there is none.
+    why: str = "fewer than 2 seeds"
 
     @property
     def within_noise(self) -> bool | None:
@@ -62,7 +64,7 @@ class Difference:
         signed = "{:+" + pattern[2:] if pattern.startswith("{:") else pattern
         shown = signed.format(self.value)
         if self.low is None or self.high is None:
-            return f"{shown} (no interval: fewer than 2 seeds)"
+            return f"{shown} (no interval: {self.why})"
         verdict = "within the noise" if self.within_noise else "beyond the noise"
         return f"{shown} [{signed.format(self.low)}, {signed.format(self.high)}] {verdict}"
 
@@ -79,7 +81,9 @@ def difference(first: Sequence[float], other: Sequence[float], confidence: float
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     se = math.sqrt(va + vb)
     if se == 0.0:
-        return Difference(value, value, value)
+        # Accuracy is quantized: seeds can agree exactly, and a zero-width interval would call any
+        # difference "beyond the noise" on no evidence of the noise at all.
+        return Difference(value, None, None, why="no spread in either setting")
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     from scipy.stats import t  # scipy comes with scikit-learn; imported only for a report
 

@@ -4,8 +4,11 @@ preempted or interrupted), also for a run that fails while recording."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
+import platform
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +73,31 @@ def what_ran(run: Run) -> dict[str, Any]:
                    "name": environment["gpus"][0] if plan.accelerator == "cuda" else environment["cpu"]},
         "processes": {"count": trainer.world_size, "strategy": type(trainer.strategy).__name__,
                       "launched_by": launched_by() or ("lightning" if trainer.world_size > 1 else None)},
+        "host": host_at_start(),
     }
+
+
+def host_at_start() -> dict[str, Any]:
+    """When the run began and how busy the machine was then: the provenance a study's jobs file
+    keeps, so that a run timed beside other load can be told apart (see `host_at_end`)."""
+    return {"name": platform.node(), "cpus": os.cpu_count(), "started": _now(), "load_at_start": _load()}
+
+
+def host_at_end(record: RunRecord) -> dict[str, Any]:
+    """`host` completed at the end of the run: the end time and the load averages (1, 5, 15 min) then."""
+    return {**record.fields.get("host", {}), "ended": _now(), "load_at_end": _load()}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (None where the system has none)."""
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def record_failure(run: Run, ex: BaseException) -> BaseException | None:
@@ -85,7 +112,7 @@ def record_failure(run: Run, ex: BaseException) -> BaseException | None:
     _wrap_up(run, failed=True)
     record.end(status, error=exception_line(ex), nonfinite=run.parts.guard.summary(),
                device_utilisation=device_utilisation(built.trainer.callbacks),  # type: ignore[attr-defined]
-               wall_time_s=time.perf_counter() - run.started, steps=steps,
+               wall_time_s=time.perf_counter() - run.started, steps=steps, host=host_at_end(record),
                **attempts.totals([*identity.earlier_attempts,
                                   attempts.ended(identity.attempt, status, steps, signum, record.working)]))
     last = built.checkpoint.last_model_path if built.checkpoint is not None else None
@@ -145,7 +172,7 @@ def _write_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
         final_checkpoint=fitted.final_checkpoint,
         optimizer_param_groups=optimizer_param_groups(trainer.optimizers), **fitted.training_records,
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
-        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - run.started,
+        fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - run.started, host=host_at_end(run.record),
         **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
     return summary
 

@@ -1,0 +1,34 @@
+"""benchmarks/batch_scaling.py --quick, as CI runs it: AdamW's defaults at two batches and one
+other lr rule, two seeds, one epoch of a 2-copy set. Every job carries its provenance, and the
+report written again from the jobs file alone (--report-only) says the same."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import benchmark
+
+
+@pytest.mark.run
+def test_the_quick_study_keeps_each_job_s_provenance_and_reports_from_the_jobs_alone(tmp_path):
+    study = benchmark("batch_scaling")
+    out = tmp_path / "scaling.md"
+    study.main(["--quick", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    jobs = json.loads((tmp_path / "scaling_jobs.json").read_text())
+    assert {(j["batch"], j["lr_rule"]) for j in jobs} == {(64, "sqrt"), (128, "sqrt"), (128, "none")}
+    assert len(jobs) == 6
+    for job in jobs:
+        assert job["command"].startswith("python train.py optimizer=adamw") and "data.copies=2" in job["command"]
+        assert job["started"] <= job["ended"] and job["duration_s"] > 0 and job["machine"]
+        assert job["load_1min"]["end"] is not None and isinstance(job["beside_load"], bool)
+        assert job["study_command"].startswith("python benchmarks/batch_scaling.py --quick")
+        assert job["calibration"] == "clipped" and job["wd_rule"] == "sqrt"  # today's defaults
+    first = out.read_text()
+    assert "## The decision rule and its power" in first and "adamw: the lr rule against its default (sqrt)" in first
+    assert "data.copies=2" in first  # the regime, read from the jobs' commands
+    study.main(["--report-only", "--out", str(out)])
+    again = out.read_text()
+    strip = lambda text: text.split("## The decision rule")[1]  # noqa: E731 - the header names this call's sweeps
+    assert strip(again) == strip(first)
