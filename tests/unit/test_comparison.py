@@ -321,3 +321,18 @@ def test_when_the_first_stage_never_reached_the_target_the_speed_up_is_a_lower_b
     rows = comparison_rows(load_jobs(root))
     assert rows[1].target_speedup == pytest.approx(4.0) and rows[1].target_speedup_at_least
     assert "| 15.0 s | > 4.00x |" in to_markdown(rows, load_jobs(root))
+
+
+def test_other_seeds_of_the_first_setting_get_no_speed_up(tmp_path: Path):
+    """Jobs that repeat the first job's setting with another seed: their ratio to it is the spread
+    between seeds, so the table shows no speed-up for them and says why; another setting keeps its."""
+    root = tmp_path / "multirun"
+    for number, (overrides, rate) in enumerate(((["model=a", "seed=1"], 100.0), (["model=a", "seed=2"], 112.0),
+                                                (["model=b", "seed=1"], 150.0))):
+        data = summary(None, rate, 1000, 0.5, 0.9)
+        data["overrides"] = overrides
+        write_job(root, number, data, config())
+    rows = comparison_rows(load_jobs(root))
+    assert rows[1].speedup is None and "only the seed" in rows[1].changed
+    assert rows[2].speedup == pytest.approx(1.5)
+    assert "1.12x" not in to_markdown(rows, load_jobs(root))

@@ -240,9 +240,21 @@ def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
                 val_acc=_number(_get(summary, "metrics", "val", "acc")),
                 test_acc=_number(_get(summary, "metrics", "test", "acc")),
             )
-        rows.append(Row(number=job.number, stage=stage_name(job), changed=_what_changed(jobs, index),
-                        status=status, **numbers, **_time_to_target(job, jobs[0] if jobs else None)))
+        timing = _time_to_target(job, jobs[0] if jobs else None)
+        changed = _what_changed(jobs, index)
+        if index and _same_setting(jobs[0], job):
+            # Another seed of the first setting: a ratio to it is the spread between seeds, not a
+            # speed-up; the "Over seeds" table gives that spread.
+            numbers["speedup"] = None
+            timing = {**timing, "target_speedup": None, "target_speedup_at_least": False}
+            changed = f"only the seed (the setting of job {jobs[0].number}: no speed-up between seeds)"
+        rows.append(Row(number=job.number, stage=stage_name(job), changed=changed, status=status, **numbers, **timing))
     return rows
+
+
+def _same_setting(first: SweepJob, job: SweepJob) -> bool:
+    """Whether `job` differs from `first` only in its seed."""
+    return setting_of(result_overrides(job_overrides(first))) == setting_of(result_overrides(job_overrides(job)))
 
 
 def _time_to_target(job: SweepJob, first: SweepJob | None) -> dict[str, Any]:
