@@ -17,10 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 QUIET = ("checkpointing=off", "progress=off")
 
 
-def run_multirun(overrides: Sequence[str], folder: Path, label: str, accelerator: str = "cpu") -> float:
-    """`python train.py -m OVERRIDES` with its runs and comparison in `folder`; its wall time in s."""
-    command = [sys.executable, str(REPO / "train.py"), "-m", *overrides, *QUIET, f"trainer.accelerator={accelerator}",
-               f"run.root={folder}", f"hydra.sweep.dir={folder}"]
+def run_multirun(overrides: Sequence[str], folder: Path, label: str, accelerator: str = "cpu",
+                 quiet: bool = True) -> float:
+    """`python train.py -m OVERRIDES` with its runs and comparison in `folder` (without checkpoints
+    or a progress bar where `quiet`); its wall time in s."""
+    command = [sys.executable, str(REPO / "train.py"), "-m", *overrides, *(QUIET if quiet else ()),
+               f"trainer.accelerator={accelerator}", f"run.root={folder}", f"hydra.sweep.dir={folder}"]
     started = time.monotonic()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
