@@ -4,26 +4,28 @@ final accuracy and the time to an accuracy, where training is fragile and where 
 Two settings, each one Hydra multirun of `train.py` crossing the clipping arm with the seed:
 
 - `fragile`: the default network without its BatchNorm layers (`model.norm=none`), SGD with Nesterov
-  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by the linear rule)
+  momentum at a high lr (`--fragile-lr` at batch 256, moved to the run's batch by SGD's default rule)
   and no warmup. This is what users meet: a plain network (many research and older production
   models have no normalization), an lr raised to finish sooner, and the warmup off because the
   recipe they copied had none. Such runs spike early and some diverge.
-- `stable`: the defaults (AdamW with warmup, BatchNorm): what the clipping costs when nothing is fragile.
+- `stable`: today's defaults (AdamW with warmup, BatchNorm): what the clipping costs when nothing is fragile.
 
 Arms: `clipping=off`, `fixed_norm` (max_norm 1.0), `percentile` (the default: the 95th percentile
 of the first calibration steps' norms, each of those steps clipped to the percentile so far) and
-`autoclip` (the same, then a rolling window); `percentile_unclipped_calibration` and
-`autoclip_unclipped_calibration` are the two with `clipping.clip_during_calibration=false`, as they
-were before this study (their own multirun).
+`autoclip` (the same, then a rolling window); `--arms` can add `percentile_unclipped_calibration`
+(`clipping.clip_during_calibration=false`, the default before this study; its own multirun).
+Seeds: as many as the decision rule asks per setting (docs/practices.md, `planned_seeds`), the
+default against each other arm being one family, corrected by Holm.
 A spike is a step whose loss is above 3x the median of the previous 50 steps (counted by the run
 itself: summary.json `loss.spikes`, trainer/callbacks/loss_record.py). A run diverged when it was
 stopped for non-finite steps, ended with a non-finite loss, or ended below val acc 0.5 (chance 0.1).
 Validation runs every `--val-every` steps, so the time and steps to the target have that resolution.
 
-Every job's numbers go into `<out>_jobs.json` (a later call adds to it); the report (verdicts, one
-table per setting, a plot) is written from that file alone.
+Every job's numbers and provenance (command, start, end, duration, machine, load, the study command)
+go into `<out>_jobs.json` (a later call adds to it); the report (the power, verdicts, one table per
+setting, a plot) is written from that file alone.
 
-    python benchmarks/clipping_study.py                                # both settings, 5 seeds, about 15 min here
+    python benchmarks/clipping_study.py                                # both settings, 13 and 9 seeds, about 12 min here
     python benchmarks/clipping_study.py --report-only                  # the report from the jobs file
     python benchmarks/clipping_study.py --quick --out /tmp/clipping.md # CI: outputs only, well under a minute
 """
@@ -50,6 +52,9 @@ from trainer.measure.seed_groups import Spread  # noqa: E402 - after the reposit
 #: Config names, except the `UNCLIPPED` arm: a config name with its calibration left unclipped
 #: (the default before this study).
 ARMS = ("off", "fixed_norm", "percentile", "autoclip", "percentile_unclipped_calibration")
+#: The arms a study runs unless told: the calibration's own comparison (clipped or not) is the batch
+#: study's `calibration` arm now, so the unclipped arm runs only when asked for.
+DEFAULT_ARMS = ARMS[:4]
 UNCLIPPED = "_unclipped_calibration"
 DEFAULT_ARM = "percentile"
 SETTINGS = ("fragile", "stable")
@@ -63,7 +68,7 @@ MARGINS = {"stable": 0.01, "fragile": 0.10}
 PILOT_SD = {"stable": 0.0071, "fragile": 0.059}
 
 
-def planned_seeds(setting: str, arms: int = len(ARMS)) -> int:
+def planned_seeds(setting: str, arms: int = len(DEFAULT_ARMS)) -> int:
     """The seeds the rule asks for: the default against each other arm is one family (m = arms - 1)."""
     return seeds_for(PILOT_SD[setting], arms - 1, drop=MARGINS[setting])
 #: Overrides that differ between the jobs of a setting or only say where a job ran.
@@ -163,7 +168,7 @@ def power_lines(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
     measured, m = pooled_sd(groups), sum(1 for a in ARMS if arm_jobs(jobs, setting, a)) - 1
     seeds = min((len(arm_jobs(jobs, setting, a)) for a in ARMS if arm_jobs(jobs, setting, a)), default=0)
     line = (f"- {setting}: a drop of {MARGINS[setting]:g} to catch with 80% power at Holm's strictest level of "
-            f"m={len(ARMS) - 1}, pilot sd {PILOT_SD[setting]}: {planned_seeds(setting)} seeds planned; {seeds} an arm ran")
+            f"m={m}, pilot sd {PILOT_SD[setting]}: {planned_seeds(setting, m + 1)} seeds planned; {seeds} an arm ran")
     if measured is not None and m > 0:
         line += (f"; measured sd {measured:.4f} (runs that did not diverge), so within the noise rules out a drop of "
                  f"{detectable_drop(seeds, measured, m):.4f} or more")
@@ -206,7 +211,7 @@ def sweeps(arms: list[str]) -> list[tuple[str, list[str], list[str]]]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"some of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="auto", help="a list, or auto: 1 to as many as the decision rule asks "
                         "for each setting (planned_seeds)")
     parser.add_argument("--epochs", type=int, default=3)
@@ -226,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     walls = []
     command = " ".join(["python benchmarks/clipping_study.py", *(argv if argv is not None else sys.argv[1:])])
     for setting in ([] if args.report_only else args.settings.split(",")):
-        seeds = (",".join(str(i) for i in range(1, planned_seeds(setting) + 1)) if args.seeds == "auto" else args.seeds)
+        planned = planned_seeds(setting, len(args.arms.split(",")))
+        seeds = ",".join(str(i) for i in range(1, planned + 1)) if args.seeds == "auto" else args.seeds
         for suffix, arms, extra in sweeps(args.arms.split(",")):
             folder, label = runs / f"{setting}{suffix}", f"{setting}{suffix}"
             wall = run_multirun([f"clipping={','.join(arms)}", *extra, f"seed={seeds}",
