@@ -32,3 +32,25 @@ def test_the_quick_study_keeps_each_job_s_provenance_and_reports_from_the_jobs_a
     again = out.read_text()
     strip = lambda text: text.split("## The decision rule")[1]  # noqa: E731 - the header names this call's sweeps
     assert strip(again) == strip(first)
+
+
+def test_every_arm_is_today_s_defaults_with_one_change_and_warmup_runs_long_enough():
+    """No study pins an old default any more; each names only its own change, and warmup runs at
+    the largest batches whose 5% warmup is ten steps or more."""
+    study = benchmark("batch_scaling")
+    sweeps = study.plan_sweeps(list(study.STUDIES), ["adamw", "sgd"], [32, 64, 128, 256, 512, 1024, 2048],
+                               ["sqrt", "linear", "none"], copies=21, epochs=2)
+    by_study: dict[str, list] = {}
+    for sweep in sweeps:
+        by_study.setdefault(sweep.study, []).append(sweep)
+    assert [s.overrides for s in by_study["defaults"]] == [(), ()]
+    assert [s.overrides for s in by_study["lr"]] == [("optimizer.lr_scaling=linear,none",)] * 2
+    assert by_study["lr"][0].batches == (128, 512, 2048)
+    assert [s.overrides for s in by_study["wd"]] == [("optimizer.wd_scaling=linear,none",), ("optimizer.wd_scaling=linear",)]
+    assert by_study["calibration"][0].overrides == ("clipping.clip_during_calibration=false",)
+    assert by_study["large"][0].optimizers == ("lamb", "lars") and by_study["large"][0].overrides == ()
+    # 26,397 images: batch 256 gives 104 steps an epoch, 208 in 2 epochs, a warmup of 10.4 steps; 512 gives 5.2
+    assert by_study["warmup"][0].batches == (64, 128, 256)
+    assert study.warmup_batches([256, 512, 1024, 2048], copies=42, epochs=2) == (256, 512)  # 1,024: 5.2 steps
+    with pytest.raises(SystemExit, match="unknown study"):
+        study.plan_sweeps(["sizes"], ["adamw"], [64], ["sqrt"], 21, 2)
