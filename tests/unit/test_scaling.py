@@ -2,14 +2,14 @@
 reference batch, the derivation line printed at start ("lr 0.1 at batch 256 -> 0.2 at batch
 1024 (sqrt rule, x2)"), and unknown rules or non-positive batches refused."""
 
+import json
 import math
-import re
 
 import pytest
 
-from tests.helpers import REPO
-from trainer.groups.optimizer.scaling import (MEASURED_ALTERNATIVES, MEASURED_LIMITS, STUDY, measured_warnings, scale,
-                                              scale_factor)
+from tests.helpers import REPO, benchmark
+from trainer.groups.optimizer.scaling import (MEASURED_ALTERNATIVES, MEASURED_LIMITS, REGIME, STUDY, MeasuredAlternative,
+                                              MeasuredLimit, measured_warnings, scale, scale_factor)
 
 
 @pytest.mark.parametrize("rule, expected", [("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)])
@@ -38,65 +38,44 @@ def test_bad_rule_or_batch():
     assert math.isclose(scale_factor("sqrt", 256, 256), 1.0)
 
 
-def test_a_batch_beyond_the_measured_limit_of_a_rule_is_warned_with_the_limit():
-    limit = MEASURED_LIMITS["sgd", "linear"]
-    assert measured_warnings("sgd", "linear", limit.holds_to) == []
-    [warning] = measured_warnings("sgd", "linear", limit.holds_to * 2)
-    assert f"up to batch {limit.holds_to:,}" in warning and f"at {limit.next_batch:,}" in warning
-    assert "benchmarks/results/batch_scaling_cpu.md" in warning
-    assert f"or optimizer.lr_scaling={limit.better_rule} ({limit.better_by:+.3f} at {limit.better_at:,})" in warning
-    assert measured_warnings("sgd", "none", limit.holds_to * 2) == []  # no limit measured for that rule
+def test_a_batch_beyond_a_measured_limit_is_warned_with_the_limit_the_regime_and_the_study(monkeypatch):
+    limit = MeasuredLimit(holds_to=512, next_batch=1024, lost=0.023, better_rule="none", better_at=2048, better_by=0.03)
+    monkeypatch.setitem(MEASURED_LIMITS, ("sgd", "linear"), limit)
+    assert measured_warnings("sgd", "linear", 512) == []
+    [warning] = measured_warnings("sgd", "linear", 1024)
+    assert "up to batch 512" in warning and "at 1,024 val accuracy fell 0.023" in warning
+    assert REGIME in warning and "a GPU, a larger model or more data may differ" in warning and STUDY in warning
+    assert "or optimizer.lr_scaling=none (+0.030 at 2,048)" in warning
+    assert measured_warnings("sgd", "none", 4096) == []  # no limit measured for that rule
 
 
-def test_a_batch_where_a_large_batch_optimizer_did_better_suggests_it():
-    alternative = MEASURED_ALTERNATIVES["adamw"]
-    assert not any("consider" in w for w in measured_warnings("adamw", "none", alternative.batch // 2))
-    [warning] = [w for w in measured_warnings("adamw", "none", alternative.batch) if "consider" in w]
-    assert f"optimizer={alternative.optimizer}" in warning and f"{alternative.accuracy:.3f}" in warning
-    assert measured_warnings("adamw", "linear", 1024) == []  # neither a limit nor LAMB's lead measured there
-    # LARS beat SGD's old linear default, not its sqrt one: no suggestion for SGD
-    assert not any("consider" in w for w in measured_warnings("sgd", "sqrt", 2048))
+def test_a_large_batch_optimizer_called_better_is_suggested_from_its_batch_on(monkeypatch):
+    monkeypatch.setitem(MEASURED_ALTERNATIVES, "adamw", MeasuredAlternative("lamb", batch=2048, accuracy=0.93,
+                                                                         default_accuracy=0.90))
+    assert not any("consider" in w for w in measured_warnings("adamw", "none", 1024))
+    [warning] = [w for w in measured_warnings("adamw", "none", 2048) if "consider" in w]
+    assert "optimizer=lamb" in warning and "0.930 where adamw reached 0.900" in warning and REGIME in warning
 
 
-def test_sgd_s_default_sqrt_rule_is_warned_beyond_where_it_held():
-    limit = MEASURED_LIMITS["sgd", "sqrt"]
-    assert measured_warnings("sgd", "sqrt", limit.holds_to) == []
-    [warning] = measured_warnings("sgd", "sqrt", limit.next_batch)
-    assert f"up to batch {limit.holds_to:,}" in warning and "or optimizer.lr_scaling" not in warning
-
-
-def test_adamw_beyond_its_measured_limit_is_told_the_limit_and_lamb():
-    limit, alternative = MEASURED_LIMITS["adamw", "sqrt"], MEASURED_ALTERNATIVES["adamw"]
-    assert measured_warnings("adamw", "sqrt", limit.holds_to) == []
-    limit_warning, lamb_warning = measured_warnings("adamw", "sqrt", limit.next_batch)
-    assert f"up to batch {limit.holds_to:,}" in limit_warning and "or optimizer.lr_scaling" not in limit_warning
-    assert "optimizer=lamb" in lamb_warning and f"{alternative.default_accuracy:.3f}" in lamb_warning
-
-
-def _verdict(study: str, start: str) -> str:
-    return re.search(re.escape(start) + "(.*)", study).group(1)
-
-
-def _difference_at(verdict: str, batch: int) -> float:
-    """The difference a verdict line gives at `batch`, where it is beyond the noise."""
-    return float(re.search(rf"(?:^|; ){batch:,}: ([-+]\d\.\d+) \[[^]]+\] beyond the noise", verdict).group(1))
-
-
-def test_the_measured_figures_are_the_study_s_own_verdicts():
-    """Each limit and alternative quotes the committed study: the largest batch it says the rule
-    holds to and the next batch's difference from batch 64; the alternative's difference from the
-    default optimizer at its batch, beyond the noise. A rule without a limit held over the whole range."""
-    study = (REPO / STUDY).read_text()
-    for (optimizer, rule), limit in MEASURED_LIMITS.items():
-        assert f"- {optimizer}, {rule} rule: within the noise of batch 64 (or above it) up to batch {limit.holds_to:,}\n" in study
-        against_64 = _verdict(study, f"- {optimizer}, {rule} rule, val accuracy against batch 64: ")
-        assert _difference_at(against_64, limit.next_batch) == pytest.approx(-limit.lost, abs=5e-4), (optimizer, rule)
-        if limit.better_rule:
-            against_better = _verdict(study, f"- {optimizer}, {rule} against {limit.better_rule}: ")
-            worse = re.search(rf"worse at [^;]*\b{limit.better_at:,} \(([-+]\d\.\d+)\)", against_better).group(1)
-            assert float(worse) == pytest.approx(-limit.better_by, abs=5e-4), (optimizer, rule)
-    for optimizer, alternative in MEASURED_ALTERNATIVES.items():
-        against = _verdict(study, f"- {alternative.optimizer} against {optimizer} (")
-        against = against.split("val accuracy: ", 1)[1]
-        assert _difference_at(against, alternative.batch) == pytest.approx(
-            alternative.accuracy - alternative.default_accuracy, abs=1e-3), optimizer
+def test_the_measured_figures_are_what_the_rule_finds_in_the_study_s_jobs():
+    """MEASURED_LIMITS and MEASURED_ALTERNATIVES are the decision rule's findings on the committed jobs
+    file (benchmarks/batch_scaling_report.findings), recomputed here: a limit for each optimizer
+    whose defaults stopped holding inside the range, none where they held; an alternative only where
+    it was called better."""
+    report, study = benchmark("batch_scaling_report"), benchmark("batch_scaling")
+    jobs = json.loads((REPO / STUDY).with_name("batch_scaling_cpu_jobs.json").read_text())
+    defaults = study.todays_defaults()
+    found = report.findings(jobs, defaults)
+    for optimizer, limit in found["limits"].items():
+        measured = MEASURED_LIMITS.get((optimizer, defaults.of(optimizer)["lr_rule"]))
+        if limit.next_batch is None:
+            assert measured is None, optimizer
+        else:
+            assert (measured.holds_to, measured.next_batch) == (limit.holds_to, limit.next_batch), optimizer
+            assert measured.lost == pytest.approx(limit.lost, abs=5e-4), optimizer
+    assert set(MEASURED_ALTERNATIVES) == set(found["alternatives"])
+    for optimizer, alternative in found["alternatives"].items():
+        measured = MEASURED_ALTERNATIVES[optimizer]
+        assert (measured.optimizer, measured.batch) == (alternative["optimizer"], alternative["batch"])
+        assert measured.accuracy == pytest.approx(alternative["accuracy"], abs=5e-4)
+        assert measured.default_accuracy == pytest.approx(alternative["default_accuracy"], abs=5e-4)
