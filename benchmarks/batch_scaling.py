@@ -252,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="where the sweeps' run folders go (default: outputs/batch_scaling/DATE_TIME)")
     parser.add_argument("--collect", action="append", default=[], metavar="LABEL=FOLDER",
                         help="add the jobs of a sweep folder run earlier (its comparison kept as LABEL)")
+    parser.add_argument("--study-command", default=None,
+                        help="with --collect: the command that ran those sweeps, recorded with their jobs")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every job, e.g. --set model=resnet18 (said in the report)")
     parser.add_argument("--accelerator", default="cpu")
@@ -275,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python benchmarks/batch_scaling.py", *(argv if argv is not None else sys.argv[1:])])
     walls = []
     for label, folder in folders:
-        add_jobs(jobs_file, read_sweep(folder), key)
+        ran_by = args.study_command or f"{command} (collected from {folder})"
+        add_jobs(jobs_file, [{**job, "study_command": ran_by} for job in read_sweep(folder)], key)
         keep_comparison(folder, comparisons, label)
     for sweep in sweeps:
         # Each sweep's jobs are kept as soon as it ends, so a study stopped halfway keeps what ran;

@@ -61,7 +61,8 @@ def arm(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, batch: i
 
 
 def diverged(job: dict[str, Any]) -> bool:
-    """Stopped (the non-finite guard, or any failure), a non-finite final loss, or under DIVERGED_BELOW."""
+    """Stopped (the non-finite guard, or any failure), a non-finite final loss, or under DIVERGED_BELOW
+    (a run that never trained, as the shortest runs at the largest batches, is counted so too)."""
     loss = job.get("final_loss")
     return (job.get("status") != "completed" or loss is None or not math.isfinite(loss)
             or job.get("val_acc") is None or job["val_acc"] < DIVERGED_BELOW)
@@ -208,28 +209,32 @@ def findings(jobs: list[dict[str, Any]], defaults: Defaults) -> dict[str, Any]:
 
 
 def power_section(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
-    groups: dict[tuple, list[float | None]] = {}
+    arms: dict[tuple, list[dict[str, Any]]] = {}
     for job in jobs:
-        if not diverged(job):
-            groups.setdefault(tuple(job[k] for k in ("optimizer", "lr_rule", "wd_rule", "warmup", "calibration",
-                                                     "batch")), []).append(job["val_acc"])
-    measured = pooled_sd(list(groups.values()))
-    seeds = sorted({len(v) for v in groups.values()})
+        arms.setdefault(tuple(job[k] for k in ("optimizer", "lr_rule", "wd_rule", "warmup", "calibration", "batch")),
+                        []).append(job)
     planned = seeds_for(PILOT_SD, PLANNED_FAMILY)
     lines = ["## The decision rule and its power", "",
-             f"Written before the runs (docs/practices.md, \"How a default is decided\"): a difference is called where "
+             f"Fixed before the runs (docs/practices.md, \"How a default is decided\"): a difference is called where "
              f"its Holm-adjusted p-value (Welch's test) is below {ALPHA} within its family; the seeds are the fewest that "
              f"catch a drop of {MARGIN} with probability {POWER:.0%} at the strictest Holm level of a family of "
              f"{PLANNED_FAMILY} ({ALPHA}/{PLANNED_FAMILY}), on the pilot spread sd {PILOT_SD}: **{planned} seeds**. "
-             f"A run that diverged (stopped, a non-finite loss, or val acc under {DIVERGED_BELOW}) counts at chance "
-             "(0.1) in its arm and ends a batch limit; arms without any spread are not decided."]
-    if measured is not None:
-        n = min(seeds) if seeds else 0
-        lines += ["", f"Measured here: the within-arm sd pooled over {len(groups)} arms is **{measured:.4f}**; with "
-                  f"{n} seeds an arm, a family of {PLANNED_FAMILY} catches a drop of "
-                  f"**{detectable_drop(n, measured, PLANNED_FAMILY):.4f}** with probability {POWER:.0%} "
-                  f"({'the planned power holds' if detectable_drop(n, measured, PLANNED_FAMILY) <= MARGIN else 'short of the planned power: within the noise rules out less than a point'}). "
-                  f"Seeds an arm: {', '.join(map(str, seeds))}."]
+             f"A run that diverged or never trained (stopped, a non-finite loss, or val acc under {DIVERGED_BELOW}) counts "
+             "at chance (0.1) in its arm and ends a batch limit; arms without any spread are not decided."]
+    seeds = sorted({len(runs) for runs in arms.values()})
+    if not seeds:
+        return lines
+    lines += ["", f"Seeds an arm: {', '.join(map(str, seeds))}. The within-arm sd measured here (runs that trained), "
+              f"pooled, and the drop that {min(seeds)} seeds an arm catch with probability {POWER:.0%} in a family of "
+              f"{PLANNED_FAMILY}:", "", "| batches | arms | pooled sd | drop caught |", "|---|---:|---:|---:|"]
+    for name, chosen in (("every batch", lambda b: True), ("up to 512", lambda b: b <= 512),
+                         ("1,024", lambda b: b == 1024), ("2,048", lambda b: b == 2048)):
+        groups = [[j["val_acc"] for j in runs if not diverged(j)] for key, runs in arms.items() if chosen(key[-1])]
+        measured = pooled_sd(groups)
+        if measured is not None:
+            drop = detectable_drop(min(seeds), measured, PLANNED_FAMILY)
+            lines.append(f"| {name} | {len(groups)} | {measured:.4f} | {drop:.4f}"
+                         + (" (the planned power holds)" if drop <= MARGIN else " (short of the planned power)") + " |")
     return lines
 
 

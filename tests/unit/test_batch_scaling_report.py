@@ -99,7 +99,8 @@ def test_the_report_has_the_power_the_verdicts_and_every_family(report, tmp_path
     module, defaults = report
     jobs = [*jobs_at("adamw", 64, 0.96), *jobs_at("adamw", 2048, 0.9), *jobs_at("adamw", 2048, 0.92, wd_rule="none")]
     text = "\n".join(module.report(jobs, defaults, ["# title"]))
-    assert "**5 seeds**" in text and "Measured here: the within-arm sd pooled over 3 arms" in text
+    assert "**5 seeds**" in text and "Seeds an arm: 5." in text
+    assert "| up to 512 | 1 | 0.0032 | " in text and "(the planned power holds)" in text
     assert "**adamw, today's defaults hold to batch 64**; at 2,048 it lost 0.0600" in text
     assert "adamw: the weight-decay rule against its default (sqrt)" in text and "Holm p=" in text
     module.plot(jobs, defaults, tmp_path / "plot.png")
