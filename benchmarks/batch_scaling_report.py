@@ -258,7 +258,8 @@ def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
     for family in primary:
         if "against its default" in family.name:
             for value, outcome in decision(family).items():
-                lines.append(f"- {family.name.split(':')[0]}, {_value(_changed(family), value)}: {outcome}")
+                lines.append(f"- {family.name.split(':')[0]}, {CHANGES[_changed(family)]} {_value(_changed(family), value)}: "
+                             f"{outcome}")
     for optimizer, alternative in found["alternatives"].items():
         lines.append(f"- {alternative['optimizer']} is better than {optimizer} at {alternative['batch']:,} "
                      f"({alternative['by']:+.4f})")

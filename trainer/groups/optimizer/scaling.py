@@ -130,11 +130,18 @@ REGIME = ("measured on 16 px digits with a 0.29M-parameter network for 2 epochs 
 #: Where today's default lr rule of an optimizer stopped holding against batch 64 (none: it held
 #: over the whole range, 32 to 2,048).
 MEASURED_LIMITS: dict[tuple[str, str], MeasuredLimit] = {
-    ("adamw", "sqrt"): MeasuredLimit(holds_to=1024, next_batch=2048, lost=0.0),
-    ("sgd", "sqrt"): MeasuredLimit(holds_to=1024, next_batch=2048, lost=0.0),
+    # Within the noise of batch 64 at 32 and 128; at 256 -0.0057 [-0.0100, -0.0015], Holm p 0.046.
+    # No other lr rule did better anywhere (linear and none at 128, 512, 2,048).
+    ("adamw", "sqrt"): MeasuredLimit(holds_to=128, next_batch=256, lost=0.0057),
+    # Within the noise up to 256 (-0.0069, Holm p 0.054); at 512 -0.0202 [-0.0241, -0.0162].
+    ("sgd", "sqrt"): MeasuredLimit(holds_to=256, next_batch=512, lost=0.0202),
 }
-#: The large-batch optimizers called better than the default one, and where.
-MEASURED_ALTERNATIVES: dict[str, MeasuredAlternative] = {}
+#: The large-batch optimizers called better than the default one, and where: LARS over SGD at
+#: 1,024 (+0.0239 [+0.0118, +0.0360], Holm p 0.004; within the noise at 2,048, where few runs
+#: trained). LAMB was within the noise of AdamW at 1,024 and 2,048.
+MEASURED_ALTERNATIVES: dict[str, MeasuredAlternative] = {
+    "sgd": MeasuredAlternative("lars", batch=1024, accuracy=0.9196, default_accuracy=0.8957),
+}
 
 
 def measured_warnings(optimizer: str, rule: str, global_batch: int) -> list[str]:
