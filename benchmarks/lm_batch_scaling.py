@@ -46,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sweep_jobs import (add_jobs, keep_comparison, load_jobs, machine_of, overrides_of, run_multirun,  # noqa: E402
+from sweep_jobs import (add_jobs, keep_comparison, load_jobs, overrides_of, provenance_of, run_multirun,  # noqa: E402
                         summaries, write_report)
 
 from trainer.infra.figures import new_figure, save_png  # noqa: E402
@@ -79,7 +79,7 @@ def job_of(summary: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
             "unigram": (summary.get("data") or {}).get("baselines", {}).get("val/perplexity"),
             "lr": hyper.get("lr"), "steps": summary.get("steps"),
             "tokens_per_s": (summary.get("throughput") or {}).get("tokens_per_s"),
-            "machine": machine_of(summary), **sweep}
+            **provenance_of(summary), "sweep": sweep}
 
 
 def run_study(rules: tuple[str, ...], batches: tuple[int, ...], seeds: tuple[int, ...], extra: list[str],
@@ -192,7 +192,9 @@ def report(out: Path) -> None:
         raise SystemExit(f"no completed jobs in {jobs_file(out)}")
     unigram = Spread.of([j["unigram"] for j in jobs]).text("{:.1f}")
     machines = sorted({j["machine"] for j in jobs})
-    sweeps = sorted({(j["command"], j["started"], j["sweep_s"], j["load_before"], j["host"]) for j in jobs})
+    # Jobs written before each job kept its own provenance hold their sweep's fields at the top level.
+    sweeps = sorted({(w["command"], w["started"], w["sweep_s"], w["load_before"], w["host"])
+                     for w in (j.get("sweep") or j for j in jobs)})
     lines = ["# The batch-scaling rules on a language model", "",
              f"Written by `python benchmarks/lm_batch_scaling.py` from {jobs_file(out).name} ({len(jobs)} jobs on "
              f"{', '.join(machines)}). The decision rule is the script's docstring, fixed before the runs.",

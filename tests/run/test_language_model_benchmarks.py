@@ -29,8 +29,11 @@ def test_the_quick_language_model_study_writes_its_verdicts_table_jobs_and_plot(
     jobs = json.loads((tmp_path / "lm_jobs.json").read_text())
     assert sorted((j["rule"], j["tokens"]) for j in jobs) == [("linear", 512), ("linear", 1024), ("sqrt", 512),
                                                                ("sqrt", 1024)]
-    assert all(j["status"] == "completed" and j["val_loss"] > 0 and j["command"].startswith("python train.py -m")
-               and j["started"] and j["sweep_s"] > 0 and j["machine"] for j in jobs)
+    assert all(j["status"] == "completed" and j["val_loss"] > 0 and j["sweep"]["command"].startswith("python train.py -m")
+               and j["sweep"]["started"] and j["sweep"]["sweep_s"] > 0 and j["machine"] for j in jobs)
+    # each job's own provenance: the command that reruns it alone, its times and the load beside it
+    assert all(j["command"].startswith("python train.py ") and j["started"] <= j["ended"] and j["duration_s"] > 0
+               and isinstance(j["beside_load"], bool) for j in jobs)
     out.unlink()
     study.main(["--report-only", "--out", str(out)])
     assert "| 512 | linear | 0.0015 |" in out.read_text()
