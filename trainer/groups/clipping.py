@@ -13,7 +13,9 @@ It watches the global gradient norm for `calibration_steps` optimizer steps, the
 step to the chosen percentile of what it saw. During calibration each step is clipped to the
 percentile of the norms recorded so far (AutoClip's rule), because a run at a high lr without
 warmup is lost in its first steps: left unclipped there, the default did no better than no
-clipping at all where training was fragile (benchmarks/results/clipping_cpu.md). With
+clipping at all where training was fragile (the first clipping study, at lr 0.2; at lr 0.4 the
+clipped calibration did not rescue most runs either, and a fixed norm did better: docs/practices.md,
+"Gradient clipping"). With
 `rolling_window` the threshold keeps following the last norms instead of staying frozen (AutoClip,
 Seetharaman et al. 2020).
 
