@@ -53,10 +53,12 @@ class Defaults:
         return self.rules[optimizer]
 
 
-def arm(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, batch: int, **changed: Any) -> list[dict[str, Any]]:
-    """The jobs of `optimizer` at `batch` with today's defaults, except what `changed` sets."""
+def arm(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, batch: int | None,
+        **changed: Any) -> list[dict[str, Any]]:
+    """The jobs of `optimizer` at `batch` (None: at any) with today's defaults, except what
+    `changed` sets."""
     wanted = {**defaults.of(optimizer), **changed}
-    return [j for j in jobs if j["optimizer"] == optimizer and j["batch"] == batch
+    return [j for j in jobs if j["optimizer"] == optimizer and batch in (None, j["batch"])
             and all(j[k] == v for k, v in wanted.items())]
 
 
@@ -78,6 +80,9 @@ class Family:
     """Comparisons decided together (Holm within the family)."""
 
     name: str
+    optimizer: str
+    #: "limit" (batches against batch 64), a field of `CHANGES` (an alternative setting), or "partner".
+    kind: str
     comparisons: list[Comparison] = field(default_factory=list)
     #: Where each comparison was made: (batch, the other arm's value of the changed field).
     where: list[tuple[int, Any]] = field(default_factory=list)
@@ -88,11 +93,11 @@ class Family:
             self.where.append((batch, value))
 
     def corrected(self) -> Family:
-        return Family(self.name, correct(self.comparisons), list(self.where))
+        return Family(self.name, self.optimizer, self.kind, correct(self.comparisons), list(self.where))
 
 
 def limit_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, measure: str) -> Family:
-    family = Family(f"{optimizer}: the defaults at each batch against batch {REFERENCE_BATCH}")
+    family = Family(f"{optimizer}: the defaults at each batch against batch {REFERENCE_BATCH}", optimizer, "limit")
     reference = accuracies(arm(jobs, defaults, optimizer, REFERENCE_BATCH), measure)
     for batch in sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer} - {REFERENCE_BATCH}):
         runs = arm(jobs, defaults, optimizer, batch)
@@ -104,10 +109,11 @@ def limit_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str,
 def alternative_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, changed: str,
                        measure: str) -> Family:
     default = defaults.of(optimizer)[changed]
-    family = Family(f"{optimizer}: the {CHANGES[changed]} against its default ({_value(changed, default)})")
+    family = Family(f"{optimizer}: the {CHANGES[changed]} against its default ({_value(changed, default)})",
+                    optimizer, changed)
     others = sorted({j[changed] for j in jobs if j["optimizer"] == optimizer} - {default}, key=str)
     for value in others:
-        for batch in sorted({j["batch"] for j in arm_any(jobs, defaults, optimizer, changed, value)}):
+        for batch in sorted({j["batch"] for j in arm(jobs, defaults, optimizer, None, **{changed: value})}):
             family.add(compare(f"{_value(changed, value)} at {batch:,}",
                                accuracies(arm(jobs, defaults, optimizer, batch), measure),
                                accuracies(arm(jobs, defaults, optimizer, batch, **{changed: value}), measure)),
@@ -115,14 +121,9 @@ def alternative_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer
     return family.corrected()
 
 
-def arm_any(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, changed: str, value: Any) -> list[dict[str, Any]]:
-    wanted = {**defaults.of(optimizer), changed: value}
-    return [j for j in jobs if j["optimizer"] == optimizer and all(j[k] == v for k, v in wanted.items())]
-
-
 def partner_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, measure: str) -> Family:
     partner = PARTNER[optimizer]
-    family = Family(f"{optimizer} against {partner}, both with their defaults")
+    family = Family(f"{optimizer} against {partner}, both with their defaults", optimizer, "partner")
     for batch in sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer}):
         family.add(compare(f"{batch:,}", accuracies(arm(jobs, defaults, partner, batch), measure),
                            accuracies(arm(jobs, defaults, optimizer, batch), measure)), batch, optimizer)
@@ -187,14 +188,15 @@ def decision(family: Family) -> dict[Any, str]:
     return outcome
 
 
-def findings(jobs: list[dict[str, Any]], defaults: Defaults) -> dict[str, Any]:
-    """The limits of each optimizer's defaults and where LAMB or LARS did better, by the rule."""
+def findings(jobs: list[dict[str, Any]], defaults: Defaults, primary: list[Family] | None = None) -> dict[str, Any]:
+    """The limits of each optimizer's defaults and where LAMB or LARS did better, by the rule
+    (from `primary`, the val-accuracy families, where they are at hand)."""
     limits, alternatives = {}, {}
-    for family in families(jobs, defaults):
-        optimizer = family.name.split(":")[0].split()[0]
-        if "against batch" in family.name:
+    for family in families(jobs, defaults) if primary is None else primary:
+        optimizer = family.optimizer
+        if family.kind == "limit":
             limits[optimizer] = limit_of(family, jobs, defaults, optimizer)
-        elif optimizer in PARTNER:
+        elif family.kind == "partner":
             better = [(b, c) for c, (b, _) in zip(family.comparisons, family.where) if c.verdict == "better"]
             if better:
                 batch, found = better[0]
@@ -249,17 +251,16 @@ def family_lines(family: Family, secondary: Family | None) -> list[str]:
 
 def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
     primary, secondary = families(jobs, defaults), {f.name: f for f in families(jobs, defaults, "test_acc")}
-    found = findings(jobs, defaults)
+    found = findings(jobs, defaults, primary)
     lines = ["## Verdicts", ""]
     for limit in found["limits"].values():
         beyond = (f"; at {limit.next_batch:,} it lost {limit.lost:.4f} against batch {REFERENCE_BATCH} "
                   "(worse beyond the noise, or a run diverged)" if limit.next_batch else "; held over the whole range")
         lines.append(f"- **{limit.optimizer}, today's defaults hold to batch {limit.holds_to:,}**{beyond}")
     for family in primary:
-        if "against its default" in family.name:
+        if family.kind in CHANGES:
             for value, outcome in decision(family).items():
-                lines.append(f"- {family.name.split(':')[0]}, {CHANGES[_changed(family)]} {_value(_changed(family), value)}: "
-                             f"{outcome}")
+                lines.append(f"- {family.optimizer}, {CHANGES[family.kind]} {_value(family.kind, value)}: {outcome}")
     for optimizer, alternative in found["alternatives"].items():
         lines.append(f"- {alternative['optimizer']} is better than {optimizer} at {alternative['batch']:,} "
                      f"({alternative['by']:+.4f})")
@@ -267,10 +268,6 @@ def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
     for family in primary:
         lines += family_lines(family, secondary.get(family.name))
     return lines
-
-
-def _changed(family: Family) -> str:
-    return next(k for k, name in CHANGES.items() if f"the {name} against" in family.name)
 
 
 def arm_row(batch: int, name: str, runs: list[dict[str, Any]]) -> str:

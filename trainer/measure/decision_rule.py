@@ -23,6 +23,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from trainer.measure.seed_groups import welch
+
 #: One point of accuracy: the smallest drop a study must be able to see.
 MARGIN = 0.01
 #: The chance of catching a drop of MARGIN that a study is sized for.
@@ -137,15 +139,13 @@ def compare(label: str, first: Sequence[float | None], other: Sequence[float | N
     a, b = finite(first), finite(other)
     if not a or not b:
         return None
-    value = statistics.fmean(b) - statistics.fmean(a)
     if len(a) < 2 or len(b) < 2:
-        return Comparison(label, value, None, None, None, undecided="fewer than 2 seeds in an arm")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0.0:
+        return Comparison(label, statistics.fmean(b) - statistics.fmean(a), None, None, None,
+                          undecided="fewer than 2 seeds in an arm")
+    value, se, df = welch(a, b)
+    if se == 0.0:
         return Comparison(label, value, None, None, None,
                           undecided="no spread in either arm (accuracy is quantized; a zero-width interval proves nothing)")
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / ((va**2 / (len(a) - 1) if va else 0.0) + (vb**2 / (len(b) - 1) if vb else 0.0))
     half = float(t.ppf(0.5 + confidence / 2, df)) * se
     p = float(2 * t.sf(abs(value) / se, df))
     return Comparison(label, value, value - half, value + half, p)

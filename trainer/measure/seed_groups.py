@@ -69,22 +69,30 @@ class Difference:
         return f"{shown} [{signed.format(self.low)}, {signed.format(self.high)}] {verdict}"
 
 
+def welch(first: Sequence[float], other: Sequence[float]) -> tuple[float, float, float]:
+    """`other`'s mean minus `first`'s, its standard error and Welch's degrees of freedom (NaN where
+    neither has any spread); both need two values or more."""
+    va, vb = statistics.variance(first) / len(first), statistics.variance(other) / len(other)
+    value = statistics.fmean(other) - statistics.fmean(first)
+    if va + vb == 0.0:
+        return value, 0.0, math.nan
+    df = (va + vb) ** 2 / (va**2 / (len(first) - 1) + vb**2 / (len(other) - 1))
+    return value, math.sqrt(va + vb), df
+
+
 def difference(first: Sequence[float], other: Sequence[float], confidence: float = CONFIDENCE) -> Difference | None:
     """`other`'s mean minus `first`'s with Welch's t interval; None when either has no value."""
     a = [v for v in first if v is not None and math.isfinite(v)]
     b = [v for v in other if v is not None and math.isfinite(v)]
     if not a or not b:
         return None
-    value = statistics.fmean(b) - statistics.fmean(a)
     if len(a) < 2 or len(b) < 2:
-        return Difference(value, None, None)
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    se = math.sqrt(va + vb)
+        return Difference(statistics.fmean(b) - statistics.fmean(a), None, None)
+    value, se, df = welch(a, b)
     if se == 0.0:
         # Accuracy is quantized: seeds can agree exactly, and a zero-width interval would call any
         # difference "beyond the noise" on no evidence of the noise at all.
         return Difference(value, None, None, why="no spread in either setting")
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     from scipy.stats import t  # scipy comes with scikit-learn; imported only for a report
 
     half = float(t.ppf(0.5 + confidence / 2, df)) * se
