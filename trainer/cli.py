@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from trainer.configuration.hydra_setup import install as install_hydra_setup
+from trainer.infra.command import subcommand
 
 install_hydra_setup()
 
@@ -30,10 +31,16 @@ def train(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    """`scaffold DIR` writes a starter team folder (trainer/scaffold.py); anything else is a run."""
+    """`scaffold DIR` writes a starter team folder (trainer/scaffold.py), `deploy ...` is
+    `python -m trainer.deploy ...` (trainer/deploy/__main__.py); anything else is a run."""
     if sys.argv[1:2] == ["scaffold"]:
         from trainer.scaffold import main as scaffold
 
         scaffold(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["deploy"]:
+        from trainer.deploy.__main__ import main as deploy
+
+        deploy(sys.argv[2:], prog=subcommand("deploy"))
         return
     train()

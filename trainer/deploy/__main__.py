@@ -11,8 +11,9 @@ from trainer.infra.errors import UserError, one_line_on_user_error
 from trainer.infra.extras import require
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer.deploy")
+def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy") -> None:
+    """`prog`: how the person typed it (also `python -m trainer deploy` and `gpu-practice-train deploy`)."""
+    parser = argparse.ArgumentParser(prog=prog)
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="the inference form of a trained run: ONNX, torch.export, "
                                                 "safetensors and model.json")
