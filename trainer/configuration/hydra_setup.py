@@ -1,5 +1,5 @@
 """What `train.py` installs in Hydra before it starts: the recipe config source, the resolvers
-(``device_count`` for the SLURM launcher, ``config_help`` for `--help`) and the reporter that turns
+(``device_count`` for the SLURM launcher, ``config_help`` and ``usage`` for `--help`) and the reporter that turns
 the person's mistakes into one line; and the answer to `--version`, the project's own rather than Hydra's.
 
 Imported by every `python train.py`, so it imports neither torch nor Lightning at the top: a
@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from trainer.configuration import recipes
+from trainer.configuration.usage import usage
 from trainer.infra.errors import UserError, choices, exit_with, first_line, full_error_requested
 from trainer.infra.extras import missing_modules
 from trainer.infra.versions import DISTRIBUTION, import_name_clashes, installed_version, project_version
@@ -87,6 +88,7 @@ def _install_error_reporter() -> None:
 def _register_resolvers() -> None:
     OmegaConf.register_new_resolver("device_count", device_count, replace=True)
     OmegaConf.register_new_resolver("config_help", config_help, replace=True)
+    OmegaConf.register_new_resolver("usage", usage, replace=True)
 
 
 def config_help(*, _root_: DictConfig) -> str:

@@ -56,7 +56,7 @@ class TopLevelKeys:
     ladder: Annotated[Optional[str], Doc("set by +ladder=NAME: the run is one stage of an optimization ladder")]
     resume: Annotated[Optional[str], Doc("auto: from run.name's newest checkpoint; if_any: the same or fresh; "
                                          "a path; null: fresh")]
-    objective: Annotated[str, Doc("what train.py returns to a sweeper: split/metric, e.g. val/acc; auto: the "
+    objective: Annotated[str, Doc("what a run returns to a sweeper: split/metric, e.g. val/acc; auto: the "
                                   "task's (val/acc for classification, val/perplexity for a language model)")]
 
     def check(self, group: str = "") -> None:

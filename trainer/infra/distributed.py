@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from trainer.infra.command import invoked_as
 from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
@@ -103,7 +104,7 @@ def check_launch(processes: int, multirun: bool, launcher_target: str, strategy:
         "processes would each re-run the whole sweep (Lightning re-runs the command; torchrun and srun start "
         "the sweep in every rank)",
         "-m hydra/launcher=slurm (one SLURM task per device per job), or one run per command "
-        "(for v in ...; do python train.py trainer=ddp key=$v; done)")
+        f"(for v in ...; do {invoked_as()} trainer=ddp key=$v; done)")
 
 
 class LaunchRefused(UserError):
