@@ -5,11 +5,13 @@ at every step and the resolved config with the plan's derived values as hyper-pa
 import csv
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from tests.helpers import ON_CPU, TINY, run_in_process, train_forked
+from tests.helpers import ON_CPU, REPO, TINY, run_in_process, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -107,3 +109,25 @@ def test_the_lr_curves_have_the_same_names_with_a_constant_lr(tmp_path):
     assert not [column for column in rows[0] if column.startswith("lr-")]
     for group in ("train/lr/pg1", "train/lr/pg2"):
         assert [float(r[group]) for r in rows if r.get(group)] == [pytest.approx(lr)] * 4
+
+
+def test_wandb_without_an_api_key_is_one_line_before_anything_is_built(tmp_path):
+    # A fresh interpreter, as a person would run it, with nowhere wandb could find a key: no
+    # WANDB_API_KEY, an empty HOME (no netrc, no wandb settings), no WANDB_MODE. wandb is never
+    # started, so nothing reaches for the network.
+    home, wandb_dir = tmp_path / "home", tmp_path / "wandb_dir"
+    home.mkdir()
+    wandb_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "HYDRA_FULL_ERROR")) and k != "NETRC"}
+    env.update(HOME=str(home), WANDB_DIR=str(wandb_dir), MPLCONFIGDIR=str(tmp_path / "mpl"))
+    run_dir = tmp_path / "runs" / "run"
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "logger=wandb", *TINY, *ON_CPU,
+                           f"run.root={tmp_path / 'runs'}", f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: logger.wandb: wandb has no API key")
+    assert "WANDB_API_KEY" in lines[0] and "WANDB_MODE=offline" in lines[0]
+    # refused before the data, the plan or a Trainer: nothing announced, trained or kept
+    assert "global_batch_size" not in proc.stdout and "epoch" not in proc.stdout
+    assert not run_dir.exists() and not list(wandb_dir.iterdir())

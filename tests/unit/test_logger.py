@@ -7,13 +7,17 @@ derived values, as plain values. wandb runs offline, its files under tmp_path.""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import OmegaConf
 
 from tests.helpers import compose
-from trainer.groups.logger import (RunLabels, build_loggers, finish_loggers, logger_ids, run_hyperparameters,
-                                   run_labels, wandb_settings)
+from trainer.groups.logger import (RunLabels, _wandb_has_key, build_loggers, check_loggers, finish_loggers,
+                                   logger_ids, run_hyperparameters, run_labels, start_loggers, wandb_key_problem,
+                                   wandb_mode, wandb_settings)
+from trainer.infra.errors import UserError
 
 
 def test_labels_name_the_run_group_a_multirun_by_its_folder_and_tag_what_the_run_is(tmp_path):
@@ -125,3 +129,98 @@ def test_hyperparameters_are_the_resolved_config_and_the_derived_values_as_plain
         "choices": {"data": "digits", "recipe": "team/fast"},
         "derived": {"optimizer.lr": 0.002, "global_batch_size": 128, "precision": "bf16-mixed",
                     "data.prefetch_factor": None}}
+
+
+# A wandb run that sends to a server needs an API key; the check asks wandb's own credential search
+# (environment, netrc, settings) without prompting or the network, and is told its answer here.
+WANDB = {"_target_": "lightning.pytorch.loggers.WandbLogger", "offline": False}
+
+
+def _no_key() -> bool:
+    return False
+
+
+def _online() -> str | None:
+    return None
+
+
+def test_a_wandb_run_online_without_a_key_is_refused_with_the_remedy(tmp_path, monkeypatch):
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # wandb's own search finds nothing either
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    problem = wandb_key_problem(WANDB, {}, has_key=_no_key, configured_mode=_online)
+    assert problem is not None and "no API key" in problem and "online" in problem
+    with pytest.raises(UserError) as refused:
+        check_loggers({"wandb": WANDB}, {"WANDB_MODE": "online", "HOME": "/nowhere"})
+    line = refused.value.line()
+    assert line.startswith("logger.wandb: wandb has no API key") and "\n" not in line
+    assert "WANDB_API_KEY" in line and "WANDB_MODE=offline" in line and "logger.wandb.offline=true" in line
+
+
+@pytest.mark.parametrize("spec, environ", [
+    ({**WANDB, "offline": True}, {}),                    # the config's offline switch
+    ({**WANDB, "mode": "disabled"}, {}),                 # a mode passed on to wandb.init
+    (WANDB, {"WANDB_MODE": "offline"}),
+    (WANDB, {"WANDB_MODE": "dryrun"}),                   # offline's old name
+    (WANDB, {"WANDB_DISABLED": "true"}),
+    (WANDB, {"WANDB_API_KEY": "k" * 40}),                # a key in the environment: wandb.init checks it
+    (WANDB, {"WANDB_IDENTITY_TOKEN_FILE": "/token"}),
+])
+def test_a_wandb_run_that_needs_no_key_or_has_one_is_not_refused(spec, environ):
+    assert wandb_key_problem(spec, environ, has_key=_no_key, configured_mode=_online) is None
+
+
+def test_wandbs_own_answers_count_a_netrc_key_an_offline_setting_and_an_unknown_api():
+    # `wandb login` (a netrc entry) or a key in wandb's settings: wandb's search finds it
+    assert wandb_key_problem(WANDB, {}, has_key=lambda: True, configured_mode=_online) is None
+    # an API this wandb lacks: not refused here (wandb.init's own refusal is one line at start_loggers)
+    assert wandb_key_problem(WANDB, {}, has_key=lambda: None, configured_mode=_online) is None
+    # `wandb offline` wrote the mode into wandb's settings file
+    assert wandb_key_problem(WANDB, {}, has_key=_no_key, configured_mode=lambda: "offline") is None
+    # the config and the environment win over the settings file
+    assert wandb_mode(WANDB, {"WANDB_MODE": "online"}, "offline") == "online"
+    assert wandb_mode({**WANDB, "offline": True}, {"WANDB_MODE": "online"}) == "offline"
+
+
+def test_wandbs_credential_search_finds_a_netrc_entry_without_the_network(tmp_path, monkeypatch):
+    from wandb.sdk import wandb_setup
+
+    host = urlsplit(wandb_setup.singleton().settings.base_url).hostname
+    netrc = tmp_path / ".netrc"
+    netrc.write_text(f"machine {host}\n  login user\n  password {'k' * 40}\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert _wandb_has_key() is True
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert _wandb_has_key() is False
+
+
+class _RefusingWandbLogger(WandbLogger):
+    """wandb.init failing as it does without a network."""
+
+    @property
+    def experiment(self):
+        from wandb.errors import CommError
+
+        raise CommError("Failed to get resume status for run abcd1234: context deadline exceeded\nmore detail")
+
+
+def test_a_wandb_run_that_cannot_start_is_one_line_naming_the_logger_and_wandbs_message(tmp_path, offline_wandb):
+    logger = _RefusingWandbLogger(save_dir=str(tmp_path), offline=True)
+    with pytest.raises(UserError) as refused:
+        start_loggers([logger], ["wandb"], {"wandb": WANDB})
+    line = refused.value.line()
+    assert line.startswith("logger.wandb: WandbLogger could not be set up: CommError: Failed to get resume status")
+    assert "more detail" not in line and "WANDB_MODE=offline" in line
+
+
+def test_a_logger_whose_folder_cannot_be_written_is_refused_when_built(tmp_path):
+    (tmp_path / "csv").write_text("a file where the csv logger's folder goes")
+    spec = {"csv": {"_target_": "lightning.pytorch.loggers.CSVLogger", "name": "csv", "version": ""}}
+    with pytest.raises(UserError) as refused:
+        build_loggers(spec, tmp_path)
+    assert refused.value.line().startswith(f"logger.csv: cannot write its logs to {tmp_path / 'csv'}")
+    tensorboard = {"tb": {"_target_": "lightning.pytorch.loggers.TensorBoardLogger", "name": "tb", "version": ""}}
+    with pytest.raises(UserError, match="logger.tb: cannot write"):
+        build_loggers(tensorboard, tmp_path / "csv" / "below")
+    assert build_loggers(spec, tmp_path / "fresh")  # a folder still to be made is fine

@@ -13,9 +13,10 @@ import secrets
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import lightning as L
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.loggers import Logger, TensorBoardLogger, WandbLogger
@@ -82,6 +83,8 @@ def run_labels(name: str | None, choices: Mapping[str, str], sweep_dir: Path | N
 
 def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
                   ids: Mapping[str, str] | None = None, labels: RunLabels | None = None) -> list[Logger]:
+    """The loggers, each checked to have a folder it can write; what a constructor refuses is one
+    line naming `logger.NAME` (no logger has started a run yet: see `start_loggers`)."""
     loggers = []
     for name, spec in specs.items():
         kwargs: dict[str, Any] = {"save_dir": str(run_dir)}
@@ -91,8 +94,144 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
             spec = {k: v for k, v in spec.items() if k not in ("id", "version")}
         if _is_wandb(spec):
             kwargs.update(wandb_settings(spec, labels or RunLabels(), str(run_dir)))
-        loggers.append(instantiate(spec, **kwargs))
+        try:
+            logger = instantiate(spec, **kwargs)
+        except Exception as ex:  # noqa: BLE001 - any refusal of a logger's set-up is the person's to fix
+            raise _setup_failure(name, spec, ex) from None
+        _check_writable(name, spec, _logger_folder(logger))
+        loggers.append(logger)
     return loggers
+
+
+def start_loggers(loggers: list[Logger], names: list[str], specs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Start each wandb run now, on rank 0, while the run is still being built. Lightning's
+    WandbLogger calls `wandb.init` only at the first `logger.experiment`, inside fit, where a
+    refusal (a key wandb rejects, no network, a folder it cannot write) was a long traceback after
+    the data, the plan and the Trainer were made; here it is one line naming the logger, before
+    anything trains. (The other ranks get Lightning's stand-in experiment and start nothing.)"""
+    for logger, name in zip(loggers, names):
+        if isinstance(logger, WandbLogger):
+            try:
+                _ = logger.experiment  # wandb.init, by Lightning's own path
+            except Exception as ex:  # noqa: BLE001 - see the docstring
+                raise _setup_failure(name, specs.get(name, {}), ex) from None
+
+
+def _setup_failure(name: str, spec: Mapping[str, Any], ex: BaseException) -> UserError:
+    """A logger's set-up refused, as one line with the library's own message and a remedy."""
+    if isinstance(ex, UserError):
+        return ex
+    cause = ex.__cause__ if isinstance(ex, InstantiationException) and ex.__cause__ is not None else ex
+    kind = str(spec.get("_target_", name)).rsplit(".", 1)[-1]
+    remedy = (WANDB_REMEDY if _is_wandb(spec)
+              else f"a folder the run can write, or logger.{name}=null to run without this logger")
+    return UserError(f"logger.{name}", f"{kind} could not be set up: {exception_line(cause, 300)}", remedy)
+
+
+#: What makes a wandb run that cannot reach its server run anyway.
+WANDB_REMEDY = ("a valid WANDB_API_KEY (or `wandb login`) and a reachable server (WANDB_BASE_URL), or "
+                "WANDB_MODE=offline (logger.wandb.offline=true) and `wandb sync` the run folder later")
+
+
+def _logger_folder(logger: Logger) -> str | None:
+    """Where a logger writes: wandb under its save_dir, the others in their log_dir."""
+    if isinstance(logger, WandbLogger):
+        return logger.save_dir
+    return logger.log_dir or logger.save_dir
+
+
+def _check_writable(name: str, spec: Mapping[str, Any], folder: str | None) -> None:
+    """The folder a logger will write into is a folder, or can be made, and can be written. A
+    logger finds out only at its first write, in the middle of training."""
+    if not folder:
+        return
+    path = Path(folder).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    what = None
+    if not existing.is_dir():
+        what = f"{existing} is not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        what = f"{existing} cannot be written"
+    if what is not None:
+        allowed = ("a writable WANDB_DIR (or unset it: the run folder)" if _is_wandb(spec)
+                   else f"a writable run folder, or logger.{name}=null")
+        raise UserError(f"logger.{name}", f"cannot write its logs to {path}: {what}", allowed)
+
+
+#: The wandb modes that send nothing to a server, and need no API key ("dryrun" is offline's old name).
+WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
+
+
+def wandb_mode(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
+               configured: str | None = None) -> str:
+    """The mode a wandb run will have: the config's (`offline: true`, a `mode` passed to wandb.init),
+    else WANDB_MODE (WANDB_DISABLED=true: disabled), else `configured` (wandb's settings files, e.g.
+    after `wandb offline`), else online."""
+    if spec.get("offline"):
+        return "offline"
+    if spec.get("mode"):
+        return str(spec["mode"])
+    if environ.get("WANDB_MODE"):
+        return environ["WANDB_MODE"]
+    if environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
+        return "disabled"
+    return configured or "online"
+
+
+def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
+                      has_key: Callable[[], bool | None] | None = None,
+                      configured_mode: Callable[[], str | None] | None = None) -> str | None:
+    """Why a wandb run could not start for want of credentials, or None. A run that sends to a
+    server needs an API key: WANDB_API_KEY (or WANDB_IDENTITY_TOKEN_FILE), a netrc entry for the
+    server (`wandb login`), or one in wandb's settings. Where wandb cannot say (an API this version
+    lacks), nothing is refused here; `start_loggers` still turns wandb's own refusal into one line."""
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    mode = wandb_mode(spec, environ, (configured_mode or _wandb_configured_mode)())
+    if mode in WANDB_LOCAL_MODES:
+        return None
+    if (has_key or _wandb_has_key)() is not False:
+        return None
+    return "wandb has no API key (no WANDB_API_KEY, no `wandb login`) and its mode is " + mode
+
+
+def _wandb_configured_mode() -> str | None:
+    """The mode wandb's settings files give (`wandb offline` writes one), by wandb's own reading."""
+    try:
+        from wandb.sdk import wandb_setup
+
+        return str(wandb_setup.singleton().settings.mode)
+    except Exception:  # noqa: BLE001 - an API this wandb lacks: no answer
+        return None
+
+
+def _wandb_has_key() -> bool | None:
+    """Whether wandb finds credentials for its server without asking the person or the network
+    (environment, netrc, its settings): wandb's own search, `authenticate_session(prompt=False)`.
+    None where this wandb has no such API."""
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+
+        settings = wandb_setup.singleton().settings
+        host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+        found = wbauth.authenticate_session(host=host, source="trainer", prompt=False, update_session=False)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    except Exception:  # noqa: BLE001 - a key wandb finds but refuses (its format): wandb.init says so
+        return True
+    return found is not None
+
+
+def check_loggers(specs: Mapping[str, Mapping[str, Any]], environ: Mapping[str, str] = os.environ) -> None:
+    """What each logger needs before a run is built: a wandb run that sends to a server needs an API
+    key. Refused here as one line, before anything is built, instead of at wandb.init inside fit."""
+    for name, spec in specs.items():
+        if _is_wandb(spec):
+            problem = wandb_key_problem(spec, environ)
+            if problem is not None:
+                raise UserError(f"logger.{name}", problem,
+                                f"set WANDB_API_KEY, or WANDB_MODE=offline (logger.{name}.offline=true)")
 
 
 #: What the framework fills in for a wandb run, and the wandb setting that wins over it when set.

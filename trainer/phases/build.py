@@ -34,7 +34,7 @@ from trainer.groups.checkpointing import SafeCheckpointIO, build_checkpointing, 
 from trainer.groups.clipping import GradientClipping
 from trainer.groups.communication import strategy_target
 from trainer.groups.compile import allow_recompiles, apply_compile
-from trainer.groups.logger import build_loggers, logger_callbacks, run_hyperparameters, run_labels
+from trainer.groups.logger import build_loggers, logger_callbacks, run_hyperparameters, run_labels, start_loggers
 from trainer.groups.precision import apply_tf32, lightning_precision
 from trainer.groups.task import build_definition, check_task
 from trainer.groups.trainer import make_trainer
@@ -125,6 +125,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
         labels = run_labels(run.identity.name, run.job.choices, run_dir.parent if run.job.multirun else None,
                             spec.identity.root)
         loggers = build_loggers(spec.loggers, run_dir, run.identity.logger_ids, labels)
+        if run.rank_zero:  # a logger that cannot start refuses now, before anything trains
+            start_loggers(loggers, list(spec.loggers), spec.loggers)
     if loggers:
         # Every logger gets the lr per step and the resolved config with the plan's derived values.
         callbacks += logger_callbacks(run_hyperparameters(

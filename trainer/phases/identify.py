@@ -10,7 +10,7 @@ from pathlib import Path
 from trainer.configuration.spec import validate
 from trainer.groups.communication import check_measurable
 from trainer.groups.communication import decide as decide_communication
-from trainer.groups.logger import logger_ids
+from trainer.groups.logger import check_loggers, logger_ids
 from trainer.groups.task import objective_of
 from trainer.groups.sweeps import objective_value
 from trainer.infra import attempts
@@ -77,6 +77,8 @@ def identify(run: Run) -> None:
     """`run.identity`: the run's stable name, the checkpoint to carry on from, and its loggers' run
     ids (a wandb run continues under the id of the run resumed from); run.json records them."""
     spec, job, name = run.spec, run.job, run_name(run)
+    if run.rank_zero and not (spec.top.diagnose or spec.top.profile):  # a measurement logs nothing
+        check_loggers(spec.loggers)  # a wandb run with no API key: one line now, not a traceback at fit
     resume_from = resolve_resume(requested(spec.top.resume), name, Path(spec.identity.root), job.run_dir)
     ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
     resumed_step = resume_from.global_step if resume_from else None
