@@ -20,6 +20,13 @@ install_hydra_setup()
 # `trainer.conf` package, which the configs are not.
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent / "conf"), config_name="train")
 def train(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from trainer.phases.compose import made_by_this_job
+
+    # Asked before anything is imported or logged: whether the folder Hydra has just made holds
+    # nothing from before this job (a run refused before it trains then removes it).
+    own_folder = made_by_this_job(Path(HydraConfig.get().runtime.output_dir))
     # Imported here, once Hydra has composed: `--help` and a mistake in the command line answer
     # without importing torch and Lightning (several seconds).
     from trainer.run import run
@@ -27,7 +34,7 @@ def train(cfg: DictConfig) -> float | None:
     # The imports' several hundred thousand objects live as long as the process: frozen, they cost no GC
     # pass, and the interpreter's exit stops spending about a second traversing them (docs/measured.md).
     gc.freeze()
-    return run(cfg)
+    return run(cfg, own_folder=own_folder)
 
 
 def main() -> None:

@@ -8,13 +8,13 @@ import logging
 from pathlib import Path
 
 import lightning as L
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.callbacks.graceful import SignalLatch
 from trainer.groups.optimizer.schema import LR_FIND
 from trainer.groups.task import objective_of
 from trainer.groups.sweeps import check_trial, in_multirun, job_failed, objective_value
-from trainer.infra.distributed import LaunchRefused
+from trainer.infra.distributed import LaunchRefused, is_rank_zero
 from trainer.infra.errors import UserError, exception_line, exit_with, full_error_requested
 from trainer.infra.library_logs import route_library_logs
 from trainer.modes.batch_finder import find_batch_size
@@ -24,6 +24,7 @@ from trainer.modes.memory_plan import measure_memory_plan
 from trainer.modes.profiling import run_profile
 from trainer.phases.build import build_parts, build_task, build_trainer
 from trainer.phases.compose import Job
+from trainer.phases.failures import remove_empty_parents, remove_refused_folder
 from trainer.phases.fit import fit, test_after_fit, training_fields
 from trainer.phases.identify import already_completed, check_job, completed_before, identify
 from trainer.phases.plan import decide_probe, resolve
@@ -35,18 +36,28 @@ log = logging.getLogger("trainer")
 
 
 def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, str] | None = None,
-        overrides: list[str] | None = None) -> float | None:
+        overrides: list[str] | None = None, own_folder: bool | None = None) -> float | None:
     """Train and test as `cfg` says; return the metric named by `objective` (the sweep objective,
     val/acc by default).
 
     `run_dir`, `group_choices` and `overrides` default to Hydra's for the current job. A mistake in
-    the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1).
+    the input ends the process with one line and exit code 2 (a traceback with HYDRA_FULL_ERROR=1);
+    refused before training, a single run leaves no folder where the folder was its own.
     In a multirun, a job that fails reports to the sweeper instead, so the sweep goes on
-    (`trainer.groups.sweeps.job_failed`).
+    (`trainer.groups.sweeps.job_failed`). `own_folder`: whether the run folder held nothing from
+    before this job as it started (`trainer.phases.compose.made_by_this_job`; asked here if not given).
     """
+    job = Job.from_hydra(cfg, run_dir, group_choices, overrides, own_folder)
+    # A single run's own folder is removed if the run is refused before it trains. A sweep's jobs
+    # keep theirs: the sweep reports each failed job by its folder.
+    removable = job.own_folder and not job.multirun and not in_multirun() and is_rank_zero()
     try:
-        objective = _run(Job.from_hydra(cfg, run_dir, group_choices, overrides))
+        objective = _run(job)
     except UserError as ex:
+        if removable and remove_refused_folder(job.run_dir):
+            root = OmegaConf.select(job.cfg, "run.root", throw_on_resolution_failure=False)
+            if isinstance(root, str):
+                remove_empty_parents(job.run_dir, Path(root))
         if full_error_requested():
             raise
         if in_multirun() and not isinstance(ex, LaunchRefused):

@@ -1,4 +1,5 @@
-"""Each bad input ends with one line naming the key, exit code 2, no traceback, before training.
+"""Each bad input ends with one line naming the key, exit code 2, no traceback, before training, and
+leaves no run folder behind (a folder that held a run before the job is kept as it was).
 
 The cases run `train.py` in a forked child (`train_forked`: same entry point and exit code, no new
 import of torch); one case runs in a fresh interpreter, as a person would, to keep that path honest.
@@ -83,7 +84,9 @@ def test_val_classes_must_exist_in_train(tmp_path):
     write_digit_pngs(root, {"val": 2}, classes=[0, 2], size=8)
     result = train_forked(["data=imagefolder", f"data.root={root}", "data.image_size=8", "data.batch_size=2"],
                           tmp_path / "run")
-    _assert_one_line_error(result, str(root / "val"))
+    # The folder stays: it holds bad_files.tsv, the data set's record of what it refused.
+    _assert_one_line_error(result, str(root / "val"), folder_gone=False)
+    assert (result.run_dir / "bad_files.tsv").exists()
     assert "digit_2" in result.stderr
 
 
@@ -93,7 +96,7 @@ def test_full_error_shows_the_traceback(tmp_path):
     assert "Traceback" in result.stderr and "optimizer.lr" in result.stderr
 
 
-def _assert_one_line_error(result, key):
+def _assert_one_line_error(result, key, folder_gone=True):
     assert result.returncode == 2, result
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result
@@ -101,3 +104,33 @@ def _assert_one_line_error(result, key):
     assert "Traceback" not in result.stderr + result.stdout
     assert not (result.run_dir / "checkpoints").exists()
     assert "epoch 1" not in result.stdout
+    if folder_gone:
+        assert not result.run_dir.exists(), sorted(p.name for p in result.run_dir.iterdir())
+
+
+def test_a_refused_run_leaves_no_folder_under_the_run_root(tmp_path):
+    # As Hydra lays out a single run: run.root/runs/DAY/TIME; the day's folder goes too once empty.
+    root = tmp_path / "outputs"
+    result = train_forked(["optimizer.lr=-1", f"run.root={root}"], root / "runs" / "2026-01-02" / "03-04-05")
+    assert result.returncode == 2, result
+    assert list(root.iterdir()) == []
+
+
+def test_a_refused_run_into_a_folder_used_before_keeps_it_as_it_was(tmp_path):
+    # A resume (or a re-run) into the folder of an earlier run, refused for a bad value: nothing of
+    # the earlier run goes, only Hydra's own record of the job is rewritten.
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    kept = {"run.json": '{"name": "earlier"}', "train.log": "[INFO] the earlier run\n",
+            "checkpoints/last.ckpt": "weights"}
+    for name, text in kept.items():
+        (folder / name).write_text(text)
+    result = train_forked(["optimizer.lr=-1", "resume=auto"], folder)
+    assert result.returncode == 2, result
+    assert {name: (folder / name).read_text() for name in kept} == kept
+    # even a folder holding only what a refused start writes, once its log has lines from before
+    only_log = tmp_path / "only_log"
+    only_log.mkdir()
+    (only_log / "train.log").write_text("[INFO] an earlier attempt\n")
+    assert train_forked(["optimizer.lr=-1"], only_log).returncode == 2
+    assert (only_log / "train.log").read_text().startswith("[INFO] an earlier attempt")

@@ -1,5 +1,6 @@
 """The compose phase: what Hydra composed for this job, and where it runs (its validation against
-every group's schema is `trainer.configuration.spec.validate`)."""
+every group's schema is `trainer.configuration.spec.validate`), and whether that folder is this
+job's own (a run refused before it trains removes its own: trainer/phases/failures.py)."""
 
 from __future__ import annotations
 
@@ -22,16 +23,43 @@ class Job:
     multirun: bool = False
     launcher: str = ""
     search_path: tuple[str, ...] = ()
+    #: The run folder held nothing from before this job when it started (`made_by_this_job`).
+    own_folder: bool = False
 
     @classmethod
     def from_hydra(cls, cfg: DictConfig, run_dir: Path | None = None, choices: dict[str, str] | None = None,
-                   overrides: list[str] | None = None) -> Job:
-        """The current Hydra job; `run_dir`, `choices` and `overrides` given outside a Hydra app."""
+                   overrides: list[str] | None = None, own_folder: bool | None = None) -> Job:
+        """The current Hydra job; `run_dir`, `choices` and `overrides` given outside a Hydra app;
+        `own_folder` as found when the job started (else asked now)."""
         if run_dir is not None and choices is not None:
-            return cls(cfg, run_dir, dict(choices), list(overrides or []))
+            own = made_by_this_job(run_dir) if own_folder is None else own_folder
+            return cls(cfg, run_dir, dict(choices), list(overrides or []), own_folder=own)
         hydra = HydraConfig.get()
         made = {k: str(v) for k, v in hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}
-        return cls(cfg, run_dir or Path(hydra.runtime.output_dir), dict(choices) if choices is not None else made,
+        folder = run_dir or Path(hydra.runtime.output_dir)
+        return cls(cfg, folder, dict(choices) if choices is not None else made,
                    list(overrides) if overrides is not None else list(hydra.overrides.task),
                    hydra.mode == RunMode.MULTIRUN, str(hydra.launcher.get("_target_", "")),
-                   tuple(str(entry) for entry in hydra.searchpath or []))
+                   tuple(str(entry) for entry in hydra.searchpath or []),
+                   made_by_this_job(folder) if own_folder is None else own_folder)
+
+
+#: What Hydra writes into a run folder before the task runs: its record of the job and the log file.
+HYDRA_START = frozenset({".hydra", "train.log"})
+#: Hydra's record of the job in .hydra/, rewritten by every job that runs in the folder.
+HYDRA_RECORD = frozenset({"config.yaml", "hydra.yaml", "overrides.yaml"})
+
+
+def made_by_this_job(run_dir: Path) -> bool:
+    """Whether the run folder holds nothing from before this job: only what Hydra writes as a job
+    starts (its record, which every job rewrites, and an empty log file). Asked as the job starts,
+    before anything logs (trainer/cli.py asks before importing the run). False for a folder a run
+    has used before: a resume or a re-run into it, an earlier attempt's."""
+    if not run_dir.exists():
+        return True
+    if not {entry.name for entry in run_dir.iterdir()} <= HYDRA_START:
+        return False
+    log_file, record = run_dir / "train.log", run_dir / ".hydra"
+    if log_file.exists() and (not log_file.is_file() or log_file.stat().st_size):
+        return False
+    return not record.exists() or (record.is_dir() and {e.name for e in record.iterdir()} <= HYDRA_RECORD)
