@@ -110,15 +110,36 @@ def team_search_path(folders: Sequence[Path]) -> list[str]:
     return entries
 
 
+def import_from(folders: Sequence[Path]) -> None:
+    """Put `folders` on ``sys.path`` (after the installed packages), so that the packages a team
+    folder holds import by the names its configs' ``_target_`` give."""
+    for folder in folders:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+
+
+def import_team_folders(recorded: Sequence[str | Path] = (), cwd: Optional[Path] = None,
+                        environ: Mapping[str, str] = os.environ) -> list[Path]:
+    """Make a finished run's team classes importable outside Hydra (deploy): `team_folders` (the
+    working directory's and ``TRAINER_TEAM_DIRS``'s, the person's choice now), then the folders the run
+    recorded (summary.json's ``team_dirs``) that still exist, put on ``sys.path``; the folders, in
+    that order (the first that holds a package wins)."""
+    folders: list[Path] = []
+    for folder in [*team_folders(cwd, environ), *(Path(entry) for entry in recorded)]:
+        folder = folder.expanduser().resolve()
+        if folder.is_dir() and folder not in folders:
+            folders.append(folder)
+    import_from(folders)
+    return folders
+
+
 class RecipeSearchPath(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="trainer-recipes", path=f"recipes://{RECIPES_DIR}")
         folders = team_folders()
         for entry in team_search_path(folders):
             search_path.append(provider="trainer-team", path=entry)
-        for folder in folders:  # the team's own packages, for the _target_ of its configs
-            if str(folder) not in sys.path:
-                sys.path.append(str(folder))
+        import_from(folders)  # the team's own packages, for the _target_ of its configs
 
 
 def register() -> None:

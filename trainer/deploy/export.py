@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folders
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
 from trainer.groups.checkpointing import load_checkpoint, write_safetensors
@@ -95,8 +98,15 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 # -- the network ---------------------------------------------------------------------------------------
 def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Module, Any, Any, Any]:
     """(network with the checkpoint's weights, run spec, data module, data info); the data module
-    writes what it writes (a bad-file list) into `scratch`, never into the run folder."""
-    spec = validate(cast(DictConfig, OmegaConf.load(run_dir / CONFIG_NAME)))  # a run's config: a mapping
+    writes what it writes (a bad-file list) into `scratch`, never into the run folder. A team's
+    classes import from the working directory, TRAINER_TEAM_DIRS and the team folders the run
+    recorded, wherever the command is typed (`import_team_folders`)."""
+    recorded = _recorded_team_dirs(run_dir)
+    import_team_folders(recorded)
+    try:
+        spec = validate(cast(DictConfig, OmegaConf.load(run_dir / CONFIG_NAME)))  # a run's config: a mapping
+    except UserError as ex:
+        raise _with_team_remedy(ex, recorded) from None
     datamodule, info = build_data(spec.data, scratch, spec.top.seed)
     net = build_model(spec.model, info.model_inputs(), required=())  # built for this run once already
     state = load_checkpoint(checkpoint).get("state_dict")
@@ -109,6 +119,28 @@ def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Mod
                         f"{_few(missing)}; unexpected {_few(unexpected)})", "a checkpoint written by this run")
     net.load_state_dict(weights)
     return net, spec, datamodule, info
+
+
+def _recorded_team_dirs(run_dir: Path) -> list[str]:
+    """The team folders the run recorded in summary.json (runs older than the field: none)."""
+    recorded = _summary(run_dir).get("team_dirs") or []
+    return [str(entry) for entry in recorded if isinstance(entry, str) and entry]
+
+
+def _with_team_remedy(ex: UserError, recorded: list[str]) -> UserError:
+    """A class of the run's config that does not import: the remedy names where a team's classes are
+    looked for (TRAINER_TEAM_DIRS, and the folders the run recorded, gone or not importable)."""
+    if not (ex.where.endswith("._target_") and "no module named" in ex.problem.lower()):
+        return ex  # a module that is found and fails to import: its own error says why
+    if recorded:
+        gone = [entry for entry in recorded if not Path(entry).is_dir()]
+        where = (f"the run's team folder {', '.join(recorded)} " +
+                 ("no longer exists" if len(gone) == len(recorded) else "does not hold it" if not gone
+                  else f"is partly gone ({', '.join(gone)})"))
+    else:
+        where = "the run recorded no team folder"
+    return UserError(ex.where, ex.problem, f"{where}: put the folder holding its package in {TEAM_DIRS_VARIABLE} "
+                     f"(or run the command from it), or install the package")
 
 
 def _mismatch(net: nn.Module, weights: Mapping[str, torch.Tensor]) -> tuple[list[str], list[str]]:
@@ -271,14 +303,36 @@ def export_folder(source: Path) -> Path:
 
 # -- the command ---------------------------------------------------------------------------------------
 def export_run(source: Path, out: Optional[Path] = None, which: str = "best") -> Exported:
+    """Export into `out` (default RUN_DIR/export). Every file is written into a temporary folder beside
+    it and moved into place once all are written and checked: a failed export leaves nothing behind,
+    and an export that was there before is only replaced by a complete one."""
     run_dir, checkpoint = locate(Path(source), which)
     folder = Path(out) if out is not None else run_dir / "export"
-    folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="export-data-") as scratch:
         net, spec, datamodule, info = load_network(run_dir, checkpoint, Path(scratch))
         images = evaluation_images(datamodule)
         card = model_card(spec, info, datamodule, run_dir, checkpoint)
     net = checked_eval(net, images)
+    created = _first_missing(folder)  # removed again when the export fails
+    staging = folder.parent / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # os.mkdir, not mkdtemp: renamed into place, it has the permissions of any new folder (not 0700)
+        staging.mkdir()
+        exported = _write_export(net, images, card, checkpoint, staging, folder)
+        files = _move_into_place(staging, folder, exported.files)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created is not None and created != folder:
+            _remove_empty(folder.parent, created)
+        raise
+    return Exported(folder, checkpoint, files, exported.max_abs_diff, exported.images_checked,
+                    exported.folded_modules, exported.notes)
+
+
+def _write_export(net: nn.Module, images: torch.Tensor, card: dict[str, Any], checkpoint: Path,
+                  folder: Path, final: Path) -> Exported:
+    """The files written into `folder` (the staging folder) and checked; errors name `final`."""
     folded = fuse_for_inference(net)
     with torch.inference_mode():
         reference = net(images)
@@ -292,11 +346,47 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
     bound = TOLERANCE * max(1.0, float(reference.abs().max()))
     worst = max(diffs, key=diffs.__getitem__)
     if diffs[worst] > bound:
-        raise UserError(str(files[worst] if worst in files else folder), f"the {worst} model's logits differ from "
-                        f"PyTorch's by {diffs[worst]:.2e} on evaluation images (bound {bound:.2e})",
+        raise UserError(str(final / files[worst].name if worst in files else final), f"the {worst} model's logits "
+                        f"differ from PyTorch's by {diffs[worst]:.2e} on evaluation images (bound {bound:.2e})",
                         "an exportable network (report it: the export is not trustworthy)")
     write_safetensors(net.state_dict(), files["weights"], {"source": str(checkpoint)})
     card["checked"] = {"images": len(images), "max_abs_diff": diffs, "bound": bound}
     write_text_atomic(files["card"], json.dumps(card, indent=2) + "\n")
     return Exported(folder, checkpoint, files, diffs, len(images),
                     (sum(1 for _ in net.modules()), sum(1 for _ in folded.modules())))
+
+
+def _move_into_place(staging: Path, folder: Path, files: Mapping[str, Path]) -> dict[str, Path]:
+    """A new folder: the staging folder renamed into place, at once. An existing one (an earlier export,
+    or a folder of the person's given by --out): each file replaced in turn, the model card last, so
+    that the card never names files older than itself; nothing else in the folder is touched."""
+    if not folder.exists():
+        os.replace(staging, folder)
+    else:
+        for name in sorted(files, key=lambda name: name == "card"):
+            os.replace(files[name], folder / files[name].name)
+        shutil.rmtree(staging, ignore_errors=True)
+    return {name: folder / path.name for name, path in files.items()}
+
+
+def _first_missing(folder: Path) -> Optional[Path]:
+    """The outermost of `folder` and its parents that does not exist yet (None: it exists)."""
+    missing = None
+    for path in [folder.absolute(), *folder.absolute().parents]:
+        if path.exists():
+            break
+        missing = path
+    return missing
+
+
+def _remove_empty(folder: Path, up_to: Path) -> None:
+    """The parents a failed export created for its folder, when they hold nothing else."""
+    folder, up_to = folder.absolute(), up_to.absolute()
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == up_to or up_to not in folder.parents:
+            return
+        folder = folder.parent

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from trainer.callbacks.graceful import StoppedBySignal
 from trainer.callbacks.utilisation import device_utilisation
-from trainer.configuration.recipes import lineage_record
+from trainer.configuration.recipes import lineage_record, team_folders
 from trainer.groups.logger import finish_loggers
 from trainer.infra import attempts
 from trainer.infra.distributed import launched_by
@@ -53,6 +53,8 @@ def what_ran(run: Run) -> dict[str, Any]:
         "overrides": job.overrides,
         "choices": dict(job.choices),
         "recipe": lineage_record(job.choices.get("recipe"), job.overrides, spec.resolved, job.search_path),
+        # Absolute: deploy (trainer/deploy/export.py) imports the team's _target_s from them, from any folder.
+        "team_dirs": [str(folder) for folder in team_folders()],
         "ladder": spec.top.ladder,
         "seed": spec.top.seed,
         "derived": plan.to_dict(),
