@@ -125,3 +125,47 @@ def test_the_batch_loop_takes_what_is_queued_up_to_the_maximum_and_waits_for_not
         loop.get_batch_requests(_Api(), queue, None)
     with pytest.raises(Empty):
         queue.get_nowait()
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header declares width x height greyscale pixels, with one tiny IDAT: enough for
+    PIL's Image.open (which reads the header only), nothing a decoder could finish."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # PIL warns from 89 MP; ours refuses
+def test_an_image_over_the_pixel_budget_is_refused_from_its_header_naming_its_size_and_the_limit():
+    """`max_pixels` is checked before decoding: the refusal is immediate whatever the image would cost,
+    and its one line names the declared size and the limit; at the limit it is decoded as usual."""
+    import time
+
+    from trainer.deploy.preprocess import TooManyPixels
+
+    preprocessing = Preprocessing("L", (8, 8), "area", None, 1 / 255, (0.0,), (1.0,))
+    started = time.perf_counter()
+    with pytest.raises(TooManyPixels) as caught:
+        preprocessing.pixels(_png_header(12000, 12000), max_pixels=40_000_000)
+    assert time.perf_counter() - started < 0.5
+    assert str(caught.value) == "image of 12,000 x 12,000 = 144,000,000 pixels is over the limit of 40,000,000 pixels"
+    with pytest.raises(TooManyPixels, match="over the limit of 99 pixels"):
+        preprocessing.pixels(_png(np.zeros((10, 10), np.uint8)), max_pixels=99)
+    assert preprocessing.pixels(_png(np.zeros((10, 10), np.uint8)), max_pixels=100).shape == (1, 8, 8)
+
+
+def test_pils_own_decompression_bomb_error_is_a_one_line_refusal_too():
+    """Without a budget, PIL's check (Image.open, above twice Image.MAX_IMAGE_PIXELS) still refuses
+    before decoding, as TooManyPixels rather than a crash or a generic 'not an image'."""
+    from trainer.deploy.preprocess import TooManyPixels
+
+    preprocessing = Preprocessing("L", (8, 8), "area", None, 1 / 255, (0.0,), (1.0,))
+    with pytest.raises(TooManyPixels) as caught:
+        preprocessing.pixels(_png_header(20000, 10000))
+    assert "decompression-bomb limit" in str(caught.value) and "200000000 pixels" in str(caught.value)
+    assert "\n" not in str(caught.value)

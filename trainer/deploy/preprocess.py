@@ -8,26 +8,45 @@ Each data module states it once (``inference_preprocessing``); export writes it 
   scikit-learn's 8x8 digits were made from 32x32 bitmaps); ``center_crop``: ``[h, w]`` or null;
 - ``scale``, ``mean``, ``std``: ``(pixels * scale - mean) / std``, per batch by `Normalizer`.
 
-`pixels` stops at uint8 (what travels to the inference worker: a quarter of the float bytes)."""
+`pixels` stops at uint8 (what travels to the inference worker: a quarter of the float bytes). Its
+`max_pixels` is checked on the header, before anything is decoded: a small file can declare a huge
+image (a 140 KB PNG of 12000 x 12000 takes seconds and 144 MB to decode)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as TF
 
-from trainer.data.badfiles import BadImageError, load_rgb
+if TYPE_CHECKING:
+    from PIL import Image
+
+# torchvision and trainer.data.badfiles (whose package imports Lightning) are imported where `pixels`
+# needs them: the server's inference worker imports this module for `Normalizer` alone, and they
+# would cost it about 190 MB (docs/deploy.md, "Processes and memory").
 
 INTERPOLATIONS = ("bilinear", "area")
 
 
 class NotAnImage(ValueError):
     """The bytes are not an image this preprocessing can use; `str()` is the one-line reason."""
+
+
+class TooManyPixels(ValueError):
+    """The image's header declares more pixels than allowed; refused before decoding. `str()` is the
+    one-line reason, naming the image's size and the limit."""
+
+    def __init__(self, width: int | None, height: int | None, limit: int | None, detail: str = "") -> None:
+        self.width, self.height, self.limit = width, height, limit
+        if width is not None and height is not None and limit is not None:
+            text = (f"image of {width:,} x {height:,} = {width * height:,} pixels is over the limit of "
+                    f"{limit:,} pixels")
+        else:  # PIL's own check refused it in Image.open; its message names the size and its limit
+            text = f"image is over PIL's decompression-bomb limit: {detail.rstrip('.')}"
+        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -73,12 +92,25 @@ class Preprocessing:
             raise ValueError("a shorter-side resize without a center crop has no fixed output size")
         return self.resize
 
-    def pixels(self, data: bytes, name: str = "request") -> np.ndarray:
+    def pixels(self, data: bytes, name: str = "request", max_pixels: Optional[int] = None) -> np.ndarray:
         """uint8 (C, H, W) as the network's evaluation input before scaling; NotAnImage when `data`
-        is not a whole image PIL can decode."""
+        is not a whole image PIL can decode, TooManyPixels (before decoding) when its header declares
+        more than `max_pixels` pixels or more than PIL's own limit (``Image.MAX_IMAGE_PIXELS``)."""
+
+        from torchvision.transforms import v2
+
+        from trainer.data.badfiles import TOO_LARGE, BadImageError, load_rgb
+
+        def check_size(image: Image.Image) -> None:  # the header is read, nothing decoded yet
+            width, height = image.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise TooManyPixels(width, height, max_pixels)
+
         try:
-            image = load_rgb(name, data=data)
+            image = load_rgb(name, data=data, before_decode=check_size)
         except BadImageError as ex:
+            if ex.reason == TOO_LARGE:  # PIL's DecompressionBombError (Image.open's own header check)
+                raise TooManyPixels(None, None, None, ex.detail) from None
             detail = "PIL cannot identify it" if "cannot identify image file" in ex.detail else ex.detail
             raise NotAnImage(f"not a usable image: {ex.reason} ({detail})") from None
         if self.color == "L":
@@ -86,10 +118,13 @@ class Preprocessing:
         tensor = v2.functional.pil_to_tensor(image)
         tensor = self._resized(tensor)
         if self.center_crop is not None:
-            tensor = TF.center_crop(tensor, list(self.center_crop))
+            tensor = v2.functional.center_crop(tensor, list(self.center_crop))
         return tensor.numpy()
 
     def _resized(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torchvision.transforms import v2
+        from torchvision.transforms.v2 import functional as TF
+
         if self.interpolation == "bilinear":
             sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize)
             return TF.resize(tensor, sizes, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
