@@ -6,6 +6,7 @@ nothing left running; a tiny load run measures both servers."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 import os
@@ -31,7 +32,7 @@ from trainer.infra.processes import descendants, free_port
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-MAX_BYTES = 20_000
+MAX_BYTES = 200_000  # above the 140 KB decompression bomb, so that its pixels are what refuses it
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,27 @@ def _post(url: str, body: bytes, content_type: str | None) -> tuple[int, dict]:
         connection.close()
 
 
+def _get(url: str, accept: str | None = None) -> tuple[str, str]:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return answer.headers["Content-Type"], answer.read().decode()
+
+
+def bomb_png(width: int = 12000, height: int = 12000) -> bytes:
+    """A real decompression bomb: a valid greyscale PNG of width x height zeros, 140 KB at 12000 x 12000
+    (144 megapixels: 3.4 s and 144 MB to decode here)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer, row = zlib.compressobj(9), b"\0" * (width + 1)  # each row: filter byte 0, then its pixels
+    data = b"".join(packer.compress(row * min(1000, height - top)) for top in range(0, height, 1000)) + packer.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+
+
 def test_health_and_real_digits_are_classified(server, samples, digits_run):
     """The test digits, posted one by one as PNG files, get the class the exported model gives the
     run's own test tensors (so the server's preprocessing is training's), and their labels as often as
@@ -100,7 +122,7 @@ def test_bad_requests_are_a_one_line_4xx_and_the_server_keeps_serving(server, sa
         (b"%PDF-1.4 not an image", "image/png", 400, "not a usable image"),
         (good[: len(good) // 2], "image/png", 400, "truncated or corrupt"),
         (b"", "image/jpeg", 400, "empty body"),
-        (good, "text/plain", 415, "'text/plain' is not an image"),
+        (good, "text/plain", 415, "'text/plain' is read as a data URL"),
         (good, None, 415, "'none' is not an image"),
         (b"\x89PNG" + bytes(MAX_BYTES), "image/png", 413, "over the limit"),
     ]
@@ -141,7 +163,7 @@ def test_the_api_is_documented_and_counted(server, samples):
     assert api["info"]["title"] == "gpu-practice-trainer image classifier"
     assert api["info"]["version"] == version("gpu-practice-trainer")
     predict = api["paths"]["/predict"]["post"]
-    assert set(predict["requestBody"]["content"]) == {"image/jpeg", "image/png", "application/json"}
+    assert set(predict["requestBody"]["content"]) == {"image/jpeg", "image/png", "application/json", "text/plain"}
     answer_schema = predict["responses"]["200"]["content"]["application/json"]["schema"]
     assert answer_schema["$ref"].endswith("/Prediction") and "/metrics" in api["paths"]
     _post(server.url + "/predict", samples[2].body, samples[2].content_type)
@@ -150,9 +172,81 @@ def test_the_api_is_documented_and_counted(server, samples):
         assert answer.headers["Content-Type"].startswith("text/plain")
         text = answer.read().decode()
     counts = {line.split("{")[1].split("}")[0]: float(line.split()[-1]) for line in text.splitlines()
-              if line.startswith("predict_requests_total{")}
+              if line.startswith("trainer_serve_predict_requests_total{")}
     assert counts['status="200"'] >= 1 and counts['status="400"'] >= 1
-    assert "predict_latency_seconds_bucket" in text and "predict_batch_size_count" in text
+    assert "trainer_serve_predict_latency_seconds_bucket" in text and "trainer_serve_predict_batch_size_count" in text
+
+
+def test_the_openapi_declares_every_answer_and_k(server):
+    """/predict's refusals (400, 413, 415, 422) are declared with their one-line `detail`, `?k=` as an
+    integer query parameter, and a data URL as a text/plain body."""
+    _, text = _get(server.url + "/openapi.json")
+    api = json.loads(text)
+    predict = api["paths"]["/predict"]["post"]
+    for status in ("400", "413", "415", "422"):
+        schema = predict["responses"][status]["content"]["application/json"]["schema"]
+        assert schema["$ref"].endswith("/ErrorDetail"), status
+    assert api["components"]["schemas"]["ErrorDetail"]["properties"]["detail"]["type"] == "string"
+    (k,) = [p for p in predict["parameters"] if p["name"] == "k"]
+    assert k["in"] == "query" and k["schema"] == {"type": "integer", "minimum": 1}
+    assert "text/plain" in predict["requestBody"]["content"]
+
+
+def test_info_states_the_limits_the_server_applies(server):
+    """/info says --max-bytes (LitServe's own said max_payload_size null) and --max-pixels."""
+    _, text = _get(server.url + "/info")
+    limits = json.loads(text)["server"]
+    assert limits["max_payload_size"] == MAX_BYTES and limits["max_body_bytes"]["image"] == MAX_BYTES
+    assert limits["max_pixels"] == 40_000_000 and limits["max_batch_size"] == 16 and limits["top_k"] == 5
+
+
+def test_a_data_url_is_classified_like_the_file_and_a_malformed_one_is_a_one_line_400(server, samples):
+    """What a browser's FileReader.readAsDataURL makes, sent as text/plain, as the JSON body or inside
+    it: the raw file's answer; base64 that is not strictly valid, or a data URL of another type, is
+    refused in one line."""
+    sample = samples[3]
+    _, raw = _post(server.url + "/predict?k=3", sample.body, sample.content_type)
+    url = f"data:image/png;base64,{base64.b64encode(sample.body).decode()}"
+    for body, content_type in [(url, "text/plain;charset=UTF-8"), (url + "\n", "text/plain"),
+                               (url, "application/json"), (json.dumps(url), "application/json"),
+                               (json.dumps({"image": url}), "application/json")]:
+        status, answer = _post(server.url + "/predict?k=3", body.encode(), content_type)
+        assert status == 200 and answer["top_k"] == raw["top_k"], (body[:40], content_type, answer)
+    for body, status, says in [(url[:-3] + "!==", 400, "not valid base64"),
+                               (url.replace(";base64", ""), 400, "not base64"),
+                               (url.replace("image/png", "image/gif"), 415, "'image/gif'")]:
+        got, answer = _post(server.url + "/predict", body.encode(), "text/plain")
+        assert got == status and says in answer["detail"] and "\n" not in answer["detail"], (got, answer)
+
+
+def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(server, samples):
+    """A 140 KB PNG of 144 megapixels (3.4 s to decode here): 413 naming its size and the limit,
+    answered well before a decode could have finished; the server then serves on."""
+    bomb = bomb_png()
+    assert len(bomb) < MAX_BYTES
+    started = time.perf_counter()
+    status, answer = _post(server.url + "/predict", bomb, "image/png")
+    elapsed = time.perf_counter() - started
+    assert status == 413 and "12,000 x 12,000 = 144,000,000 pixels" in answer["detail"], answer
+    assert "limit of 40,000,000 pixels (--max-pixels)" in answer["detail"] and "\n" not in answer["detail"]
+    assert elapsed < 1.5, elapsed
+    status, answer = _post(server.url + "/predict", samples[0].body, "image/png")
+    assert status == 200
+
+
+def test_metrics_negotiate_openmetrics_and_include_the_processes(server):
+    """/metrics answers OpenMetrics when the Accept header asks for it, Prometheus' text otherwise; it
+    has the HTTP process's own process_* and the memory of each of the server's processes."""
+    content_type, text = _get(server.url + "/metrics", "application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and text.rstrip().endswith("# EOF")
+    assert "trainer_serve_predict_requests_total" in text
+    content_type, text = _get(server.url + "/metrics")
+    assert content_type.startswith("text/plain") and "# EOF" not in text
+    assert float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("process_resident_memory_bytes"))) > 10e6
+    roles = {line.split('role="')[1].split('"')[0]: float(line.split()[-1]) for line in text.splitlines()
+             if line.startswith("trainer_serve_process_proportional_memory_bytes{")}
+    assert {"main", "queue_manager", "inference_worker", "http"} <= set(roles) and min(roles.values()) > 1e6
 
 
 def test_concurrent_requests_are_served_in_batches(server, samples):

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
+from trainer.deploy import (DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BYTES,
+                            DEFAULT_MAX_PIXELS)
 from trainer.infra.errors import UserError, one_line_on_user_error
 from trainer.infra.extras import require
 
@@ -38,7 +39,12 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy
     serve.add_argument("--host", choices=("127.0.0.1", "0.0.0.0", "::"), default="127.0.0.1",
                        help="default 127.0.0.1 (loopback only)")
     serve.add_argument("--top-k", type=int, default=5, help="classes per answer unless the request says ?k=N")
-    serve.add_argument("--max-bytes", type=int, default=10 * 1024 * 1024, help="largest image body accepted (413 above)")
+    serve.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
+                       help=f"largest image accepted, in bytes (413 above; default {DEFAULT_MAX_BYTES:,}; base64 in "
+                            "JSON or a data URL may take a third more)")
+    serve.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                       help=f"largest image accepted, in pixels, read from its header before decoding (413 above; "
+                            f"default {DEFAULT_MAX_PIXELS:,})")
     serve.add_argument("--runtime", choices=("auto", "onnxruntime", "torch"), default="auto",
                        help="auto: ONNX Runtime on the CPU, the torch.export program on CUDA")
     load = commands.add_parser("load", help="QPS and P50/P99 of the server at several concurrencies, batching on "
@@ -65,10 +71,10 @@ def _run(args: argparse.Namespace) -> list[str]:
     if args.command == "serve":
         from trainer.deploy.serve import serve
 
-        _positive(args, "port", "max_batch_size", "top_k", "max_bytes")
+        _positive(args, "port", "max_batch_size", "top_k", "max_bytes", "max_pixels")
         serve(args.source, port=args.port, host=args.host, max_batch_size=args.max_batch_size,
               batch_timeout_ms=args.batch_timeout_ms, top_k=args.top_k, max_bytes=args.max_bytes,
-              runtime=args.runtime, device=args.device)
+              max_pixels=args.max_pixels, runtime=args.runtime, device=args.device)
         return []
     if args.command == "load":
         from trainer.deploy.load import load_run

@@ -6,12 +6,15 @@ non-form body as JSON (LitServe #732), so the handler is ours, and the image is 
 in the HTTP process, before queueing: a bad one is a 4xx for its request alone (in LitServe's batched
 loop one failing ``decode_request`` fails its whole batch); the worker gets uint8 pixels and normalizes
 whole batches. SIGTERM takes LitServe's Ctrl+C path: LitServe installs no handler, and the process
-would die leaving its queue manager's children behind."""
+would die leaving its queue manager's children behind. LitServe's ``/info`` is replaced (it reports
+its own unused ``max_payload_size``, not this server's limits), and ``/metrics`` is ours (LitServe
+has none without its Prometheus logger, which counts in the inference worker)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import json
 import os
 import signal
@@ -28,20 +31,29 @@ from fastapi import HTTPException, Request, Response
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.loops.simple_loops import BatchedLoop
 from litserve.server import RegularRequestHandler
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from fastapi.responses import JSONResponse
+from PIL import Image
+from prometheus_client import (CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector,
+                               ProcessCollector)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
-from trainer.deploy.export import export_folder, load_card
-from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing
+from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
+from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing, TooManyPixels
+from trainer.infra.processes import descendants
 from trainer.infra.errors import UserError
 from trainer.infra.versions import project_version
 
 CONTENT_TYPES = ("image/jpeg", "image/png")
 JSON_TYPE = "application/json"
-DEFAULT_MAX_BYTES = 10 * 1024 * 1024
+TEXT_TYPE = "text/plain"  # what a browser's fetch() sends a string as: here, a data URL
+#: a data URL's media type: what FileReader.readAsDataURL writes for a JPEG, a PNG, or a file it cannot type
+DATA_URL_TYPES = (*CONTENT_TYPES, "", "application/octet-stream")
 API_PATH = "/predict"
 METRICS_PATH = "/metrics"
+INFO_PATH = "/info"
+METRICS_NAMESPACE = "trainer_serve"
 TITLE = "gpu-practice-trainer image classifier"
 
 
@@ -49,7 +61,8 @@ TITLE = "gpu-practice-trainer image classifier"
 class ImageJSON(BaseModel):
     """The JSON body of /predict: the image's file bytes (JPEG or PNG), base64-encoded."""
 
-    image: str = Field(description="the JPEG or PNG file, base64-encoded (standard alphabet)")
+    image: str = Field(description="the JPEG or PNG file, base64-encoded (standard alphabet), or as a data URL "
+                                   "(data:image/png;base64,...)")
     k: Optional[int] = Field(None, ge=1, description="how many classes to answer (default: the server's --top-k)")
 
 
@@ -68,27 +81,92 @@ class Prediction(BaseModel):
     batch: int = Field(description="the size of the batch this request was served in")
 
 
-def _request_body_schema(max_bytes: int) -> dict[str, Any]:
-    """The OpenAPI requestBody of /predict: an image file as the body, or `ImageJSON`."""
+class ErrorDetail(BaseModel):
+    """A refused request: one line saying what was wrong and what is allowed."""
+
+    detail: str = Field(description="one line: what was wrong with the request and what is allowed")
+
+
+#: /predict's refusals, for /openapi.json (one line in `detail` each; see docs/deploy.md)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorDetail, "description": "not a usable image (not JPEG or PNG, truncated, corrupt), an empty "
+                                               "body, JSON that is not JSON, base64 or a data URL that is malformed"},
+    413: {"model": ErrorDetail, "description": "over a limit: the body or the image's bytes over --max-bytes, or "
+                                               "the image's pixels (from its header, before decoding) over "
+                                               "--max-pixels"},
+    415: {"model": ErrorDetail, "description": "a Content-Type other than image/jpeg, image/png, application/json or "
+                                               "text/plain (a data URL), or a data URL of another media type"},
+    422: {"model": ErrorDetail, "description": "k is not a positive integer, or the JSON has no \"image\" string"},
+    504: {"model": ErrorDetail, "description": "the inference worker did not answer within 30 s"},
+}
+
+
+def encoded_limit(max_bytes: int) -> int:
+    """The largest body read when the image comes base64-encoded (JSON, a data URL): its base64 length
+    plus 1 KiB for the JSON's or the data URL's header."""
+    return (max_bytes + 2) // 3 * 4 + 1024
+
+
+def _openapi_extra(max_bytes: int) -> dict[str, Any]:
+    """/predict's requestBody (an image file as the body, `ImageJSON`, or a data URL as text) and its
+    `k` query parameter: FastAPI sees neither in the raw Request the handler takes."""
     binary = {"schema": {"type": "string", "format": "binary", "maxLength": max_bytes}}
-    return {"requestBody": {"required": True, "content": {
-        **{kind: binary for kind in CONTENT_TYPES}, JSON_TYPE: {"schema": ImageJSON.model_json_schema()}}}}
+    data_url = {"schema": {"type": "string", "pattern": "^data:(image/(png|jpeg))?(;[^,]*)?;base64,",
+                           "maxLength": encoded_limit(max_bytes),
+                           "description": "a data URL, as a browser's FileReader.readAsDataURL makes it"}}
+    k = {"name": "k", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1},
+         "description": "how many classes to answer (default: the server's --top-k; JSON's \"k\" wins)"}
+    return {"parameters": [k], "requestBody": {"required": True, "content": {
+        **{kind: binary for kind in CONTENT_TYPES}, JSON_TYPE: {"schema": ImageJSON.model_json_schema()},
+        TEXT_TYPE: data_url}}}
+
+
+def image_from_data_url(text: str) -> bytes:
+    """The file bytes of a base64 data URL (``data:image/png;base64,...``, RFC 2397); HTTPException 400
+    when it is malformed or not base64 (checked strictly: standard alphabet, padded), 415 when its
+    media type is not a JPEG or PNG. The size limit is the caller's, on the bytes returned."""
+    header, comma, payload = text.strip().partition(",")
+    if not header[:5].lower() == "data:" or not comma:
+        raise HTTPException(400, "not a data URL (no ',' after its header); allowed: data:image/png;base64,<base64>")
+    media, *parameters = [part.strip().lower() for part in header[5:].split(";")]
+    if "base64" not in parameters:
+        raise HTTPException(400, "the data URL is not base64 (no ';base64' in its header); allowed: "
+                                 "data:image/png;base64,<base64>, or POST the image's bytes as image/png")
+    if media not in DATA_URL_TYPES:
+        raise HTTPException(415, f"the data URL is of '{media}', not an image this server reads; allowed: "
+                                 f"{', '.join(CONTENT_TYPES)}")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise HTTPException(400, "the data URL's data is not valid base64 (standard alphabet, padded, no "
+                                 "whitespace)") from None
+
+
+def _is_data_url(body: bytes) -> bool:
+    return body.lstrip()[:5].lower() == b"data:"
 
 
 class ServerMetrics:
     """What `GET /metrics` tells Prometheus, counted in the HTTP process (where every request passes):
-    requests by status code, their latency from arrival to answer, and the batch each was served in."""
+    requests by status code, their latency from arrival to answer, and the batch each was served in,
+    under the ``trainer_serve_`` namespace; the HTTP process's own ``process_*`` (CPU, memory, open
+    files), ``python_gc_*`` and ``python_info``; and the memory of each of the server's processes."""
 
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry()  # the server's own: a second server in a process starts at 0
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.registry.register(ServerMemoryCollector())
         self.requests = Counter("predict_requests", "requests to /predict, by HTTP status", ["status"],
-                                registry=self.registry)
+                                namespace=METRICS_NAMESPACE, registry=self.registry)
         self.latency = Histogram("predict_latency_seconds", "time from a request's arrival to its answer",
-                                 registry=self.registry,
+                                 namespace=METRICS_NAMESPACE, registry=self.registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
         sizes = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} & set(range(1, max_batch_size + 1)) | {max_batch_size})
         self.batch = Histogram("predict_batch_size", "the size of the batch each answered request was in",
-                               registry=self.registry, buckets=tuple(float(size) for size in sizes))
+                               namespace=METRICS_NAMESPACE, registry=self.registry,
+                               buckets=tuple(float(size) for size in sizes))
 
     def observe(self, status: int, seconds: float, batch: Optional[int] = None) -> None:
         self.requests.labels(status=str(status)).inc()
@@ -96,12 +174,83 @@ class ServerMetrics:
         if batch is not None:
             self.batch.observe(batch)
 
-    def exposition(self) -> Response:
-        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+    def exposition(self, request: Request) -> Response:
+        """Prometheus' text format, or OpenMetrics when the Accept header asks for it (prometheus-client's
+        own negotiation, as its HTTP server does)."""
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(self.registry), headers={"Content-Type": content_type})
+
+
+def server_processes(main_pid: int) -> dict[int, str]:
+    """The server's processes by role: ``main`` (LitServer.run, waiting for the end), ``queue_manager``
+    (multiprocessing's Manager: the request queue and the workers' status), ``inference_worker``
+    (spawned: a fresh interpreter with the model), ``http`` (uvicorn, forked from main) and
+    ``resource_tracker`` (multiprocessing's, started with the first spawned process). The two forked
+    ones share main's command line; LitServer.run starts the manager before the worker and the HTTP
+    server after it, so the start time tells them apart."""
+    roles = {main_pid: "main"}
+    forked: list[tuple[int, int]] = []
+    worker_started: Optional[int] = None
+    for pid in descendants(main_pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        except OSError:
+            continue  # gone meanwhile
+        if b"resource_tracker" in command:
+            roles[pid] = "resource_tracker"
+        elif b"spawn_main" in command:
+            roles[pid] = "inference_worker"
+            worker_started = started if worker_started is None else min(worker_started, started)
+        else:
+            forked.append((started, pid))
+    for started, pid in forked:
+        roles[pid] = "queue_manager" if worker_started is not None and started < worker_started else "http"
+    return roles
+
+
+def memory_bytes(pid: int) -> tuple[int, int, int]:
+    """(RSS, PSS, USS) of a process from /proc/PID/smaps_rollup. PSS divides each shared page among
+    the processes sharing it: the forked processes share most of main's pages, so RSS summed over them
+    counts those pages several times, PSS summed once. USS, its private pages, is what ending it frees."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, _, value = line.partition(":")
+        fields[name] = int(value.split()[0]) * 1024 if value.split() else 0
+    return fields.get("Rss", 0), fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+
+
+class ServerMemoryCollector:
+    """``trainer_serve_process_resident_memory_bytes`` and ``..._proportional_memory_bytes`` of each of
+    the server's processes, by role (`server_processes`), read from /proc at each scrape. Runs in the
+    HTTP process, whose parent is main; where /proc cannot be read (not Linux), nothing."""
+
+    def collect(self) -> Any:
+        rss = GaugeMetricFamily(f"{METRICS_NAMESPACE}_process_resident_memory_bytes",
+                                "resident memory (RSS) of each of the server's processes; shared pages are "
+                                "counted in each", labels=["role", "pid"])
+        pss = GaugeMetricFamily(f"{METRICS_NAMESPACE}_process_proportional_memory_bytes",
+                                "proportional memory (PSS) of each of the server's processes: shared pages "
+                                "divided among their sharers, so the sum is the server's memory", labels=["role", "pid"])
+        try:
+            roles = server_processes(os.getppid())
+        except OSError:
+            roles = {}
+        for pid, role in roles.items():
+            try:
+                resident, proportional, _ = memory_bytes(pid)
+            except OSError:
+                continue
+            rss.add_metric([role, str(pid)], resident)
+            pss.add_metric([role, str(pid)], proportional)
+        yield rss
+        yield pss
 
 
 # -- the model files ------------------------------------------------------------------------------------
 def read_card(folder: Path) -> tuple[dict[str, Any], Preprocessing]:
+    from trainer.deploy.export import load_card  # see ClassifierAPI: not in the inference worker
+
     card = load_card(folder / "model.json")
     if card.get("task") == "language_model":
         raise UserError(str(folder / "model.json"), "is a language model: this server answers images with classes",
@@ -188,24 +337,28 @@ class WaitingBatchLoop(BatchedLoop):
 
 class ClassifierAPI(ls.LitAPI):
     """Runs in LitServe's inference worker process: a request is already checked, decoded uint8 pixels
-    (see `ImageRequestHandler`); batches are normalized and classified together."""
+    (see `ImageRequestHandler`); batches are normalized and classified together.
 
-    def __init__(self, folder: Path, runtime: str, top_k: int, max_batch_size: int, batch_timeout: float) -> None:
+    The worker is a fresh interpreter (spawned) that imports this module: the card is read by the main
+    process and travels with this object, so that the worker never imports the exporter (which brings
+    Lightning, about 100 MB per interpreter); see docs/deploy.md, "Processes and memory"."""
+
+    def __init__(self, folder: Path, card: dict[str, Any], preprocessing: Preprocessing, runtime: str, top_k: int,
+                 max_batch_size: int, batch_timeout: float) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, api_path=API_PATH,
                          loop=WaitingBatchLoop() if max_batch_size > 1 else "auto")
         self.folder, self.runtime_kind, self.top_k = Path(folder), runtime, top_k
+        self.classes, self.preprocessing = [str(c) for c in card["classes"]], preprocessing
 
     def setup(self, device: str) -> None:
-        card, preprocessing = read_card(self.folder)
-        self.classes = [str(c) for c in card["classes"]]
         self.device = torch.device(device)
-        self.normalize = Normalizer(preprocessing, self.device)
+        self.normalize = Normalizer(self.preprocessing, self.device)
         self.model = Runtime(self.folder, runtime_for(self.device, self.runtime_kind), self.device)
         if self.model.kind == "onnxruntime":
             # PyTorch is left only the normalization and softmax of small batches; its thread pool
             # would spin between them on the cores ONNX Runtime and the HTTP process use.
             torch.set_num_threads(1)
-        self._warm_up(preprocessing)
+        self._warm_up(self.preprocessing)
 
     def _warm_up(self, preprocessing: Preprocessing) -> None:
         """Every batch size the batcher can form, once, before /health says ready: ONNX Runtime and
@@ -242,26 +395,36 @@ class ImageRequestHandler(RegularRequestHandler):
     def __init__(self, lit_api: ls.LitAPI, server: "ImageServer") -> None:
         super().__init__(lit_api, server)
         self.preprocessing = server.preprocessing
-        self.max_bytes = server.max_bytes
+        self.max_bytes, self.max_pixels = server.max_bytes, server.max_pixels
         self.default_k = server.default_k
 
     async def _prepare_request(self, request: Request, request_type: Any) -> dict[str, Any]:
         content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if content_type not in (*CONTENT_TYPES, JSON_TYPE):
+        if content_type not in (*CONTENT_TYPES, JSON_TYPE, TEXT_TYPE):
             raise HTTPException(415, f"Content-Type '{content_type or 'none'}' is not an image; allowed: "
-                                     f"{', '.join(CONTENT_TYPES)} with the image's bytes as the body, or "
-                                     f"{JSON_TYPE} with the image base64-encoded as \"image\"")
-        is_json = content_type == JSON_TYPE
-        body = bytes(await self._body(request, self.max_bytes * 4 // 3 + 1024 if is_json else self.max_bytes))
+                                     f"{', '.join(CONTENT_TYPES)} with the image's bytes as the body, "
+                                     f"{JSON_TYPE} with the image base64-encoded as \"image\", or {TEXT_TYPE} "
+                                     "with a data URL (data:image/png;base64,...)")
+        encoded = content_type in (JSON_TYPE, TEXT_TYPE)
+        body = bytes(await self._body(request, encoded_limit(self.max_bytes) if encoded else self.max_bytes))
         k = self._k(request.query_params.get("k"))
-        if is_json:
+        if _is_data_url(body):  # whatever the Content-Type: a browser's fetch() sends a string as text/plain
+            body = image_from_data_url(body.decode("latin-1"))
+        elif content_type == JSON_TYPE:
             body, k = self._from_json(body, k)
+        elif content_type == TEXT_TYPE:
+            raise HTTPException(415, f"Content-Type '{TEXT_TYPE}' is read as a data URL (data:image/png;base64,...) "
+                                     "and this body is not one; allowed: the image's bytes as image/jpeg or "
+                                     "image/png, or a data URL")
         if not body:
             raise HTTPException(400, "empty body; allowed: the bytes of a JPEG or PNG image")
         if len(body) > self.max_bytes:
-            raise HTTPException(413, f"image of {len(body):,} bytes is over the limit of {self.max_bytes:,}")
+            raise HTTPException(413, f"image of {len(body):,} bytes is over the limit of {self.max_bytes:,} "
+                                     "(--max-bytes)")
         try:
-            pixels = self.preprocessing.pixels(body)
+            pixels = self.preprocessing.pixels(body, max_pixels=self.max_pixels)
+        except TooManyPixels as ex:
+            raise HTTPException(413, f"{ex} (--max-pixels); checked before decoding: send a smaller image") from None
         except NotAnImage as ex:
             raise HTTPException(400, str(ex)) from None
         return {"pixels": pixels, "k": k}
@@ -279,20 +442,26 @@ class ImageRequestHandler(RegularRequestHandler):
         return body
 
     def _from_json(self, body: bytes, k: int) -> tuple[bytes, int]:
-        """The image and k of a JSON body (`ImageJSON`; LitServe's client sends ``input``)."""
+        """The image and k of a JSON body (`ImageJSON`; LitServe's client sends ``input``); the image
+        base64 or a data URL, and a JSON string alone is the image too."""
         try:
             data = json.loads(body)
         except ValueError:
             raise HTTPException(400, "the body is not JSON; allowed: {\"image\": \"<base64 of a JPEG or "
                                      "PNG>\"}") from None
+        if isinstance(data, str):
+            data = {"image": data}
         encoded = data.get("image", data.get("input")) if isinstance(data, dict) else None
         if not isinstance(encoded, str):
             raise HTTPException(422, "the JSON has no \"image\" string; allowed: {\"image\": \"<base64 of a "
                                      "JPEG or PNG>\", \"k\": 3}")
-        try:
-            image = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise HTTPException(400, "\"image\" is not valid base64 (standard alphabet, padded)") from None
+        if encoded.lstrip()[:5].lower() == "data:":
+            image = image_from_data_url(encoded)
+        else:
+            try:
+                image = base64.b64decode(encoded, validate=True)
+            except (binascii.Error, ValueError):
+                raise HTTPException(400, "\"image\" is not valid base64 (standard alphabet, padded)") from None
         if "k" in data:
             k = self._k(str(data["k"]))
         return image, k
@@ -307,18 +476,39 @@ class ImageRequestHandler(RegularRequestHandler):
 
 class ImageServer(ls.LitServer):
     """LitServer whose predict endpoint is served by `ImageRequestHandler`, documented in /openapi.json
-    under the project's title and version, and counted for `GET /metrics`."""
+    under the project's title and version, counted for `GET /metrics`, with `GET /info` stating the
+    limits this server applies."""
 
     def __init__(self, api: ClassifierAPI, preprocessing: Preprocessing, max_bytes: int, default_k: int,
-                 **kwargs: Any) -> None:
+                 max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "", **kwargs: Any) -> None:
         self.preprocessing, self.max_bytes, self.default_k = preprocessing, max_bytes, default_k
+        self.max_pixels, self.runtime_kind = max_pixels, runtime
         self.metrics = ServerMetrics(api.max_batch_size)
-        super().__init__(api, **kwargs)
+        super().__init__(api, info_path=INFO_PATH, **kwargs)
         # LitServe names its FastAPI app after FastAPI itself ("FastAPI 0.1.0" in /docs).
         self.app.title, self.app.version = TITLE, project_version()
-        self.app.description = "Classifies an image with the exported model; POST /predict, GET /metrics."
+        self.app.description = "Classifies an image with the exported model; POST /predict, GET /metrics, GET /info."
         self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], include_in_schema=True,
-                               summary="Prometheus metrics: requests by status, latency, batch sizes")
+                               summary="Prometheus metrics: requests by status, latency, batch sizes, memory",
+                               response_class=Response)
+        # Replaces LitServe's /info: it reports its own max_payload_size (None: its size middleware is
+        # not used, the handler checks the body itself) and none of this server's limits.
+        self.app.router.routes = [route for route in self.app.router.routes
+                                  if getattr(route, "path", None) != INFO_PATH]
+        self.app.add_api_route(INFO_PATH, self.info, methods=["GET"], summary="The model and the server's limits")
+
+    def info(self) -> JSONResponse:
+        """LitServe's /info (the model, devices, workers, timeout), with this server's real limits."""
+        api = self.lit_api if isinstance(self.lit_api, ls.LitAPI) else None
+        return JSONResponse({"model": self.model_metadata, "server": {
+            "devices": self.devices, "workers_per_device": self.workers_per_device, "timeout": self.timeout,
+            "stream": {lit_api.api_path: lit_api.stream for lit_api in self.litapi_connector}, "track_requests": self.track_requests,
+            # LitServe's key, meaning the largest body: here the image's bytes (base64 may take a third more)
+            "max_payload_size": self.max_bytes,
+            "max_body_bytes": {"image": self.max_bytes, "base64": encoded_limit(self.max_bytes)},
+            "max_pixels": self.max_pixels, "top_k": self.default_k, "runtime": self.runtime_kind,
+            "max_batch_size": api.max_batch_size if api else None,
+            "batch_timeout_ms": api.batch_timeout * 1000 if api else None}})
 
     # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject): the
     # same route, our handler, the raw Request as its one parameter, its bodies and answer declared for
@@ -343,26 +533,38 @@ class ImageServer(ls.LitServer):
 
         self.app.add_api_route(lit_api.api_path, predict, methods=["POST"], response_model=Prediction,
                                response_model_by_alias=True, summary="Classify one image",
-                               openapi_extra=_request_body_schema(self.max_bytes))
+                               responses=ERROR_RESPONSES, openapi_extra=_openapi_extra(self.max_bytes))
 
 
 
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
           batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS, top_k: int = 5, max_bytes: int = DEFAULT_MAX_BYTES,
-          runtime: str = "auto", device: Optional[str] = None, log_level: str = "warning") -> None:
+          max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "auto", device: Optional[str] = None,
+          log_level: str = "warning") -> None:
     _check_port(host, port)
+    from trainer.deploy.export import export_folder
+
     folder = export_folder(source)
     card, preprocessing = read_card(folder)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    api = ClassifierAPI(folder, runtime_for(target, runtime), top_k, max_batch_size, batch_timeout_ms / 1000)
-    server = ImageServer(api, preprocessing, max_bytes, top_k, accelerator=target.type, devices=1,
-                         workers_per_device=1, timeout=30, model_metadata={"model": card.get("model"),
-                                                                          "classes": len(card["classes"])})
+    api = ClassifierAPI(folder, card, preprocessing, runtime_for(target, runtime), top_k, max_batch_size,
+                        batch_timeout_ms / 1000)
+    server = ImageServer(api, preprocessing, max_bytes, top_k, max_pixels=max_pixels, runtime=api.runtime_kind,
+                         accelerator=target.type, devices=1, workers_per_device=1, timeout=30,
+                         model_metadata={"model": card.get("model"), "classes": len(card["classes"])})
+    # The decoding path once here, in the main process: its imports (torchvision, PIL's plugins) are
+    # then shared with the HTTP process forked from it, instead of loaded by its first request.
+    preprocessing.pixels(_one_pixel_png())
+    # PIL's decompression-bomb check is replaced by --max-pixels, in this server's processes only: the
+    # same check on the header before decoding, but with the server's limit and a one-line 413 instead
+    # of PIL's warning on stderr from 89 MP and its error from 179 MP.
+    Image.MAX_IMAGE_PIXELS = None
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _interrupt)  # inherited by the processes LitServe forks: see _interrupt
     print(f"serving {folder} on http://{host}:{port}{API_PATH} (max batch {max_batch_size}, batch timeout "
-          f"{batch_timeout_ms:g} ms, {api.runtime_kind} on {target}); /health is 200 once warmed up", flush=True)
+          f"{batch_timeout_ms:g} ms, {api.runtime_kind} on {target}; images up to {max_bytes:,} bytes and "
+          f"{max_pixels:,} pixels); /health is 200 once warmed up", flush=True)
     started = time.monotonic()
     try:
         server.run(host=host, port=port, num_api_servers=1, log_level=log_level, generate_client_file=False)
@@ -372,6 +574,12 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
         raise UserError(str(folder), "the inference worker could not load and warm up the model (its error is "
                         "above)", "an export folder written by export, with model.onnx or model.pt2") from None
     print(f"stopped after {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _one_pixel_png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (1, 1)).save(buffer, "PNG")
+    return buffer.getvalue()
 
 
 def _check_port(host: str, port: int) -> None:

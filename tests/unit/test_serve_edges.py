@@ -1,0 +1,79 @@
+"""The pure pieces of the HTTP server (trainer/deploy/serve.py): data URLs decoded strictly, the body
+limit for base64, /predict's OpenAPI additions and /metrics' content negotiation and names."""
+
+import base64
+import io
+
+import pytest
+from fastapi import HTTPException
+from PIL import Image
+from starlette.requests import Request
+
+from trainer.deploy.serve import (ERROR_RESPONSES, ServerMetrics, _openapi_extra, encoded_limit,
+                                  image_from_data_url)
+
+
+def _png() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (5, 3), 7).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def test_a_data_url_gives_the_file_bytes():
+    png = _png()
+    encoded = base64.b64encode(png).decode()
+    for url in (f"data:image/png;base64,{encoded}", f" DATA:image/PNG;charset=x;BASE64,{encoded}\n",
+                f"data:;base64,{encoded}", f"data:application/octet-stream;base64,{encoded}"):
+        assert image_from_data_url(url) == png, url
+
+
+@pytest.mark.parametrize("url,status,says", [
+    ("data:image/png;base64,iVBOR w0K", 400, "not valid base64"),   # whitespace inside
+    ("data:image/png;base64,iVBORw0", 400, "not valid base64"),      # unpadded
+    ("data:image/png;base64,iVBO-w0K", 400, "not valid base64"),     # URL-safe alphabet
+    ("data:image/png,%89PNG", 400, "not base64"),
+    ("data:image/png;base64", 400, "not a data URL"),
+    ("data:image/webp;base64,AAAA", 415, "'image/webp'"),
+])
+def test_a_malformed_data_url_is_a_one_line_refusal(url, status, says):
+    with pytest.raises(HTTPException) as caught:
+        image_from_data_url(url)
+    assert caught.value.status_code == status and says in caught.value.detail
+    assert "\n" not in caught.value.detail
+
+
+def test_the_base64_body_limit_fits_an_image_at_the_byte_limit_in_a_data_url_or_json():
+    for max_bytes in (1, 2, 3, 1000, 10 * 1024 * 1024):
+        encoded = base64.b64encode(bytes(max_bytes)).decode()
+        assert len(f'{{"image": "data:image/jpeg;base64,{encoded}", "k": 1000}}') <= encoded_limit(max_bytes)
+
+
+def test_the_openapi_additions_declare_k_every_refusal_and_the_data_url_body():
+    extra = _openapi_extra(1000)
+    assert extra["parameters"][0]["name"] == "k" and extra["parameters"][0]["in"] == "query"
+    assert set(extra["requestBody"]["content"]) == {"image/jpeg", "image/png", "application/json", "text/plain"}
+    assert {400, 413, 415, 422} <= set(ERROR_RESPONSES)
+
+
+def _request(accept: str | None) -> Request:
+    headers = [(b"accept", accept.encode())] if accept else []
+    return Request({"type": "http", "method": "GET", "path": "/metrics", "headers": headers})
+
+
+def test_metrics_negotiate_the_format_and_keep_their_meaning_under_a_namespace():
+    metrics = ServerMetrics(max_batch_size=8)
+    metrics.observe(200, 0.003, batch=2)
+    metrics.observe(400, 0.001)
+    plain = metrics.exposition(_request(None))
+    text = plain.body.decode()
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert 'trainer_serve_predict_requests_total{status="200"} 1.0' in text
+    assert 'trainer_serve_predict_requests_total{status="400"} 1.0' in text
+    assert "trainer_serve_predict_latency_seconds_count 2.0" in text
+    assert 'trainer_serve_predict_batch_size_bucket{le="2.0"} 1.0' in text  # only answered requests
+    assert "process_resident_memory_bytes" in text and "python_gc_collections_total" in text
+    assert "python_info" in text
+    open_metrics = metrics.exposition(_request("application/openmetrics-text; version=1.0.0, text/plain;q=0.5"))
+    assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert open_metrics.body.decode().rstrip().endswith("# EOF")
+    assert "trainer_serve_predict_requests_total" in open_metrics.body.decode()
