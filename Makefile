@@ -8,6 +8,9 @@ PYTEST_ARGS ?=
 # Each test module stays on one worker, so that its module fixtures are made once (--dist loadfile;
 # xdist's loadgroup does not group under pytest 9).
 JOBS ?= 2
+# A machine without a GPU (CI): TORCH_INDEX=https://download.pytorch.org/whl/cpu takes PyTorch's CPU build
+# from that index (its +cpu versions rank above PyPI's CUDA build of the same release): docs/install.md.
+TORCH_INDEX ?=
 
 .PHONY: train test test-quick lint install docs clean
 
@@ -33,7 +36,7 @@ docs: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -e ".[all,test]"
+	$(BIN)/python -m pip install -e ".[all,test]" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $@
 
 clean:
