@@ -90,3 +90,12 @@ def test_plain_progress_lines_and_no_bar_when_not_a_terminal(default_run):
     assert len(epoch_lines) == 10
     assert "\r" not in out  # a live bar redraws its line with carriage returns
     assert default_run.stderr.count("Traceback") == 0
+
+
+def test_one_flop_count_is_printed_the_plans(default_run):
+    # Lightning's model summary printed a FLOPs column of zeros and "Total FLOPs: 0" under the plan's
+    # count (it counts only with an example_input_array); the framework's summary leaves them out.
+    lines = default_run.stdout.splitlines()
+    assert len([line for line in lines if "model.flops_per_sample" in line]) == 1
+    assert [line for line in lines if "FLOPs" in line or "Total Flops" in line] == []
+    assert any("Total params" in line for line in lines)  # the rest of the summary is still there

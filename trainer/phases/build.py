@@ -16,11 +16,12 @@ from typing import Any, Sequence
 
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelSummary
 
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop
 from trainer.callbacks.logged_metrics import LoggedMetrics
+from trainer.callbacks.model_summary import model_summary
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.progress import LogStepRichProgressBar, PlainProgress
 from trainer.callbacks.rng import RNGState
@@ -134,6 +135,10 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
+    if _model_summary_wanted(spec.trainer, callbacks):
+        # Lightning's default summary less its FLOP count, which only knew of zero
+        # (trainer/callbacks/model_summary.py); the Trainer is told not to add its own.
+        callbacks.append(model_summary())
     target = None
     if spec.target.metric is not None:
         assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value
@@ -150,6 +155,13 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
         default_root_dir=str(run_dir),
     )
     return Built(trainer, checkpoint, losses, stopper, curves, meter, logged, target)
+
+
+def _model_summary_wanted(trainer: dict[str, Any], callbacks: Sequence[Callback]) -> bool:
+    """Lightning's rule for its default summary: unless switched off (`enable_model_summary`,
+    `barebones`) or a summary callback is given (the callbacks group's)."""
+    return (trainer.get("enable_model_summary") is not False and not trainer.get("barebones")
+            and not any(isinstance(callback, ModelSummary) for callback in callbacks))
 
 
 def _measuring(spec: RunSpec, plan: Plan, steps: int) -> tuple[RunSpec, Plan]:
@@ -173,7 +185,8 @@ def _trainer_arguments(spec: RunSpec, plan: Plan, clipping: GradientClipping) ->
     plugins = [*precision.pop("plugins", []), SafeCheckpointIO(), *arguments.pop("plugins", [])]
     if plan.slurm_environment:  # without auto-requeue: see trainer/groups/trainer.py slurm_environment
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    arguments.update(accelerator=plan.accelerator, plugins=plugins, benchmark=plan.cudnn_benchmark, **precision)
+    arguments.update(accelerator=plan.accelerator, plugins=plugins, benchmark=plan.cudnn_benchmark,
+                     enable_model_summary=False, **precision)  # the summary is build_trainer's callback
     if plan.communication.gradient_compression != "none":
         # The configured DDP strategy, made with the compression's hook (fresh for each Trainer).
         arguments["strategy"] = strategy_target(plan.communication, arguments.get("strategy", "auto"))
