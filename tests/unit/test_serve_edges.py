@@ -77,3 +77,17 @@ def test_metrics_negotiate_the_format_and_keep_their_meaning_under_a_namespace()
     assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
     assert open_metrics.body.decode().rstrip().endswith("# EOF")
     assert "trainer_serve_predict_requests_total" in open_metrics.body.decode()
+
+
+def test_batch_sizes_have_a_bucket_at_every_power_of_two_up_to_the_largest_batch():
+    """(From tests/unit/test_serve_metrics.py, which still reads the names from before the namespace.)"""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = ServerMetrics(max_batch_size=12)
+    metrics.observe(200, 0.004, batch=3)
+    metrics.observe(200, 0.02, batch=12)
+    text = metrics.exposition(_request(None)).body.decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    buckets = [s.labels["le"] for s in samples if s.name == "trainer_serve_predict_batch_size_bucket"]
+    assert buckets == ["1.0", "2.0", "4.0", "8.0", "12.0", "+Inf"]
+    assert ServerMetrics(max_batch_size=12).registry is not metrics.registry  # each server its own
