@@ -80,7 +80,7 @@ def test_metrics_negotiate_the_format_and_keep_their_meaning_under_a_namespace()
 
 
 def test_batch_sizes_have_a_bucket_at_every_power_of_two_up_to_the_largest_batch():
-    """(From tests/unit/test_serve_metrics.py, which still reads the names from before the namespace.)"""
+    """Each server has its own registry, so two servers in one process never share counts."""
     from prometheus_client.parser import text_string_to_metric_families
 
     metrics = ServerMetrics(max_batch_size=12)
