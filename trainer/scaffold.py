@@ -4,9 +4,12 @@ Two examples side by side. Classification: a recipe that builds on a shipped one
 own network and data module. Regression: a task of the team's own (a
 `trainer.tasks.protocol.TaskDefinition`), a tabular data module (scikit-learn's bundled diabetes
 table), an MLP and a recipe that picks them, with a test that trains it for real and checks that it
-beats predicting the mean. A test composes and checks every recipe of the folder. docs/install.md
-("A team's own folder") says how the folder is used, docs/tasks.md how a task is written. Compare
-torchtune's ``tune cp`` and the Lightning-Hydra template."""
+beats predicting the mean. A test composes and checks every recipe of the folder. The folder is a
+repository: a pyproject.toml that depends on the framework's minor series (and pytest for its tests),
+a .gitignore for the runs, and tests that use only the framework's public testing helpers
+(`trainer.testing`). docs/install.md ("A team's own folder") says how the folder is used,
+docs/tasks.md how a task is written. Compare torchtune's ``tune cp`` and the Lightning-Hydra
+template."""
 
 from __future__ import annotations
 
@@ -17,17 +20,29 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.infra.errors import UserError, exit_with
+from trainer.infra.versions import DISTRIBUTION, project_version
 
 README = """\
 # {package}: recipes and code for gpu-practice-trainer
 
+    pip install -e '.[test]'                              # this folder's package, the framework, pytest
     python -m trainer +recipe={package}_digits            # train the team's recipe (from this folder)
     python -m trainer +recipe={package}_digits --help     # every key, with its doc
     python -m trainer +recipe=diabetes_regression         # the team's own task: regression on a table
-    python -m pytest tests                                # check every recipe, train the regression one
+    python -m pytest                                      # check every recipe, train the regression one
+    python -m trainer.deploy export outputs/runs/DAY/TIME # ONNX, torch.export, model card (the deploy extra)
 
 From this folder, the framework finds `recipes/` and `conf/` here beside its own (elsewhere: put this
-folder in TRAINER_TEAM_DIRS), and imports `{package}/` for the `_target_` of the configs.
+folder in TRAINER_TEAM_DIRS), and imports `{package}/` for the `_target_` of the configs. A run records
+this folder (summary.json's `team_dirs`), so `python -m trainer.deploy export|serve|bench RUN` finds the
+team's network from any folder; if the folder has moved since, put its new place in TRAINER_TEAM_DIRS.
+
+- `pyproject.toml` declares the framework this folder was written for (`{requirement}`, its
+  minor series) and pytest (`pip install -e '.[test]'`; `.[deploy]` adds the exporters and the server).
+- `.gitignore` keeps the runs (`outputs/`) and caches out of the repository.
+- `tests/` use only `trainer.testing`, the framework's public helpers for a team's tests
+  (`check_recipe`, `compose_recipe`, `validate`, `team_recipes`, `train_recipe`), so a change inside
+  the framework does not break them.
 
 Two examples:
 
@@ -39,6 +54,51 @@ Two examples:
   (`{package}/tabular.py`, `conf/data/diabetes.yaml`) and an MLP (`{package}/models.py`,
   `conf/model/mlp.yaml`); `tests/test_regression.py` trains it. The framework's docs/tasks.md
   walks through it.
+"""
+
+PYPROJECT = """\
+# The team's repository: recipes (recipes/), config groups (conf/) and the package they name
+# ({package}/), with the framework as a dependency. `pip install -e '.[test]'`, then `python -m pytest`.
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{distribution}"
+version = "0.1.0"
+description = "{package}: recipes and code for gpu-practice-trainer"
+readme = "README.md"
+requires-python = ">=3.10"
+dependencies = [
+    # The framework's minor series this folder was written for (scaffolded with {version}): its
+    # configs, _target_ names and trainer.testing hold within it.
+    "{requirement}",
+]
+
+[project.optional-dependencies]
+test = ["pytest>=7"]
+# python -m trainer.deploy export|serve|bench|load: the exporters and the server
+deploy = ["{framework}[deploy]{specifier}"]
+
+[tool.setuptools.packages.find]
+include = ["{package}", "{package}.*"]
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+"""
+
+GITIGNORE = """\
+# Runs: python -m trainer writes under run.root (outputs/: runs/ and multirun/)
+outputs/
+multirun/
+lightning_logs/
+# Python and tools
+__pycache__/
+*.egg-info/
+build/
+dist/
+.venv/
+.pytest_cache/
 """
 
 RECIPE = """\
@@ -153,31 +213,21 @@ class NoisyDigits(DigitsDataModule):
 '''
 
 TEST = '''\
-"""Every recipe of this folder composes and passes the framework's checks (keys, types, targets)."""
+"""Every recipe of this folder composes and passes the framework's checks (keys, types, targets),
+through trainer.testing, the framework's public helpers for a team's tests."""
 
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from trainer import validate
-from trainer.configuration.hydra_setup import install
-from trainer.configuration.recipes import CONF_DIR
+from trainer.testing import check_recipe, team_recipes
 
 FOLDER = Path(__file__).resolve().parents[1]
-RECIPES = sorted(path.stem for path in (FOLDER / "recipes").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_the_recipe_composes_and_validates(recipe, monkeypatch):
-    monkeypatch.chdir(FOLDER)  # the team folder is found from the working directory
-    install()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=[f"+recipe={recipe}"])
-    container = OmegaConf.to_container(cfg, resolve=True)
-    container.pop("hydra", None)
-    validate(container)
+@pytest.mark.parametrize("recipe", team_recipes(FOLDER))
+def test_the_recipe_composes_and_validates(recipe):
+    check_recipe(recipe, team_dir=FOLDER)
 '''
 
 TASK_CONF = """\
@@ -366,10 +416,9 @@ TEST_REGRESSION = '''\
 """The regression example trains for real: after its few epochs on a CPU (seconds), the recipe's
 MLP predicts the validation split clearly better than the training mean does (R2 0)."""
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+
+from trainer.testing import train_recipe
 
 FOLDER = Path(__file__).resolve().parents[1]
 
@@ -379,15 +428,24 @@ MIN_R2 = 0.35
 
 
 def test_the_regression_recipe_beats_predicting_the_mean(tmp_path):
-    # As a person runs it from this folder; on the CPU, where MIN_R2 was measured.
-    command = [sys.executable, "-m", "trainer", "+recipe=diabetes_regression", "trainer.accelerator=cpu",
-               "progress=off", f"hydra.run.dir={{tmp_path}}"]
-    done = subprocess.run(command, cwd=FOLDER, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    # As a person runs it from this folder (python -m trainer); on the CPU, where MIN_R2 was measured.
+    summary = train_recipe("diabetes_regression", tmp_path, ["trainer.accelerator=cpu", "progress=off"],
+                           team_dir=FOLDER)
     assert summary["task"]["target"] == "{package}.tasks.Regression"
     assert summary["metrics"]["val"]["r2"] > MIN_R2, summary["metrics"]
 '''
+
+
+def framework_requirement(version: str) -> str:
+    """The framework as a dependency: the minor series of `version` for 0.x (``>=0.1,<0.2``: a 0.x
+    minor may change what a team's folder relies on), its major series from 1.0 (``>=1.2,<2``); the
+    bare name when the version is not known (a checkout that is not installed)."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        return DISTRIBUTION
+    major, minor = int(match.group(1)), int(match.group(2))
+    upper = f"0.{minor + 1}" if major == 0 else str(major + 1)
+    return f"{DISTRIBUTION}>={major}.{minor},<{upper}"
 
 
 def scaffold(folder: Path, package: Optional[str] = None) -> list[Path]:
@@ -398,8 +456,13 @@ def scaffold(folder: Path, package: Optional[str] = None) -> list[Path]:
     if folder.exists() and any(folder.iterdir()):
         raise UserError(str(folder), "is not empty; scaffold writes a new team folder",
                         "a new or empty folder")
+    requirement = framework_requirement(project_version())
+    values = {"package": package, "requirement": requirement, "framework": DISTRIBUTION,
+              "specifier": requirement[len(DISTRIBUTION):], "version": project_version(),
+              "distribution": re.sub(r"[^a-z0-9]+", "-", folder.resolve().name.lower()).strip("-") or package}
     files = {
-        "README.md": README, f"recipes/{package}_digits.yaml": RECIPE,
+        "README.md": README, "pyproject.toml": PYPROJECT, ".gitignore": GITIGNORE,
+        f"recipes/{package}_digits.yaml": RECIPE,
         f"conf/model/{package}_net.yaml": MODEL_CONF, f"conf/data/{package}_digits.yaml": DATA_CONF,
         f"{package}/__init__.py": INIT, f"{package}/models.py": MODELS, f"{package}/data.py": DATA,
         "tests/test_recipes.py": TEST,
@@ -411,7 +474,8 @@ def scaffold(folder: Path, package: Optional[str] = None) -> list[Path]:
     for relative, template in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(template.format(package=package) if "{package}" in template else template)
+        formatted = any("{" + key + "}" in template for key in values)
+        path.write_text(template.format(**values) if formatted else template)
         written.append(path)
     return written
 
@@ -427,4 +491,5 @@ def main(argv: list[str]) -> None:
         exit_with(ex.line())
     for path in written:
         print(path)
-    print(f"then: cd {args.folder} && python -m trainer +recipe={written[1].stem}", file=sys.stderr)
+    recipe = next(path.stem for path in written if path.parent.name == "recipes")
+    print(f"then: cd {args.folder} && pip install -e '.[test]' && python -m trainer +recipe={recipe}", file=sys.stderr)

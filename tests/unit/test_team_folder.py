@@ -1,17 +1,23 @@
 """A team's own folder (trainer/configuration/recipes.py, trainer/scaffold.py): found from the working
 directory or TRAINER_TEAM_DIRS without absolute paths in any config, never the shipped folders a
-checkout shows at its top; the scaffold writes a complete starter folder and refuses to overwrite.
+checkout shows at its top; the scaffold writes a complete starter folder (a repository: pyproject.toml,
+.gitignore, tests that use only trainer.testing) and refuses to overwrite. A run's recorded team
+folders put the team's package on sys.path for deploy.
 Its regression example (a task of the team's own, docs/tasks.md) trains through the framework with
 every practice applied, and what cannot apply to it is refused in one line. (The scaffolded
 folder's own tests run in tests/run/test_installed_wheel.py, against the installed wheel.)"""
 
 from __future__ import annotations
 
+import ast
+import sys
+
 import pytest
 
-from trainer.configuration.recipes import CONF_DIR, RECIPES_DIR, team_folders, team_search_path
+from trainer.configuration.recipes import CONF_DIR, RECIPES_DIR, import_team_folders, team_folders, team_search_path
 from trainer.infra.errors import UserError
-from trainer.scaffold import scaffold
+from trainer.infra.versions import project_version
+from trainer.scaffold import framework_requirement, scaffold
 from tests.helpers import REPO, train_forked
 
 
@@ -34,9 +40,9 @@ def test_a_checkout_is_not_a_team_folder():
 def test_the_scaffold_writes_a_recipe_groups_code_and_a_test(tmp_path):
     written = scaffold(tmp_path / "vision-team")
     names = sorted(str(path.relative_to(tmp_path / "vision-team")) for path in written)
-    assert names == ["README.md", "conf/data/diabetes.yaml", "conf/data/vision_team_digits.yaml",
+    assert names == [".gitignore", "README.md", "conf/data/diabetes.yaml", "conf/data/vision_team_digits.yaml",
                      "conf/model/mlp.yaml", "conf/model/vision_team_net.yaml", "conf/task/regression.yaml",
-                     "recipes/diabetes_regression.yaml", "recipes/vision_team_digits.yaml",
+                     "pyproject.toml", "recipes/diabetes_regression.yaml", "recipes/vision_team_digits.yaml",
                      "tests/test_recipes.py", "tests/test_regression.py", "vision_team/__init__.py",
                      "vision_team/data.py", "vision_team/models.py", "vision_team/tabular.py",
                      "vision_team/tasks.py"]
@@ -46,6 +52,68 @@ def test_the_scaffold_writes_a_recipe_groups_code_and_a_test(tmp_path):
         if path.suffix == ".py":
             compile(path.read_text(), str(path), "exec")
     assert "_target_: vision_team.tasks.Regression" in (tmp_path / "vision-team" / "conf/task/regression.yaml").read_text()
+
+
+def test_the_scaffold_writes_a_pyproject_that_depends_on_this_framework_series(tmp_path):
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
+    scaffold(tmp_path / "Vision Team")
+    project = tomllib.loads((tmp_path / "Vision Team" / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "vision-team"
+    [framework] = [Requirement(r) for r in project["project"]["dependencies"]]
+    assert framework.name == "gpu-practice-trainer"
+    assert framework.specifier.contains(project_version())  # the version it was scaffolded with
+    assert not framework.specifier.contains("1.0.0") and not framework.specifier.contains("0.0.9")
+    [pytest_requirement] = [Requirement(r) for r in project["project"]["optional-dependencies"]["test"]]
+    assert pytest_requirement.name == "pytest"
+    [deploy] = [Requirement(r) for r in project["project"]["optional-dependencies"]["deploy"]]
+    assert deploy.extras == {"deploy"} and deploy.specifier == framework.specifier
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["vision_team", "vision_team.*"]
+
+
+@pytest.mark.parametrize("version, requirement", [
+    ("0.1.0", "gpu-practice-trainer>=0.1,<0.2"), ("0.12.3.dev1", "gpu-practice-trainer>=0.12,<0.13"),
+    ("1.4.2", "gpu-practice-trainer>=1.4,<2"), ("not installed", "gpu-practice-trainer"),
+])
+def test_the_framework_requirement_is_its_minor_series_before_1_0_and_its_major_after(version, requirement):
+    assert framework_requirement(version) == requirement
+
+
+def test_the_scaffold_ignores_runs_and_caches(tmp_path):
+    scaffold(tmp_path / "team")
+    ignored = (tmp_path / "team" / ".gitignore").read_text().splitlines()
+    assert {"outputs/", "multirun/", "__pycache__/", ".venv/", "*.egg-info/"} <= set(ignored)
+
+
+def test_the_scaffolds_tests_import_only_the_public_testing_helpers(tmp_path):
+    """A team's tests survive a refactoring of the framework: of trainer they import trainer.testing
+    alone, and every name they take from it is public."""
+    import trainer.testing
+
+    scaffold(tmp_path / "team")
+    found = []
+    for path in sorted((tmp_path / "team" / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found += [(node.module, alias.name) for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(alias.name, None) for alias in node.names]
+    framework = [(module, name) for module, name in found if module == "trainer" or module.startswith("trainer.")]
+    assert framework and {module for module, _ in framework} == {"trainer.testing"}, framework
+    assert {name for _, name in framework} <= set(trainer.testing.__all__)
+
+
+def test_a_runs_recorded_team_folders_go_on_sys_path_after_the_present_ones(tmp_path, monkeypatch):
+    here, recorded, gone = tmp_path / "here", tmp_path / "recorded", tmp_path / "gone"
+    (here / "conf").mkdir(parents=True)
+    recorded.mkdir()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    folders = import_team_folders([str(recorded), str(gone), str(here)], cwd=here, environ={})
+    assert folders == [here, recorded]  # the working directory first, the one gone left out
+    assert sys.path[-2:] == [str(here), str(recorded)]
+    import_team_folders([str(recorded)], cwd=tmp_path, environ={"TRAINER_TEAM_DIRS": str(here)})
+    assert sys.path.count(str(here)) == 1  # never twice
 
 
 def test_the_scaffold_refuses_a_folder_in_use_and_a_bad_package_name(tmp_path):
