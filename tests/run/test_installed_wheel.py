@@ -1,31 +1,43 @@
 """The package installs and runs without a checkout: the wheel built from this repository carries the
 configs and recipes; installed into a fresh virtual environment, `python -m trainer` and the
 `gpu-practice-train` script answer --version and train a recipe from an empty folder elsewhere; a
-scaffolded team folder trains its own recipe, with its own network and data, and its tests pass (the
-one that trains its regression example, a task of its own, among them).
+scaffolded team folder installs as a package of its own (its pyproject.toml, offline), trains its own
+recipe, with its own network and data, its tests pass (the one that trains its regression example, a
+task of its own, among them), and its model is exported and served from another folder.
 
 The new environment borrows the libraries of the test's own (a path line, so that nothing is
 downloaded and torch is not installed twice); the project itself comes from the wheel alone."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
 import site
 import subprocess
 import sys
 import sysconfig
+import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from tests.helpers import REPO
+from trainer.configuration.recipes import TEAM_DIRS_VARIABLE
+from trainer.deploy.export import onnx_logits
+from trainer.infra.processes import free_port
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
 
-def _run(command: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def _run(command: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, f"{command}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
 
@@ -76,18 +88,88 @@ def test_an_installed_package_trains_a_recipe_in_an_empty_folder(installed, tmp_
     assert (summary.parent / "train.log").is_file()
 
 
-def test_a_scaffolded_team_folder_trains_its_own_recipe_and_passes_its_test(installed, tmp_path):
-    python = str(installed / "bin" / "python")
+def test_a_scaffolded_team_folder_installs_trains_tests_and_deploys_its_own_model(installed, tmp_path):
+    python, script = str(installed / "bin" / "python"), str(installed / "bin" / "gpu-practice-train")
     _run([python, "-m", "trainer", "scaffold", "vision-team"], tmp_path)
     team = tmp_path / "vision-team"
-    _run([str(installed / "bin" / "gpu-practice-train"), "+recipe=vision_team_digits", "trainer.max_epochs=1",
-          "trainer.limit_train_batches=4", "checkpointing=off", "progress=plain", "run.root=runs"], team)
-    [summary] = list((team / "runs").rglob("summary.json"))
-    recipe = json.loads(summary.read_text())["recipe"]
+    # Its pyproject.toml: the framework (the wheel's, installed) and pytest (borrowed) satisfy it
+    # offline; the team's package is installed editable beside the framework.
+    _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index", "--no-build-isolation",
+          "-e", ".[test]"], team)
+    where = _run([python, "-c", "import vision_team; print(vision_team.__file__)"], tmp_path).stdout
+    assert where.strip() == str(team / "vision_team" / "__init__.py")
+    _run([script, "+recipe=vision_team_digits", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+          "trainer.accelerator=cpu", "progress=plain", "run.root=runs"], team)
+    [summary_path] = list((team / "runs").rglob("summary.json"))
+    summary = json.loads(summary_path.read_text())
+    recipe = summary["recipe"]
     assert recipe["parent"] == "digits_quickstart"  # a team recipe on a shipped one
     assert recipe["differs_from_parent"]["model._target_"][1] == "vision_team.models.TeamNet"
     assert recipe["differs_from_parent"]["data._target_"][1] == "vision_team.data.NoisyDigits"
-    tests = _run([python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests"], team).stdout
+    assert summary["team_dirs"] == [str(team)]
+    tests = _run([python, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider"], team).stdout
     # The regression test trains diabetes_regression with the wheel's framework and checks its val/r2.
     assert "PASSED tests/test_regression.py::test_the_regression_recipe_beats_predicting_the_mean" in tests, tests
     assert "3 passed" in tests, tests
+    # Deployed from another folder, without TRAINER_TEAM_DIRS: the run's recorded team folder is used.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != TEAM_DIRS_VARIABLE}
+    run_dir = summary_path.parent
+    _run([script, "deploy", "export", str(run_dir)], elsewhere, env=env)
+    card = json.loads((run_dir / "export" / "model.json").read_text())
+    assert card["model"] == "vision_team.models.TeamNet"
+    assert max(card["checked"]["max_abs_diff"].values()) <= card["checked"]["bound"]
+    answer, png = _serve_one_digit([script, "deploy", "serve", str(run_dir)], elsewhere, env, tmp_path / "serve.log")
+    expected = torch.softmax(onnx_logits(run_dir / "export" / "model.onnx", _preprocessed(png, card)), 1)[0]
+    assert answer["top_k"][0]["index"] == int(expected.argmax())
+    assert answer["top_k"][0]["probability"] == pytest.approx(float(expected.max()), abs=1e-4)
+
+
+def _serve_one_digit(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[dict, bytes]:
+    """Start the server on a free port, POST one of scikit-learn's digits as a PNG to /predict, stop
+    the server by its pid; (the answer, the PNG)."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    picture = Image.fromarray((load_digits().images[0] * 255 / 16).round().astype(np.uint8), "L")
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    port = free_port()
+    with open(log, "wb") as out:
+        server = subprocess.Popen([*command, "--port", str(port)], cwd=cwd, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, f"serve stopped ({server.returncode}): {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"serve not ready: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as health:
+                    if health.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.25)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/predict", data=buffer.getvalue(),
+                                         headers={"Content-Type": "image/png"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status == 200
+            return json.loads(response.read()), buffer.getvalue()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _preprocessed(png: bytes, card: dict) -> torch.Tensor:
+    """The picture as training's preprocessing (the model card's) gives it to the network."""
+    from PIL import Image
+
+    steps = card["preprocessing"]
+    pixels = np.asarray(Image.open(io.BytesIO(png)).convert(steps["color"]), np.float32)[None] * steps["scale"]
+    mean = np.asarray(steps["mean"], np.float32).reshape(-1, 1, 1)
+    std = np.asarray(steps["std"], np.float32).reshape(-1, 1, 1)
+    return torch.from_numpy((pixels - mean) / std)[None]
