@@ -39,7 +39,8 @@ LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("run",), "the wiring: the one module that calls the phases in order"),
     (("deploy", "scaffold", "architecture"), "what stands beside a run: export and serving, a team's folder, "
                                              "this declaration"),
-    (("cli", "generate"), "the command lines: training, and text from a trained language model"),
+    (("cli", "generate", "testing"), "the command lines (training, text from a trained language model) and the "
+     "public helpers for a team's tests"),
     (("__main__", "__init__"), "`python -m trainer`, and the package's public names"),
 )
 
