@@ -71,6 +71,26 @@ def test_the_wheel_carries_the_configs_and_recipes(installed):
     assert len(shipped) == len(list((REPO / "trainer" / "conf").rglob("*.yaml")))
 
 
+def test_the_wheels_page_is_the_packages_own_with_its_project_urls(installed):
+    [wheel] = list((installed.parent / "dist").glob("*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    headers, _, description = text.partition("\n\n")
+    assert description.strip() == (REPO / "docs" / "package-readme.md").read_text().strip()
+    assert "Description-Content-Type: text/markdown" in headers
+    assert "Project-URL: Documentation, https://" in headers and "Project-URL: Source, https://" in headers
+
+
+def test_the_scripts_help_names_the_script_and_its_subcommands(installed, tmp_path):
+    text = _run([str(installed / "bin" / "gpu-practice-train"), "--help"], tmp_path).stdout
+    assert text.startswith("gpu-practice-train: ")
+    assert "train.py" not in text and "python -m trainer" not in text
+    assert "gpu-practice-train scaffold " in text and "gpu-practice-train deploy export " in text
+    usage = _run([str(installed / "bin" / "gpu-practice-train"), "deploy", "--help"], tmp_path).stdout
+    assert usage.startswith("usage: gpu-practice-train deploy ")
+
+
 def test_python_m_trainer_and_the_script_answer_from_any_folder(installed, tmp_path):
     python, script = installed / "bin" / "python", installed / "bin" / "gpu-practice-train"
     where = _run([str(python), "-c", "import trainer; print(trainer.__file__)"], tmp_path).stdout
