@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from trainer.infra.command import invoked_as, subcommand
 from trainer.infra.errors import UserError, exit_with
 from trainer.infra.versions import DISTRIBUTION, project_version
 
@@ -481,7 +482,7 @@ def scaffold(folder: Path, package: Optional[str] = None) -> list[Path]:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m trainer scaffold", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=subcommand("scaffold"), description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the team folder to write (new or empty)")
     parser.add_argument("--package", help="the team's Python package (default: the folder's name)")
     args = parser.parse_args(argv)
@@ -492,4 +493,4 @@ def main(argv: list[str]) -> None:
     for path in written:
         print(path)
     recipe = next(path.stem for path in written if path.parent.name == "recipes")
-    print(f"then: cd {args.folder} && pip install -e '.[test]' && python -m trainer +recipe={recipe}", file=sys.stderr)
+    print(f"then: cd {args.folder} && pip install -e '.[test]' && {invoked_as()} +recipe={recipe}", file=sys.stderr)

@@ -32,6 +32,8 @@ from trainer.models.fuse import fuse_for_inference
 from trainer.models.group import build_model
 
 CONFIG_NAME = "config_resolved.yaml"
+#: What a run folder is, for the errors (the folder a run of `python -m trainer` or train.py writes).
+RUN_FOLDER = f"a run folder (holding {CONFIG_NAME} and checkpoints/), or a .ckpt in its checkpoints/"
 NET_PREFIX = "net."
 #: ONNX Runtime and torch.export against eager PyTorch: float32 kernels differ in summation order.
 TOLERANCE = 1e-3
@@ -63,7 +65,7 @@ def locate(source: Path, which: str = "best") -> tuple[Path, Path]:
     """(run folder, checkpoint) for a run folder or a checkpoint inside one."""
     source = Path(source).expanduser()
     if not source.exists():
-        raise UserError(str(source), "does not exist", "a run folder written by train.py, or a .ckpt in its checkpoints/")
+        raise UserError(str(source), "does not exist", RUN_FOLDER)
     if source.is_file() and source.suffix != ".ckpt":
         raise UserError(str(source), f"unknown format '{source.suffix or 'no extension'}'",
                         "a run folder, or a training checkpoint (.ckpt) in its checkpoints/")
@@ -73,7 +75,7 @@ def locate(source: Path, which: str = "best") -> tuple[Path, Path]:
         run_dir = source
     if not (run_dir / CONFIG_NAME).is_file():
         raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
-                        "a folder written by train.py, or a .ckpt in its checkpoints/")
+                        RUN_FOLDER)
     return run_dir, source if source.is_file() else _checkpoint_of(run_dir, which)
 
 
