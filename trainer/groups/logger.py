@@ -123,14 +123,15 @@ def _setup_failure(name: str, spec: Mapping[str, Any], ex: BaseException) -> Use
         return ex
     cause = ex.__cause__ if isinstance(ex, InstantiationException) and ex.__cause__ is not None else ex
     kind = str(spec.get("_target_", name)).rsplit(".", 1)[-1]
-    remedy = (WANDB_REMEDY if _is_wandb(spec)
+    remedy = (wandb_remedy(name) if _is_wandb(spec)
               else f"a folder the run can write, or logger.{name}=null to run without this logger")
     return UserError(f"logger.{name}", f"{kind} could not be set up: {exception_line(cause, 300)}", remedy)
 
 
-#: What makes a wandb run that cannot reach its server run anyway.
-WANDB_REMEDY = ("a valid WANDB_API_KEY (or `wandb login`) and a reachable server (WANDB_BASE_URL), or "
-                "WANDB_MODE=offline (logger.wandb.offline=true) and `wandb sync` the run folder later")
+def wandb_remedy(name: str) -> str:
+    """What makes a wandb run (the logger `logger.NAME`) that cannot reach its server run anyway."""
+    return ("a valid WANDB_API_KEY (or `wandb login`) and a reachable server (WANDB_BASE_URL), or "
+            f"WANDB_MODE=offline (logger.{name}.offline=true) and `wandb sync` the run folder later")
 
 
 def _logger_folder(logger: Logger) -> str | None:

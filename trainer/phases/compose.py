@@ -30,9 +30,10 @@ class Job:
     def from_hydra(cls, cfg: DictConfig, run_dir: Path | None = None, choices: dict[str, str] | None = None,
                    overrides: list[str] | None = None, own_folder: bool | None = None) -> Job:
         """The current Hydra job; `run_dir`, `choices` and `overrides` given outside a Hydra app;
-        `own_folder` as found when the job started (else asked now)."""
+        `own_folder` as found when the job started (else asked now: outside a Hydra app, a folder
+        the caller has not made yet)."""
         if run_dir is not None and choices is not None:
-            own = made_by_this_job(run_dir) if own_folder is None else own_folder
+            own = not run_dir.exists() if own_folder is None else own_folder
             return cls(cfg, run_dir, dict(choices), list(overrides or []), own_folder=own)
         hydra = HydraConfig.get()
         made = {k: str(v) for k, v in hydra.runtime.choices.items() if not k.startswith("hydra") and v is not None}
