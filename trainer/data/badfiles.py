@@ -21,7 +21,7 @@ from PIL import Image, ImageFile
 from torch.utils.data import Dataset
 
 from trainer.infra.atomic import write_text_atomic
-from trainer.data.loader import usable_cpus
+from trainer.infra.devices import usable_cpus
 from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")

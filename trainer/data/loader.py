@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 
 from lightning.fabric.utilities.seed import pl_worker_init_function
 
+from trainer.infra.devices import usable_cpus
 from trainer.infra.errors import UserError
 from trainer.infra.fingerprint import proc_kib
 from trainer.infra.signals import preemption_signal
@@ -59,14 +60,6 @@ class WorkerStart:
             signal.signal(signum, signal.SIG_IGN)
         if os.environ.get("PL_SEED_WORKERS") == "1":
             pl_worker_init_function(worker_id, rank=self.rank)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (affinity and cgroup-limited containers included)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def resolve_loader(

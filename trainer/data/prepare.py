@@ -29,7 +29,7 @@ from rich.text import Text
 
 from trainer.data.badfiles import LIST_HEADER, LIST_NAME, BadFile
 from trainer.data.imagefolder import list_split
-from trainer.data.loader import usable_cpus
+from trainer.infra.devices import usable_cpus
 from trainer.data.resizing import image_bytes
 from trainer.infra.atomic import replace_atomic, write_text_atomic
 from trainer.infra.errors import UserError, one_line_on_user_error

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from trainer.data.badfiles import LIST_HEADER, BadFile, check_files
 from trainer.data.decode import JPEG_EXTENSIONS
 from trainer.data.imagefolder import SPLITS, list_split
-from trainer.data.loader import usable_cpus
+from trainer.infra.devices import usable_cpus
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, write_json
 from trainer.data.resizing import image_bytes
 from trainer.infra.atomic import write_text_atomic

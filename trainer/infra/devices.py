@@ -3,6 +3,7 @@ the SLURM launcher's resolver and the launch checks)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -66,3 +67,11 @@ def decide_devices(trainer_cfg: Mapping[str, Any]) -> Devices:
     if per_node < 1:
         raise UserError("trainer.devices", f"resolves to {per_node} devices", "a positive count, a list of ids, or auto")
     return Devices(accelerator, how, per_node, int(trainer_cfg.get("num_nodes", 1) or 1))
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (affinity and cgroup-limited containers included)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
