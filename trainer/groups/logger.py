@@ -168,6 +168,11 @@ def wandb_mode(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
     """The mode a wandb run will have: the config's (`offline: true`, a `mode` passed to wandb.init),
     else WANDB_MODE (WANDB_DISABLED=true: disabled), else `configured` (wandb's settings files, e.g.
     after `wandb offline`), else online."""
+    return _stated_mode(spec, environ) or configured or "online"
+
+
+def _stated_mode(spec: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """The mode the config or the environment states, if either does."""
     if spec.get("offline"):
         return "offline"
     if spec.get("mode"):
@@ -176,7 +181,7 @@ def wandb_mode(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
         return environ["WANDB_MODE"]
     if environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
         return "disabled"
-    return configured or "online"
+    return None
 
 
 def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
@@ -188,7 +193,9 @@ def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.e
     lacks), nothing is refused here; `start_loggers` still turns wandb's own refusal into one line."""
     if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return None
-    mode = wandb_mode(spec, environ, (configured_mode or _wandb_configured_mode)())
+    # wandb's settings files are read (wandb imported) only where neither the config nor the
+    # environment says.
+    mode = _stated_mode(spec, environ) or (configured_mode or _wandb_configured_mode)() or "online"
     if mode in WANDB_LOCAL_MODES:
         return None
     if (has_key or _wandb_has_key)() is not False:
