@@ -24,9 +24,9 @@ import torch.nn.functional as F
 if TYPE_CHECKING:
     from PIL import Image
 
-# torchvision and trainer.data.badfiles (whose package imports Lightning) are imported where `pixels`
-# needs them: the server's inference worker imports this module for `Normalizer` alone, and they
-# would cost it about 190 MB (docs/deploy.md, "Processes and memory").
+# torchvision and trainer.data.badfiles are imported where `pixels` needs them: the server's inference
+# worker imports this module for `Normalizer` alone, and they would cost it memory (docs/deploy.md,
+# "Processes and memory").
 
 INTERPOLATIONS = ("bilinear", "area")
 
