@@ -605,3 +605,13 @@ def kill_tree(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def stop_server(server: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, as a service manager stops a server; killed if it has not ended within `timeout`."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()

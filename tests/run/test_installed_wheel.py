@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
 import site
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, stop_server
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE
 from trainer.deploy.export import onnx_logits
 from trainer.infra.processes import free_port
@@ -176,12 +175,7 @@ def _serve_one_digit(command: list[str], cwd: Path, env: dict[str, str], log: Pa
             assert response.status == 200
             return json.loads(response.read()), buffer.getvalue()
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
 
 
 def _preprocessed(png: bytes, card: dict) -> torch.Tensor:

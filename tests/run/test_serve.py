@@ -28,7 +28,7 @@ from trainer.data.digits import DigitsDataModule
 from trainer.deploy.export import onnx_logits
 from trainer.deploy.load import ServerProcess, client_samples, load_run
 from trainer.deploy.export import export_folder
-from trainer.infra.processes import descendants, free_port
+from trainer.infra.processes import descendants, free_port, running
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -278,21 +278,10 @@ def test_sigterm_stops_the_server_and_everything_it_started(server):
     # The children end on their own once the main process is gone (the resource tracker when its pipe
     # closes): given up to 30 s on a busy machine, none may still be running.
     deadline = time.monotonic() + 30
-    while _running(children) and time.monotonic() < deadline:
+    while running(children) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(children), [(pid, Path(f"/proc/{pid}/cmdline").read_text()[:80]) for pid in _running(children)]
+    assert not running(children), [(pid, Path(f"/proc/{pid}/cmdline").read_text()[:80]) for pid in running(children)]
 
-
-def _running(pids: set[int] | list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue  # gone
-        if state != "Z":  # a zombie has exited; only its parent's wait is missing
-            alive.append(pid)
-    return alive
 
 
 def test_a_tiny_load_run_measures_both_servers(digits_run):

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,12 +20,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import stop_server
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE
 from trainer.deploy import export as export_module
 from trainer.deploy.export import export_run, onnx_logits
 from trainer.deploy.load import client_samples
 from trainer.infra.errors import UserError
-from trainer.infra.processes import descendants, free_port
+from trainer.infra.processes import descendants, free_port, running
 from trainer.scaffold import scaffold
 
 pytestmark = pytest.mark.run
@@ -137,12 +137,7 @@ def test_serve_without_an_export_imports_from_trainer_team_dirs(team_run, tmp_pa
             answer = json.loads(response.read())
     finally:
         children = descendants(server.pid)
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server)
     card = json.loads((run / "export" / "model.json").read_text())
     assert card["model"] == f"{PACKAGE}.models.TeamNet"
     expected = torch.softmax(onnx_logits(run / "export" / "model.onnx", _preprocessed(sample.body, card)), 1)[0]
@@ -153,21 +148,10 @@ def test_serve_without_an_export_imports_from_trainer_team_dirs(team_run, tmp_pa
     # tracker when its pipe closes): up to 30 s on a busy machine.
     assert server.returncode == 0, log.read_text()[-3000:]
     deadline = time.monotonic() + 30
-    while _running(children) and time.monotonic() < deadline:
+    while running(children) and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert not _running(children)
+    assert not running(children)
 
-
-def _running(pids: list[int]) -> list[int]:
-    alive = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue  # gone
-        if state != "Z":  # a zombie has exited; only its parent's wait is missing
-            alive.append(pid)
-    return alive
 
 
 def _wait_ready(server: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 240) -> None:

@@ -29,6 +29,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def running(pids: "list[int] | set[int]") -> list[int]:
+    """Those of `pids` still running: a zombie has exited (only its parent's wait is missing) and a
+    pid no longer in /proc is gone."""
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
+
+
 def free_port() -> int:
     """A TCP port on the loopback interface that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
