@@ -21,20 +21,44 @@ install_hydra_setup()
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent / "conf"), config_name="train")
 def train(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from trainer.phases.compose import made_by_this_job
 
+    job = HydraConfig.get()
+    run_dir = Path(job.runtime.output_dir)
     # Asked before anything is imported or logged: whether the folder Hydra has just made holds
     # nothing from before this job (a run refused before it trains then removes it).
-    own_folder = made_by_this_job(Path(HydraConfig.get().runtime.output_dir))
-    # Imported here, once Hydra has composed: `--help` and a mistake in the command line answer
-    # without importing torch and Lightning (several seconds).
+    own_folder = made_by_this_job(run_dir)
+    if job.mode != RunMode.MULTIRUN:  # a sweep's job reports its mistakes to the sweeper, through the run
+        _refuse_early(cfg, run_dir, own_folder)
+    # Imported here, once Hydra has composed and the early checks have passed: `--help` and a mistake
+    # in the command line answer without importing torch and Lightning (several seconds).
     from trainer.run import run
 
     # The imports' several hundred thousand objects live as long as the process: frozen, they cost no GC
     # pass, and the interpreter's exit stops spending about a second traversing them (docs/measured.md).
     gc.freeze()
     return run(cfg, own_folder=own_folder)
+
+
+def _refuse_early(cfg: DictConfig, run_dir: Path, own_folder: bool) -> None:
+    """A value that the checks needing neither torch nor Lightning refuse (the top-level keys, run,
+    target, the optimizer's own keys: trainer/configuration/early_checks.py) ends the command here,
+    in the run's one line and exit code 2, its folder removed as the run would remove it."""
+    from trainer.configuration.early_checks import check_before_imports
+    from trainer.infra.distributed import is_rank_zero
+    from trainer.infra.errors import UserError, exit_with, full_error_requested
+    from trainer.phases.compose import remove_refused_run
+
+    try:
+        check_before_imports(cfg)
+    except UserError as ex:
+        if own_folder and is_rank_zero():
+            remove_refused_run(run_dir, cfg)
+        if full_error_requested():
+            raise
+        exit_with(ex.line())
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import lightning as L
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from trainer.callbacks.graceful import SignalLatch
 from trainer.groups.optimizer.schema import LR_FIND
@@ -23,8 +23,7 @@ from trainer.modes.lr_finder import find_lr
 from trainer.modes.memory_plan import measure_memory_plan
 from trainer.modes.profiling import run_profile
 from trainer.phases.build import build_parts, build_task, build_trainer
-from trainer.phases.compose import Job
-from trainer.phases.failures import remove_empty_parents, remove_refused_folder
+from trainer.phases.compose import Job, remove_refused_run
 from trainer.phases.fit import fit, test_after_fit, training_fields
 from trainer.phases.identify import already_completed, check_job, completed_before, identify
 from trainer.phases.plan import decide_probe, resolve
@@ -54,10 +53,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None, group_choices: dict[str, s
     try:
         objective = _run(job)
     except UserError as ex:
-        if removable and remove_refused_folder(job.run_dir):
-            root = OmegaConf.select(job.cfg, "run.root", throw_on_resolution_failure=False)
-            if isinstance(root, str):
-                remove_empty_parents(job.run_dir, Path(root))
+        if removable:
+            remove_refused_run(job.run_dir, job.cfg)
         if full_error_requested():
             raise
         if in_multirun() and not isinstance(ex, LaunchRefused):

@@ -4,7 +4,7 @@ folder is this job's own (trainer/phases/compose.py) and what may be removed (tr
 from pathlib import Path
 
 from trainer.phases.compose import made_by_this_job
-from trainer.phases.failures import remove_empty_parents, remove_refused_folder
+from trainer.phases.compose import remove_empty_parents, remove_refused_folder
 
 
 def hydra_start(folder: Path, log: str = "") -> Path:

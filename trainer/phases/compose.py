@@ -1,15 +1,17 @@
 """The compose phase: what Hydra composed for this job, and where it runs (its validation against
 every group's schema is `trainer.configuration.spec.validate`), and whether that folder is this
-job's own (a run refused before it trains removes its own: trainer/phases/failures.py)."""
+job's own: a run refused before it trains removes its own (`remove_refused_run`), whether the
+command line refused it before importing the run (trainer/cli.py) or the run did (trainer/run.py)."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 @dataclass(frozen=True)
@@ -64,3 +66,54 @@ def made_by_this_job(run_dir: Path) -> bool:
     if log_file.exists() and (not log_file.is_file() or log_file.stat().st_size):
         return False
     return not record.exists() or (record.is_dir() and {e.name for e in record.iterdir()} <= HYDRA_RECORD)
+
+
+#: What a run writes into its folder before it trains, after Hydra's own (identify: run.json;
+#: prepare: env.json and config_resolved.yaml). Anything else (checkpoints, summary.json, a logger's
+#: or a data set's files, bad_files.tsv) means the folder holds more than a refused start and is kept.
+RUN_START = HYDRA_START | {"run.json", "env.json", "config_resolved.yaml"}
+
+
+def remove_refused_folder(run_dir: Path) -> bool:
+    """A run refused before it trained (bad input): remove the folder this job made, where it still
+    holds only what the start wrote (`RUN_START`), so a mistake leaves no folder to mistake for a
+    run. The caller asks `made_by_this_job` first; a folder holding anything else is kept. True when
+    removed."""
+    try:
+        entries = {entry.name for entry in run_dir.iterdir()}
+    except OSError:
+        return False
+    if not entries <= RUN_START or any((run_dir / name).is_symlink() for name in entries):
+        return False
+    record = run_dir / ".hydra"
+    if record.exists() and (not record.is_dir() or not {e.name for e in record.iterdir()} <= HYDRA_RECORD):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return not run_dir.exists()
+
+
+def remove_empty_parents(run_dir: Path, root: Path) -> None:
+    """The folders between `root` and a removed run folder that are now empty (the day's folder of
+    runs/DATE/TIME after the day's first run was refused). Only empty folders go, one at a time:
+    one that another run has just started in is no longer empty and stays."""
+    try:
+        below = run_dir.resolve().parent.relative_to(root.resolve())
+    except (OSError, ValueError):
+        return  # a folder outside run.root: its parents are the person's
+    folder = root.resolve() / below
+    while folder != root.resolve():
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent
+
+
+def remove_refused_run(run_dir: Path, cfg: DictConfig) -> None:
+    """A single run refused before it trained, in a folder this job made (`made_by_this_job`): the
+    folder goes where it holds only what the start wrote, then the folders above it up to `run.root`
+    that are now empty."""
+    if remove_refused_folder(run_dir):
+        root = OmegaConf.select(cfg, "run.root", throw_on_resolution_failure=False)
+        if isinstance(root, str):
+            remove_empty_parents(run_dir, Path(root))

@@ -1,14 +1,15 @@
 """The `optimizer` group's keys: the framework's own (batch rules, parameter groups, kernel, the lr
 range test) beside the constructor arguments of the optimizer class a choice names (`_target_`:
-torch's, timm's or a team's own), checked against its signature like any `_target_`."""
+torch's, timm's or a team's own), checked against its signature like any `_target_`.
+
+torch is imported where an optimizer is built, not at the top: the framework's own keys are checked
+before the command line imports torch (`check_own_keys`, trainer/configuration/early_checks.py)."""
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
-
-import torch
 
 from trainer.groups.optimizer.registry import FRAMEWORK_ARGUMENTS, row_of
 from trainer.infra.errors import UserError, first_line
@@ -75,9 +76,16 @@ class OptimizerConfig(OptimizerKeys):
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
+def check_own_keys(values: Mapping[str, Any]) -> OptimizerKeys:
+    """The framework's keys of an optimizer choice (`OptimizerKeys`), checked; the class's own
+    arguments are left to `validate`."""
+    fields = schema_of_dataclass(OptimizerKeys).fields
+    return check_keys("optimizer", {k: v for k, v in values.items() if k in fields}, OptimizerKeys)
+
+
 def validate(values: dict[str, Any]) -> OptimizerConfig:
     keys = schema_of_dataclass(OptimizerKeys)
-    own = check_keys("optimizer", {k: v for k, v in values.items() if k in keys.fields}, OptimizerKeys)
+    own = check_own_keys(values)
     target = values.get("_target_")
     if isinstance(target, str) and target.startswith("timm."):
         require("timm", f"optimizer={own.name}")  # timm's LAMB and LARS
@@ -99,6 +107,8 @@ def _try_building(own: OptimizerKeys, target: str, arguments: Mapping[str, Any],
     """The optimizer made once over a single parameter: what its constructor refuses (a value out of
     its range, two arguments that exclude each other) is one line now, not a traceback when fit
     starts. A class of a team's own is checked as torch's are."""
+    import torch
+
     lr = own.find_min_lr if isinstance(own.lr, str) else own.lr
     try:
         locate_target("optimizer", target)([torch.nn.Parameter(torch.zeros(1))], lr=lr,

@@ -1,0 +1,30 @@
+"""The checks of a composed config that need neither torch nor Lightning, made by the command line
+before it imports the run (trainer/cli.py): a bad value of a top-level key (`seed`, `objective`,
+`resume`, ...), of `run.*`, `target.*` or of the optimizer's own keys (`optimizer.lr`,
+`optimizer.weight_decay`, the batch rules) is one line in a fraction of a second instead of after
+some 4 s of imports (docs/measured.md, "Time to a bad input's error").
+
+They are the same functions `trainer.configuration.spec.validate` calls, not a second set of rules:
+the run validates everything again, in its own order. The other groups' checks stay there: they
+read the signatures of the classes their `_target_`s name (the data module, the network, the
+Trainer, the loggers, the callbacks) and build the optimizer once, which needs the libraries."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from omegaconf import DictConfig
+
+from trainer.configuration.top_level import identity, target_config, to_plain, top_level_keys
+from trainer.groups.optimizer.schema import check_own_keys
+
+
+def check_before_imports(cfg: DictConfig | Mapping[str, Any]) -> None:
+    """Raise the `UserError` a run would raise for the keys checked here; the rest is the run's."""
+    plain = to_plain(cfg)
+    top_level_keys(plain)
+    if isinstance(plain.get("run", {}), Mapping):  # not a mapping: the run's layout check says so
+        identity(plain.get("run", {}))
+    target_config(plain.get("target") or {})
+    if isinstance(plain.get("optimizer"), Mapping):
+        check_own_keys(plain["optimizer"])
