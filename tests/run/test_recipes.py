@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ON_CPU, RECIPES, TINY, run_in_process
+from trainer.infra.command import invoked_as
 
 pytestmark = pytest.mark.run
 
@@ -110,7 +111,7 @@ def test_a_ladder_outside_a_multirun_is_refused_with_the_command_to_use(tmp_path
     with pytest.raises(SystemExit) as stopped:
         run_in_process(["+ladder=resnet18_cpu", *TINY], tmp_path)
     assert stopped.value.code == 2
-    assert "python train.py -m +ladder=resnet18_cpu" in capsys.readouterr().err
+    assert f"{invoked_as()} -m +ladder=resnet18_cpu" in capsys.readouterr().err  # the command as it was typed
 
 
 def test_digits_quickstart_first_losses_match_the_stored_values(tmp_path):

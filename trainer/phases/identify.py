@@ -15,6 +15,7 @@ from trainer.groups.task import objective_of
 from trainer.groups.sweeps import objective_value
 from trainer.infra import attempts
 from trainer.infra.atomic import write_json_atomic
+from trainer.infra.command import invoked_as
 from trainer.infra.devices import decide_devices
 from trainer.infra.distributed import check_launch, is_rank_zero
 from trainer.infra.errors import UserError
@@ -40,7 +41,7 @@ def check_job(run: Run) -> None:
                          devices.accelerator)
     if spec.top.ladder and not run.job.multirun:
         raise UserError("ladder", f"'{spec.top.ladder}' is a sequence of runs and needs Hydra's multirun",
-                        f"python train.py -m +ladder={spec.top.ladder}")
+                        f"{invoked_as()} -m +ladder={spec.top.ladder}")
     run.rank_zero = is_rank_zero()
     if not run.rank_zero:  # the other ranks train and say only what goes wrong
         log.setLevel(logging.WARNING)
