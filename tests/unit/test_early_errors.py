@@ -1,8 +1,9 @@
 """Mistakes answered before torch, Lightning or torchvision is imported (docs/measured.md, "Time to
 a bad input's error"): those the composition catches (a key that is not there, an unknown choice, a
 malformed override) and the values that the early checks refuse (trainer/configuration/early_checks.py:
-the top-level keys, run, target, the optimizer's own keys). The early checks are the run's own
-functions: for a mistake in those keys they say what the run's validation says."""
+the top-level keys, run, target, the optimizer's own keys, compile, regularization). The early
+checks are the run's own functions: for a mistake in those keys they say what the run's validation
+says."""
 
 import subprocess
 import sys
@@ -34,6 +35,8 @@ EARLY_VALUES = [
     ("seed=-3", "error: seed: -3 must be >= 0"),
     ("objective=foo", "error: objective: 'foo' is not a metric name"),
     ("target.metric=val/acc", "error: target.value: missing"),
+    ("compile.mode=fast", "error: compile.mode: 'fast' is not one of"),
+    ("regularization.label_smoothing=1.5", "error: regularization.label_smoothing: 1.5 must be < 1"),
 ]
 
 

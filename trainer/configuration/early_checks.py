@@ -1,8 +1,9 @@
 """The checks of a composed config that need neither torch nor Lightning, made by the command line
 before it imports the run (trainer/cli.py): a bad value of a top-level key (`seed`, `objective`,
-`resume`, ...), of `run.*`, `target.*` or of the optimizer's own keys (`optimizer.lr`,
-`optimizer.weight_decay`, the batch rules) is one line in a fraction of a second instead of after
-some 4 s of imports (docs/measured.md, "Time to a bad input's error").
+`resume`, ...), of `run.*`, `target.*`, of the optimizer's own keys (`optimizer.lr`,
+`optimizer.weight_decay`, the batch rules), of `compile.*` or `regularization.*` is one line in a
+fraction of a second instead of after some 4 s of imports (docs/measured.md, "Time to a bad input's
+error").
 
 They are the same functions `trainer.configuration.spec.validate` calls, not a second set of rules:
 the run validates everything again, in its own order. The other groups' checks stay there: they
@@ -16,7 +17,11 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from trainer.configuration.top_level import identity, target_config, to_plain, top_level_keys
+from trainer.groups import compile, regularization
 from trainer.groups.optimizer.schema import check_own_keys
+
+#: Groups whose whole check needs neither torch nor Lightning (their modules import them where they build).
+LIGHT_GROUPS = (compile.GROUP, regularization.GROUP)
 
 
 def check_before_imports(cfg: DictConfig | Mapping[str, Any]) -> None:
@@ -28,3 +33,6 @@ def check_before_imports(cfg: DictConfig | Mapping[str, Any]) -> None:
     target_config(plain.get("target") or {})
     if isinstance(plain.get("optimizer"), Mapping):
         check_own_keys(plain["optimizer"])
+    for group in LIGHT_GROUPS:
+        if group.validate is not None and isinstance(plain.get(group.name), Mapping):
+            group.validate(dict(plain[group.name]))

@@ -1,14 +1,17 @@
-"""The `compile` group: torch.compile of the network, in place."""
+"""The `compile` group: torch.compile of the network, in place.
+
+torch is imported where it is used: the keys are checked before the command line imports it
+(trainer/configuration/early_checks.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
 from trainer.infra.schema import ConfigGroup, Doc, check_keys
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 @dataclass
@@ -40,6 +43,8 @@ def graphs_for_sizes(sizes: int) -> int:
 
 
 def recompile_note(sizes: int) -> str:
+    import torch
+
     limit = torch._dynamo.config.recompile_limit
     needed = graphs_for_sizes(sizes)
     if needed <= limit:
@@ -50,6 +55,8 @@ def recompile_note(sizes: int) -> str:
 
 def allow_recompiles(sizes: int) -> None:
     """Raise Dynamo's per-function recompile limit (process-wide) to cover `sizes` training sizes."""
+    import torch
+
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, graphs_for_sizes(sizes))
 
@@ -73,6 +80,8 @@ def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig, dynamic: Option
 def compile_counts() -> dict[str, int]:
     """Dynamo's process-wide counts so far: frames compiled (each recompile is one more), graphs
     and graph breaks; a run records the difference over its fit."""
+    import torch
+
     counters = torch._dynamo.utils.counters
     return {"frames_compiled": int(counters["frames"]["ok"]), "graphs": int(counters["stats"]["unique_graphs"]),
             "graph_breaks": int(sum(counters["graph_break"].values()))}

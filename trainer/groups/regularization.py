@@ -2,17 +2,21 @@
 
 Mixup and cutmix are torchvision's `v2.MixUp` and `v2.CutMix` on the batch after it reached the
 device (docs/config.md, "Accuracy practices"); each pairs every image with its neighbour in the
-(shuffled) batch. Label smoothing is applied by the loss, to integer and mixed targets alike."""
+(shuffled) batch. Label smoothing is applied by the loss, to integer and mixed targets alike.
+
+torch and torchvision are imported where batches are mixed: the keys are checked before the command
+line imports them (trainer/configuration/early_checks.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Optional
-
-import torch
-from torchvision.transforms import v2
+from typing import TYPE_CHECKING, Annotated, Optional
 
 from trainer.infra.schema import FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, check_keys
+
+if TYPE_CHECKING:
+    import torch
+    from torchvision.transforms import v2
 
 UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 
@@ -38,6 +42,8 @@ class BatchMixing:
     probabilities (N x classes) for a mixed batch, the integer labels for one left alone."""
 
     def __init__(self, cfg: RegularizationConfig, num_classes: int) -> None:
+        from torchvision.transforms import v2
+
         self.mix_prob = cfg.mix_prob
         self.switch_prob = cfg.switch_prob
         self.mixup = v2.MixUp(alpha=cfg.mixup_alpha, num_classes=num_classes) if cfg.mixup_alpha > 0 else None
@@ -56,6 +62,8 @@ class BatchMixing:
         return transform(images, labels)
 
     def _choose(self) -> Optional[v2.Transform]:
+        import torch  # a lookup in sys.modules once imported: the module's top stays free of torch
+
         if not self.active or float(torch.rand(())) >= self.mix_prob:
             return None
         if self.mixup is None or self.cutmix is None:
