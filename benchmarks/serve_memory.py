@@ -29,7 +29,8 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.deploy.load import ServerProcess  # noqa: E402
-from trainer.deploy.serve import memory_bytes, server_processes  # noqa: E402
+from trainer.deploy.serve import server_processes  # noqa: E402
+from trainer.infra.processes import memory_bytes  # noqa: E402
 
 ROLES = ("main", "queue_manager", "inference_worker", "http", "resource_tracker")
 

@@ -41,8 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS
 from trainer.deploy.preprocess import NotAnImage, Normalizer, Preprocessing, TooManyPixels
-from trainer.infra.processes import descendants
 from trainer.infra.errors import UserError
+from trainer.infra.processes import descendants, memory_bytes, stat_fields
 from trainer.infra.versions import project_version
 
 CONTENT_TYPES = ("image/jpeg", "image/png")
@@ -126,7 +126,7 @@ def image_from_data_url(text: str) -> bytes:
     when it is malformed or not base64 (checked strictly: standard alphabet, padded), 415 when its
     media type is not a JPEG or PNG. The size limit is the caller's, on the bytes returned."""
     header, comma, payload = text.strip().partition(",")
-    if not header[:5].lower() == "data:" or not comma:
+    if not _is_data_url(header) or not comma:
         raise HTTPException(400, "not a data URL (no ',' after its header); allowed: data:image/png;base64,<base64>")
     media, *parameters = [part.strip().lower() for part in header[5:].split(";")]
     if "base64" not in parameters:
@@ -135,15 +135,22 @@ def image_from_data_url(text: str) -> bytes:
     if media not in DATA_URL_TYPES:
         raise HTTPException(415, f"the data URL is of '{media}', not an image this server reads; allowed: "
                                  f"{', '.join(CONTENT_TYPES)}")
+    return _strict_base64(payload, "the data URL's data")
+
+
+def _strict_base64(text: str, what: str) -> bytes:
+    """The bytes of base64 `text` (standard alphabet, padded, no whitespace); HTTPException 400 naming
+    `what` otherwise."""
     try:
-        return base64.b64decode(payload, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise HTTPException(400, "the data URL's data is not valid base64 (standard alphabet, padded, no "
-                                 "whitespace)") from None
+        raise HTTPException(400, f"{what} is not valid base64 (standard alphabet, padded, no whitespace)") from None
 
 
-def _is_data_url(body: bytes) -> bool:
-    return body.lstrip()[:5].lower() == b"data:"
+def _is_data_url(body: bytes | str) -> bool:
+    """Whether a body or a JSON string starts as a data URL does (``data:``, any case)."""
+    start = body.lstrip()[:5]
+    return (start.decode("latin-1") if isinstance(start, bytes) else start).lower() == "data:"
 
 
 class ServerMetrics:
@@ -194,7 +201,7 @@ def server_processes(main_pid: int) -> dict[int, str]:
     for pid in descendants(main_pid):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
-            started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            started = int(stat_fields(pid)[19])
         except OSError:
             continue  # gone meanwhile
         if b"resource_tracker" in command:
@@ -207,17 +214,6 @@ def server_processes(main_pid: int) -> dict[int, str]:
     for started, pid in forked:
         roles[pid] = "queue_manager" if worker_started is not None and started < worker_started else "http"
     return roles
-
-
-def memory_bytes(pid: int) -> tuple[int, int, int]:
-    """(RSS, PSS, USS) of a process from /proc/PID/smaps_rollup. PSS divides each shared page among
-    the processes sharing it: the forked processes share most of main's pages, so RSS summed over them
-    counts those pages several times, PSS summed once. USS, its private pages, is what ending it frees."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
-        name, _, value = line.partition(":")
-        fields[name] = int(value.split()[0]) * 1024 if value.split() else 0
-    return fields.get("Rss", 0), fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
 
 
 class ServerMemoryCollector:
@@ -455,13 +451,7 @@ class ImageRequestHandler(RegularRequestHandler):
         if not isinstance(encoded, str):
             raise HTTPException(422, "the JSON has no \"image\" string; allowed: {\"image\": \"<base64 of a "
                                      "JPEG or PNG>\", \"k\": 3}")
-        if encoded.lstrip()[:5].lower() == "data:":
-            image = image_from_data_url(encoded)
-        else:
-            try:
-                image = base64.b64decode(encoded, validate=True)
-            except (binascii.Error, ValueError):
-                raise HTTPException(400, "\"image\" is not valid base64 (standard alphabet, padded)") from None
+        image = image_from_data_url(encoded) if _is_data_url(encoded) else _strict_base64(encoded, '"image"')
         if "k" in data:
             k = self._k(str(data["k"]))
         return image, k

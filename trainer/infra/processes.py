@@ -10,10 +10,27 @@ import socket
 from pathlib import Path
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command's name (which may hold spaces and parentheses): the state is
+    [0], utime and stime [11] and [12], the start time in clock ticks [19]. OSError once it is gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process so far, from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def memory_bytes(pid: int) -> tuple[int, int, int]:
+    """(RSS, PSS, USS) of a process from /proc/PID/smaps_rollup. PSS divides each shared page among
+    the processes sharing it: forked processes share most of their parent's pages, so RSS summed over
+    them counts those pages several times, PSS summed once. USS, its private pages, is what ending it frees."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+        name, _, value = line.partition(":")
+        fields[name] = int(value.split()[0]) * 1024 if value.split() else 0
+    return fields.get("Rss", 0), fields.get("Pss", 0), fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
 
 
 def descendants(pid: int) -> list[int]:
@@ -35,7 +52,7 @@ def running(pids: "list[int] | set[int]") -> list[int]:
     alive = []
     for pid in pids:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(pid)[0]
         except OSError:
             continue
         if state != "Z":
