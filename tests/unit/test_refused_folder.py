@@ -4,7 +4,8 @@ folder is this job's own (trainer/phases/compose.py) and what may be removed (tr
 from pathlib import Path
 
 from trainer.phases.compose import made_by_this_job
-from trainer.phases.compose import remove_empty_parents, remove_refused_folder
+from trainer.infra.atomic import remove_empty_folders
+from trainer.phases.compose import remove_refused_folder
 
 
 def hydra_start(folder: Path, log: str = "") -> Path:
@@ -45,12 +46,12 @@ def test_the_emptied_folders_up_to_the_run_root_go_and_no_other(tmp_path):
     root = tmp_path / "outputs"
     day = root / "runs" / "2026-01-02"
     (day / "other-run").mkdir(parents=True)
-    remove_empty_parents(day / "refused", root)
+    remove_empty_folders(day, below=root)
     assert (day / "other-run").is_dir()  # the day still holds a run: nothing goes
     (day / "other-run").rmdir()
-    remove_empty_parents(day / "refused", root)
+    remove_empty_folders(day, below=root)
     assert root.is_dir() and list(root.iterdir()) == []  # runs/ and the day went, run.root stays
     outside = tmp_path / "elsewhere" / "day"
     outside.mkdir(parents=True)
-    remove_empty_parents(outside / "refused", root)
+    remove_empty_folders(outside, below=root)
     assert outside.is_dir()  # not below run.root: the person's folders

@@ -26,7 +26,7 @@ from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folder
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
 from trainer.groups.checkpointing import load_checkpoint, write_safetensors
-from trainer.infra.atomic import replace_atomic, write_text_atomic
+from trainer.infra.atomic import remove_empty_folders, replace_atomic, write_text_atomic
 from trainer.infra.errors import UserError
 from trainer.models.fuse import fuse_for_inference
 from trainer.models.group import build_model
@@ -325,8 +325,8 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
         files = _move_into_place(staging, folder, exported.files)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        if created is not None and created != folder:
-            _remove_empty(folder.parent, created)
+        if created is not None:  # the parents this export made for its folder, where still empty
+            remove_empty_folders(folder.parent, below=created.parent)
         raise
     return Exported(folder, checkpoint, files, exported.max_abs_diff, exported.images_checked,
                     exported.folded_modules, exported.notes)
@@ -379,16 +379,3 @@ def _first_missing(folder: Path) -> Optional[Path]:
             break
         missing = path
     return missing
-
-
-def _remove_empty(folder: Path, up_to: Path) -> None:
-    """The parents a failed export created for its folder, when they hold nothing else."""
-    folder, up_to = folder.absolute(), up_to.absolute()
-    while True:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        if folder == up_to or up_to not in folder.parents:
-            return
-        folder = folder.parent

@@ -1,5 +1,6 @@
 """Files replaced atomically: a crash or a concurrent reader sees the old file or the new one,
-never half of one. Free of torch, so the report and the CLI can use it without importing it."""
+never half of one; and the empty folders a write that failed leaves behind, removed. Free of torch,
+so the report and the CLI can use it without importing it."""
 
 from __future__ import annotations
 
@@ -81,3 +82,18 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return str(value)
+
+
+def remove_empty_folders(folder: Path, below: Path) -> None:
+    """`folder`, then its parents, each while it is empty, up to but not including `below`; nothing
+    when `folder` is not inside `below`. One at a time: a folder another process has just written
+    into is no longer empty and stays, with everything above it."""
+    folder, below = folder.resolve(), below.resolve()
+    if below not in folder.parents:
+        return
+    while folder != below:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        folder = folder.parent

@@ -13,6 +13,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from trainer.infra.atomic import remove_empty_folders
+
 
 @dataclass(frozen=True)
 class Job:
@@ -92,28 +94,11 @@ def remove_refused_folder(run_dir: Path) -> bool:
     return not run_dir.exists()
 
 
-def remove_empty_parents(run_dir: Path, root: Path) -> None:
-    """The folders between `root` and a removed run folder that are now empty (the day's folder of
-    runs/DATE/TIME after the day's first run was refused). Only empty folders go, one at a time:
-    one that another run has just started in is no longer empty and stays."""
-    try:
-        below = run_dir.resolve().parent.relative_to(root.resolve())
-    except (OSError, ValueError):
-        return  # a folder outside run.root: its parents are the person's
-    folder = root.resolve() / below
-    while folder != root.resolve():
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
-
-
 def remove_refused_run(run_dir: Path, cfg: DictConfig) -> None:
     """A single run refused before it trained, in a folder this job made (`made_by_this_job`): the
     folder goes where it holds only what the start wrote, then the folders above it up to `run.root`
     that are now empty."""
     if remove_refused_folder(run_dir):
         root = OmegaConf.select(cfg, "run.root", throw_on_resolution_failure=False)
-        if isinstance(root, str):
-            remove_empty_parents(run_dir, Path(root))
+        if isinstance(root, str):  # the day's folder of runs/DATE/TIME, after the day's first run was refused
+            remove_empty_folders(run_dir.parent, below=Path(root))
