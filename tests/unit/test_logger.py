@@ -177,7 +177,7 @@ def test_wandbs_own_answers_count_a_netrc_key_an_offline_setting_and_an_unknown_
     # `wandb offline` wrote the mode into wandb's settings file
     assert wandb_key_problem(WANDB, {}, has_key=_no_key, configured_mode=lambda: "offline") is None
     # the config and the environment win over the settings file
-    assert wandb_mode(WANDB, {"WANDB_MODE": "online"}, "offline") == "online"
+    assert wandb_mode(WANDB, {"WANDB_MODE": "online"}, lambda: "offline") == "online"
     assert wandb_mode({**WANDB, "offline": True}, {"WANDB_MODE": "online"}) == "offline"
 
 
@@ -208,7 +208,7 @@ class _RefusingWandbLogger(WandbLogger):
 def test_a_wandb_run_that_cannot_start_is_one_line_naming_the_logger_and_wandbs_message(tmp_path, offline_wandb):
     logger = _RefusingWandbLogger(save_dir=str(tmp_path), offline=True)
     with pytest.raises(UserError) as refused:
-        start_loggers([logger], ["wandb"], {"wandb": WANDB})
+        start_loggers([logger], {"wandb": WANDB})
     line = refused.value.line()
     assert line.startswith("logger.wandb: WandbLogger could not be set up: CommError: Failed to get resume status")
     assert "more detail" not in line and "WANDB_MODE=offline" in line

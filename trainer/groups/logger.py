@@ -103,18 +103,18 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
     return loggers
 
 
-def start_loggers(loggers: list[Logger], names: list[str], specs: Mapping[str, Mapping[str, Any]]) -> None:
+def start_loggers(loggers: list[Logger], specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Start each wandb run now, on rank 0, while the run is still being built. Lightning's
     WandbLogger calls `wandb.init` only at the first `logger.experiment`, inside fit, where a
     refusal (a key wandb rejects, no network, a folder it cannot write) was a long traceback after
     the data, the plan and the Trainer were made; here it is one line naming the logger, before
     anything trains. (The other ranks get Lightning's stand-in experiment and start nothing.)"""
-    for logger, name in zip(loggers, names):
+    for logger, (name, spec) in zip(loggers, specs.items()):  # build_loggers made one per spec, in order
         if isinstance(logger, WandbLogger):
             try:
                 _ = logger.experiment  # wandb.init, by Lightning's own path
             except Exception as ex:  # noqa: BLE001 - see the docstring
-                raise _setup_failure(name, specs.get(name, {}), ex) from None
+                raise _setup_failure(name, spec, ex) from None
 
 
 def _setup_failure(name: str, spec: Mapping[str, Any], ex: BaseException) -> UserError:
@@ -164,11 +164,12 @@ WANDB_LOCAL_MODES = ("offline", "dryrun", "disabled")
 
 
 def wandb_mode(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
-               configured: str | None = None) -> str:
+               configured: Callable[[], str | None] | None = None) -> str:
     """The mode a wandb run will have: the config's (`offline: true`, a `mode` passed to wandb.init),
-    else WANDB_MODE (WANDB_DISABLED=true: disabled), else `configured` (wandb's settings files, e.g.
-    after `wandb offline`), else online."""
-    return _stated_mode(spec, environ) or configured or "online"
+    else WANDB_MODE (WANDB_DISABLED=true: disabled), else `configured()` (default: wandb's settings
+    files, e.g. after `wandb offline`, read, importing wandb, only when neither of the others says),
+    else online."""
+    return _stated_mode(spec, environ) or (configured or _wandb_configured_mode)() or "online"
 
 
 def _stated_mode(spec: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
@@ -195,7 +196,7 @@ def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.e
         return None
     # wandb's settings files are read (wandb imported) only where neither the config nor the
     # environment says.
-    mode = _stated_mode(spec, environ) or (configured_mode or _wandb_configured_mode)() or "online"
+    mode = wandb_mode(spec, environ, configured_mode)
     if mode in WANDB_LOCAL_MODES:
         return None
     if (has_key or _wandb_has_key)() is not False:

@@ -127,7 +127,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
                             spec.identity.root)
         loggers = build_loggers(spec.loggers, run_dir, run.identity.logger_ids, labels)
         if run.rank_zero:  # a logger that cannot start refuses now, before anything trains
-            start_loggers(loggers, list(spec.loggers), spec.loggers)
+            start_loggers(loggers, spec.loggers)
     if loggers:
         # Every logger gets the lr per step and the resolved config with the plan's derived values.
         callbacks += logger_callbacks(run_hyperparameters(
