@@ -67,27 +67,16 @@ def compose_recipe(name: Optional[str], overrides: Sequence[str] = (),
 
     install()
     arguments = [*([f"+{recipes.RECIPE}={name}"] if name else []), *overrides]
-    with _team_folder(team_dir):
-        try:
-            with initialize_config_dir(config_dir=str(recipes.CONF_DIR), version_base="1.3"):
-                return compose(config_name="train", overrides=arguments)
-        except Exception as ex:  # noqa: BLE001 - the person's mistakes become one line, bugs stay as they are
-            line = None if full_error_requested() else describe_user_error(ex)
-            if line is None:
-                raise
-            raise ConfigError(line) from None
+    with _team_folder(team_dir), _as_config_error():
+        with initialize_config_dir(config_dir=str(recipes.CONF_DIR), version_base="1.3"):
+            return compose(config_name="train", overrides=arguments)
 
 
 def validate(cfg: Any) -> config_spec.RunSpec:
     """Run the framework's checks of a composed config (every group's keys, types, ranges and
     ``_target_`` imports) as a run does before it starts; the checked spec, or `ConfigError`."""
-    try:
+    with _as_config_error():
         return config_spec.validate(cfg)
-    except Exception as ex:  # noqa: BLE001 - as in compose_recipe
-        line = None if full_error_requested() else describe_user_error(ex)
-        if line is None:
-            raise
-        raise ConfigError(line) from None
 
 
 def check_recipe(name: str, overrides: Sequence[str] = (), team_dir: Optional[PathLike] = None) -> config_spec.RunSpec:
@@ -119,6 +108,19 @@ def _with_team_dir(team_dir: PathLike, environ: Any) -> str:
     first = str(Path(team_dir).resolve())
     rest = [entry for entry in environ.get(recipes.TEAM_DIRS_VARIABLE, "").split(os.pathsep) if entry]
     return os.pathsep.join([first, *(entry for entry in rest if entry != first)])
+
+
+@contextmanager
+def _as_config_error() -> Iterator[None]:
+    """The person's mistakes (those the command line reports in one line) as `ConfigError` with that
+    line; anything else, a bug, as it is (and everything with HYDRA_FULL_ERROR=1)."""
+    try:
+        yield
+    except Exception as ex:  # noqa: BLE001 - sorted by describe_user_error
+        line = None if full_error_requested() else describe_user_error(ex)
+        if line is None:
+            raise
+        raise ConfigError(line) from None
 
 
 @contextmanager
