@@ -155,8 +155,11 @@ def run_job(command: list[str], load_limit: float, settle_s: float) -> tuple[dic
     if out.returncode != 0:
         tail = "\n".join(out.stderr.strip().splitlines()[-5:])
         raise SystemExit(f"failed (exit {out.returncode}): {shlex.join(command)}\n{tail}")
+    # The flag from the loads as recorded (rounded), so that a reader recomputing it from the file
+    # agrees: from the unrounded ones, a load of 2.503 recorded as 2.5 was flagged above a limit of 2.5.
+    load_start, load_end = round(load_start, 2), round(load_end, 2)
     record = {"command": command, "started_utc": started_utc, "duration_s": round(duration, 2),
-              "load_start": round(load_start, 2), "load_end": round(load_end, 2), "settled_s": settled_s,
+              "load_start": load_start, "load_end": load_end, "settled_s": settled_s,
               "beside_other_load": beside_other_load(load_start, load_end, load_limit)}
     return record, out.stdout
 
