@@ -3,7 +3,9 @@ batch, frozen layers counted right), ResNet-18 within 2.5-3.1x its known forward
 caller's model untouched (weights, BatchNorm statistics, device, mode, no gradients); a model
 that cannot run on the meta device gives no count, with a reason; the peak table from NVIDIA's
 datasheets (A100, H100, H200 per precision, with and without TF32), unknown devices and MIG
-slices leave MFU out; the MFU arithmetic, None unless every input is known and positive."""
+slices leave MFU out; the one bf16 peak every precision's MFU is also taken against (the ResNet-50
+ladder on the H200 read on one scale); the MFU arithmetic, None unless every input is known and
+positive."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.measure.mfu import model_flops_utilization, peak_flops, training_flops_per_sample
+from trainer.measure.mfu import bf16_peak_flops, model_flops_utilization, peak_flops, training_flops_per_sample
 
 T = 10**12
 
@@ -155,6 +157,37 @@ def test_unknown_devices_leave_mfu_out(name: str):
         peak, how = peak_flops(name, precision, True)
         assert peak is None
         assert how == f"no known peak for '{name}' at {precision}: MFU left out"
+
+
+@pytest.mark.parametrize("name,part,tensor16,tf32,fp32", DEVICES, ids=[d[0] for d in DEVICES])
+def test_the_bf16_peak_is_the_same_whatever_the_precision(name: str, part: str, tensor16: float, tf32: float,
+                                                          fp32: float):
+    peak, how = bf16_peak_flops(name)
+    assert peak == pytest.approx(tensor16 * T, rel=1e-12)
+    assert how == f"{part} dense bf16 peak {tensor16:g} TFLOP/s (NVIDIA datasheet)"
+    assert (peak, how) == peak_flops(name, "bf16-mixed", False)
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA GH200 480GB", "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+                                  "cpu", ""])
+def test_no_bf16_peak_for_unknown_devices_with_the_reason(name: str):
+    assert bf16_peak_flops(name) == (None, f"no known dense bf16 peak for '{name}': MFU against it left out")
+
+
+def test_the_h200_ladder_on_one_peak_rises_with_its_throughput():
+    # The first GPU check (benchmarks/results/gpu/2026-12-04/ladder_mfu.md): resnet50_baseline (fp32,
+    # no TF32) at 30.8% of the fp32 peak and resnet50_optimized (bf16) at 11.8% of the bf16 peak,
+    # at 847 and 4,790 img/s. Against the one bf16 peak the same runs are 2.1% and 11.8%: MFU rises
+    # 5.65x with the throughput, as it must.
+    bf16, _ = bf16_peak_flops("NVIDIA H200")
+    fp32, _ = peak_flops("NVIDIA H200", "32-true", False)
+    flops = 24.3e9  # ResNet-50 at 224 px, forward + backward, as the plan counted it
+    baseline, optimized = 847.0, 4790.0
+    assert model_flops_utilization(baseline, flops, fp32) == pytest.approx(0.308, abs=0.001)
+    assert model_flops_utilization(optimized, flops, bf16) == pytest.approx(0.118, abs=0.001)
+    on_one_peak = [model_flops_utilization(rate, flops, bf16) for rate in (baseline, optimized)]
+    assert on_one_peak[0] == pytest.approx(0.0208, abs=0.0001)
+    assert on_one_peak[1] / on_one_peak[0] == pytest.approx(optimized / baseline)
 
 
 def test_unknown_precision_leaves_mfu_out():

@@ -4,8 +4,10 @@ MFU = achieved model FLOP/s / the device's dense peak FLOP/s for the math the pr
 docs/diagnosis.md ("Throughput and MFU, honestly") says how. The FLOPs are counted
 (``torch.utils.flop_counter`` on a meta-device copy, the real backward graph: the first layer has no
 input-gradient GEMM), not guessed as "3x forward" or "6 x params". An unknown device, a MIG slice or
-a CPU has no trustworthy peak, so MFU is left out with the reason. Every function returns its value
-with a one-line ``how`` (as every value the plan derives: docs/config.md, "Derived values")."""
+a CPU has no trustworthy peak, so MFU is left out with the reason. Beside the precision's own peak,
+every run's MFU is also taken against one peak, the dense bf16 tensor-core peak (`bf16_peak_flops`),
+so that stages of different precisions compare on one scale. Every function returns its value with a
+one-line ``how`` (as every value the plan derives: docs/config.md, "Derived values")."""
 
 from __future__ import annotations
 
@@ -105,6 +107,19 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | No
     dense = "dense " if column != _FP32 else ""
     peak = float(round(tflops * 10) * (TFLOP // 10))  # integer arithmetic: 66.9 -> 6.69e13 exactly
     return peak, f"{part} {dense}{label} peak {tflops:g} TFLOP/s (NVIDIA datasheet)"
+
+
+def bf16_peak_flops(device_name: str) -> tuple[float | None, str]:
+    """The device's dense 16-bit tensor-core peak FLOP/s (bf16; fp16's is the same on every part
+    listed), and where it comes from: the one peak every run's MFU is also reported against, whatever
+    its precision. MFU against the precision's own peak (`peak_flops`) falls as a ladder climbs from
+    fp32 (its peak 66.9 TFLOP/s on an H200) to bf16 (989.4), however much faster the step gets;
+    against this one peak, MFU moves with throughput. ``(None, reason)`` where the part is unknown,
+    a MIG slice or not a GPU."""
+    part = _part_name(device_name)
+    if part is None:
+        return None, f"no known dense bf16 peak for '{device_name}': MFU against it left out"
+    return peak_flops(device_name, "bf16-mixed", tf32=False)
 
 
 def peak_bandwidth(device_name: str) -> tuple[float | None, str]:
