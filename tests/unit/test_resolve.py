@@ -1,6 +1,6 @@
 """The resolve phase on its own, without a Trainer: for a handful of composed specs, the plan holds
 the settings and reasons the rules give (device, precision, global batch, batch-scaled lr and weight
-decay, kernel, loader, decode, progress output, cuDNN autotuning); and resolve is pure: called
+decay, kernel, loader, decode, progress output, cuDNN autotuning, the peaks MFU is taken against); and resolve is pure: called
 twice on the same inputs it returns equal plans and leaves the spec, the data module and the
 network as they were."""
 
@@ -14,6 +14,7 @@ import torch
 from tests.helpers import ON_CPU, compose, planned_run, prepared_run, write_photo_jpegs
 from trainer.configuration.spec import validate
 from trainer.phases.build import apply_to_data
+from trainer.phases import plan as plan_module
 from trainer.phases.plan import decide_probe, resolve
 
 
@@ -81,3 +82,27 @@ def test_the_spec_is_frozen(tmp_path):
     spec = validate(compose(ON_CPU))
     with pytest.raises(AttributeError):
         spec.data = {}  # type: ignore[misc]
+
+
+def test_on_a_cpu_neither_peak_is_known_and_the_plan_says_why(tmp_path):
+    plan = plan_for(["progress=off"], tmp_path)
+    assert plan.peak_flops is None and plan.peak_flops_note == "no known peak for the CPU: MFU left out"
+    assert plan.bf16_peak_flops is None
+    assert plan.bf16_peak_note == "no known dense bf16 peak for the CPU: MFU against it left out"
+    assert plan.derived["device.bf16_peak_flops"].value is None
+    assert plan.derived["device.bf16_peak_flops"].how == plan.bf16_peak_note
+
+
+@pytest.mark.parametrize("precision,tf32,own", [("32-true", False, "H200 SXM fp32 (non-tensor) peak 66.9 TFLOP/s"),
+                                                ("32-true", True, "H200 SXM dense tf32 peak 494.7 TFLOP/s"),
+                                                ("bf16-mixed", True, "H200 SXM dense bf16 peak 989.4 TFLOP/s")])
+def test_on_an_h200_every_precision_also_has_the_bf16_peak(tmp_path, monkeypatch, precision, tf32, own):
+    run = planned_run(compose([*ON_CPU, "progress=off"]), tmp_path)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    derived: dict = {}
+    _, (peak, note), (bf16_peak, bf16_note) = plan_module._flops(run.parts.net, run.parts, "cuda", precision, tf32,
+                                                                  derived)
+    assert note == f"{own} (NVIDIA datasheet)"
+    assert bf16_peak == 989.4e12 and bf16_note == "H200 SXM dense bf16 peak 989.4 TFLOP/s (NVIDIA datasheet)"
+    assert derived["device.bf16_peak_flops"].value == "989.4 TFLOP/s"
+    assert (peak == bf16_peak) == (precision == "bf16-mixed")

@@ -32,7 +32,7 @@ from trainer.groups.regularization import describe
 from trainer.groups.scheduler import describe as describe_schedule
 from trainer.groups.trainer import slurm_environment
 from trainer.infra.devices import Devices
-from trainer.measure.mfu import peak_flops, training_flops_per_sample
+from trainer.measure.mfu import bf16_peak_flops, peak_flops, training_flops_per_sample
 from trainer.models.activation_checkpointing import select_stages
 from trainer.phases.products import Parts
 
@@ -152,6 +152,10 @@ class Plan:
     flops_per_sample: int | None
     peak_flops: float | None
     peak_flops_note: str
+    #: The device's dense bf16 tensor-core peak FLOP/s, where known, whatever the precision: the one
+    #: peak every run's MFU is also taken against, so that runs of different precisions compare.
+    bf16_peak_flops: float | None
+    bf16_peak_note: str
     derived: Mapping[str, Derived]
     #: What the studies say about this setting, to print at start (trainer/groups/optimizer/scaling.py).
     warnings: tuple[str, ...] = ()
@@ -228,7 +232,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     recipe = _optimizer(spec, probe, net, global_batch * units, lr, derived)
     tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
-    flops, peak, peak_note = _flops(net, parts, accelerator, probe.precision, tf32, derived)
+    flops, (peak, peak_note), (bf16_peak, bf16_note) = _flops(net, parts, accelerator, probe.precision, tf32, derived)
     variable = bool(getattr(datamodule, "variable_shapes", False))
     stages, compile_mode, dynamic = _model_changes(spec, net, accelerator, probe, derived, resize, variable)
     derived["clipping"] = Derived(parts.clipping.mode, parts.clipping.describe())
@@ -243,8 +247,9 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
                                              "without its auto-requeue (preemption is submitit's signal here)")
     return Plan(accelerator, probe.devices.per_node, probe.precision, loader, decode, batch, global_batch, recipe, tf32,
                 probe.channels_last, compile_mode, stages, probe.progress, probe.cudnn_benchmark, slurm, flops, peak,
-                peak_note, MappingProxyType(derived), _warnings(spec, definition.unit, global_batch, units), resize,
-                definition.unit, units, dynamic, spec.communication)
+                peak_note, bf16_peak, bf16_note, MappingProxyType(derived),
+                _warnings(spec, definition.unit, global_batch, units), resize, definition.unit, units, dynamic,
+                spec.communication)
 
 
 def _warnings(spec: RunSpec, unit: str, global_batch: int, units_per_sample: int) -> tuple[str, ...]:
@@ -293,11 +298,12 @@ def _optimizer(spec: RunSpec, probe: Probe, net: nn.Module, global_batch: int, f
     return recipe
 
 
-def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32: bool,
-           derived: dict[str, Derived]) -> tuple[int | None, float | None, str]:
+def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32: bool, derived: dict[str, Derived]
+           ) -> tuple[int | None, tuple[float | None, str], tuple[float | None, str]]:
     """The model's training FLOPs per unit of the task: the task's own count where it has one (a
     Transformer's 6N plus attention), else counted on the plain network (before activation
-    checkpointing and compile change it); and the device's peak for the math it will run."""
+    checkpointing and compile change it); the device's peak for the math it will run, and its dense
+    bf16 peak (the one peak every precision's MFU is also taken against), each with its note."""
     definition, info = parts.definition, parts.info
     flops, how = definition.flops_per_unit(net)
     if flops is None and not how:
@@ -311,11 +317,15 @@ def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32:
     key = "model.flops_per_sample" if unit == "sample" else f"model.flops_per_{unit}"
     derived[key] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
     if accelerator == "cuda":
-        peak, peak_how = peak_flops(torch.cuda.get_device_name(), precision, tf32)
+        name = torch.cuda.get_device_name()
+        peak, peak_how = peak_flops(name, precision, tf32)
+        bf16_peak, bf16_how = bf16_peak_flops(name)
     else:
         peak, peak_how = None, f"no known peak for the {accelerator.upper()}: MFU left out"
+        bf16_peak, bf16_how = None, f"no known dense bf16 peak for the {accelerator.upper()}: MFU against it left out"
     derived["device.peak_flops"] = Derived(f"{peak / 1e12:.1f} TFLOP/s" if peak else None, peak_how)
-    return flops, peak, peak_how
+    derived["device.bf16_peak_flops"] = Derived(f"{bf16_peak / 1e12:.1f} TFLOP/s" if bf16_peak else None, bf16_how)
+    return flops, (peak, peak_how), (bf16_peak, bf16_how)
 
 
 def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str, probe: Probe, derived: dict[str, Derived],
