@@ -2,7 +2,8 @@
 order, stage names, the config keys each job changed, speed-ups over the first job, failed jobs
 and jobs without a summary as rows of their own, the Markdown table and details, the PNG chart,
 the `python -m trainer.measure.comparison` command, and the Hydra callback (one line on a failure, a
-non-zero exit after the table when no job completed, nothing for a single run)."""
+non-zero exit after the table when no job completed, nothing for a single run); MFU against each
+precision's own peak beside MFU against the one bf16 peak, where the jobs have them."""
 
 from __future__ import annotations
 
@@ -336,3 +337,46 @@ def test_other_seeds_of_the_first_setting_get_no_speed_up(tmp_path: Path):
     assert rows[1].speedup is None and "only the seed" in rows[1].changed
     assert rows[2].speedup == pytest.approx(1.5)
     assert "1.12x" not in to_markdown(rows, load_jobs(root))
+
+
+def test_mfu_against_the_bf16_peak_beside_the_precisions_own(tmp_path: Path):
+    """The H200 ladder's first and last stages (benchmarks/results/gpu/2026-12-04/ladder_mfu.md): fp32
+    at 30.8% of the fp32 peak and bf16 at 11.8% of the bf16 peak; on the one bf16 peak 2.1% and 11.8%.
+    A summary written before the meter reported `mfu_bf16_peak` shows "-" there; without any MFU (a
+    CPU) the columns are not there."""
+    root = tmp_path / "multirun"
+    baseline = summary("resnet50_baseline", 847.0, 12248, 7.11, 0.0)
+    baseline["throughput"].update(mfu=0.3077, mfu_note="H200 SXM fp32 (non-tensor) peak 66.9 TFLOP/s (NVIDIA datasheet)",
+                                  mfu_bf16_peak=0.0208, bf16_peak_flops=989.4e12)
+    optimized = summary("resnet50_optimized", 4790.0, 10212, 7.02, 0.0, precision="bf16-mixed")
+    optimized["throughput"].update(mfu=0.1176, mfu_note="H200 SXM dense bf16 peak 989.4 TFLOP/s (NVIDIA datasheet)",
+                                   mfu_bf16_peak=0.1176, bf16_peak_flops=989.4e12)
+    older = summary("resnet50_amp", 2114.0, 8566, 7.12, 0.0, precision="bf16-mixed")
+    older["throughput"].update(mfu=0.0519, mfu_note="H200 SXM dense bf16 peak 989.4 TFLOP/s (NVIDIA datasheet)")
+    for number, data in enumerate((baseline, optimized, older)):
+        write_job(root, number, data, config("bf16_mixed" if number else "fp32"))
+    jobs = load_jobs(root)
+    rows = comparison_rows(jobs)
+    assert [(r.mfu, r.mfu_bf16_peak) for r in rows] == [(0.3077, 0.0208), (0.1176, 0.1176), (0.0519, None)]
+    markdown = to_markdown(rows, jobs)
+    table = [line for line in markdown.splitlines() if line.startswith("| ")]
+    assert table[0] == ("| stage | what it changed | samples/s | speed-up | MFU | MFU (bf16 peak) | peak MiB | final loss "
+                        "| loss spread | val acc | test acc |")
+    assert table[1].startswith("| resnet50_baseline | (first stage) | 847 | 1.00x | 30.8% | 2.1% | 12248 |")
+    assert table[2].startswith("| resnet50_optimized | precision.name=bf16_mixed | 4,790 | 5.66x | 11.8% | 11.8% |")
+    assert table[3].startswith("| resnet50_amp | (no config change) | 2,114 | 2.50x | 5.2% | - | 8566 |")
+    assert "MFU (bf16 peak): every job against the device's dense bf16 peak" in markdown
+    details = markdown.split("## Details", 1)[1]
+    assert ("- MFU 30.8% (H200 SXM fp32 (non-tensor) peak 66.9 TFLOP/s (NVIDIA datasheet))\n"
+            "- MFU against the dense bf16 peak 2.1% (of 989.4 TFLOP/s)") in details
+    assert details.count("against the dense bf16 peak") == 2  # not for the older summary
+    failed = summary("resnet50_compile", 3533.0, 10403, 7.1, 0.0, status="failed")
+    failed["throughput"].update(mfu=0.087, mfu_bf16_peak=0.087)
+    write_job(root, 3, failed, config("bf16_mixed"))
+    assert comparison_rows(load_jobs(root))[3].mfu_bf16_peak is None  # a failed job shows no numbers
+
+
+def test_without_any_mfu_the_table_has_no_mfu_columns(sweep: Path):
+    jobs = load_jobs(sweep)
+    markdown = to_markdown(comparison_rows(jobs), jobs)
+    assert "MFU" not in markdown

@@ -35,6 +35,8 @@ MARKDOWN_NAME = "comparison.md"
 CHART_NAME = "comparison.png"
 COLUMNS = ("stage", "what it changed", "samples/s", "speed-up", "peak MiB", "final loss", "loss spread", "val acc",
            "test acc")
+#: Shown after speed-up (and the time to target) when a job has an MFU.
+MFU_COLUMNS = ("MFU", "MFU (bf16 peak)")
 CHANGES_SHOWN = 4  # more than this does not fit a table cell; the Details section lists them all
 FIRST_STAGE = "(first stage)"
 NO_SUMMARY = "no summary.json"
@@ -78,6 +80,11 @@ class Row:
     #: whole training time over this job's time to target).
     target_speedup_at_least: bool = False
     target_note: str = ""
+    #: MFU against the precision's own peak (fp32 against the FP32 or TF32 peak, bf16 against the
+    #: bf16 peak), and against the device's dense bf16 peak whatever the precision: the one scale on
+    #: which stages of different precisions compare. None where unknown (a CPU, an older summary).
+    mfu: float | None = None
+    mfu_bf16_peak: float | None = None
 
 
 # --------------------------------------------------------------------------- reading a sweep
@@ -226,7 +233,8 @@ def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
     for index, job in enumerate(jobs):
         status = _status(job)
         numbers: dict[str, Any] = dict.fromkeys(  # float or None each, Row's fields of those names
-            ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc", "test_acc"))
+            ("samples_per_s", "speedup", "peak_mib", "final_loss", "loss_spread", "val_acc", "test_acc", "mfu",
+             "mfu_bf16_peak"))
         if status == "completed":
             summary = job.summary or {}
             rate = _samples_per_s(job)
@@ -239,6 +247,9 @@ def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
                 loss_spread=_number(_get(summary, "loss", "spread")),
                 val_acc=_number(_get(summary, "metrics", "val", "acc")),
                 test_acc=_number(_get(summary, "metrics", "test", "acc")),
+                mfu=_number(_get(summary, "throughput", "mfu")),
+                # Summaries written before the meter reported it have none: "-".
+                mfu_bf16_peak=_number(_get(summary, "throughput", "mfu_bf16_peak")),
             )
         timing = _time_to_target(job, jobs[0] if jobs else None)
         changed = _what_changed(jobs, index)
@@ -318,9 +329,12 @@ def _number(value: Any) -> float | None:
 
 def markdown_table(rows: Sequence[Row]) -> str:
     """The comparison table alone (what the sweep prints at its end); with "time to target" and
-    "speed-up to target" beside samples/s when the jobs name a target (target.metric/value)."""
+    "speed-up to target" beside samples/s when the jobs name a target (target.metric/value), and
+    "MFU" and "MFU (bf16 peak)" after them when a job has an MFU (a GPU in the peak table)."""
     targets = any(row.target_s is not None or row.target_note for row in rows)
-    columns = list(COLUMNS[:4]) + (["time to target", "speed-up to target"] if targets else []) + list(COLUMNS[4:])
+    mfu = _has_mfu(rows)
+    columns = (list(COLUMNS[:4]) + (["time to target", "speed-up to target"] if targets else [])
+               + (list(MFU_COLUMNS) if mfu else []) + list(COLUMNS[4:]))
     lines = ["| " + " | ".join(columns) + " |", "|---|---|" + "---:|" * (len(columns) - 2)]
     for row in rows:
         stage = row.stage if row.status == "completed" else f"{row.stage} ({row.status})"
@@ -328,10 +342,16 @@ def markdown_table(rows: Sequence[Row]) -> str:
         if targets:
             speedup = _fmt(row.target_speedup, "> {:.2f}x" if row.target_speedup_at_least else "{:.2f}x")
             cells += [row.target_note or _fmt(row.target_s, "{:.1f} s"), speedup]
+        if mfu:
+            cells += [_fmt(row.mfu, "{:.1%}"), _fmt(row.mfu_bf16_peak, "{:.1%}")]
         cells += [_fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
                   _fmt(row.val_acc, "{:.4f}"), _fmt(row.test_acc, "{:.4f}")]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
+
+
+def _has_mfu(rows: Sequence[Row]) -> bool:
+    return any(row.mfu is not None or row.mfu_bf16_peak is not None for row in rows)
 
 
 def to_markdown(rows: Sequence[Row], jobs: Sequence[SweepJob], settings: Sequence[Setting] | None = None) -> str:
@@ -376,6 +396,11 @@ def _notes(rows: Sequence[Row], jobs: Sequence[SweepJob], summaries: list[dict[s
         notes.append(f"Speed-up is relative to the first stage (job {rows[0].number}).")
     elif rows:
         notes.append(f"No speed-up: the first stage (job {rows[0].number}) has no throughput to compare with.")
+    if _has_mfu(rows):
+        notes.append("MFU: against the peak of the math each job's precision runs (fp32 against the FP32 or TF32 "
+                     "peak, bf16 against the bf16 peak), so it falls where a stage moves from fp32 to bf16 however "
+                     "much faster it got; MFU (bf16 peak): every job against the device's dense bf16 peak, the one "
+                     "scale on which stages of different precisions compare (- where a summary has none).")
     memory = next((s["peak_memory"]["what"] for s in summaries
                    if isinstance(s.get("peak_memory"), dict) and s["peak_memory"].get("what")), None)
     if memory:
@@ -407,9 +432,15 @@ def _details(jobs: Sequence[SweepJob], index: int, row: Row) -> list[str]:
     lines += _config_details(jobs, index)
     lines += _derived_details(jobs, index)
     throughput = summary.get("throughput")
-    if isinstance(throughput, dict) and throughput.get("mfu") is not None:
+    if not isinstance(throughput, dict):
+        return lines + [""]
+    if throughput.get("mfu") is not None:
         lines.append(f"- MFU {_fmt(_number(throughput['mfu']), '{:.1%}')}"
                      + (f" ({throughput['mfu_note']})" if throughput.get("mfu_note") else ""))
+    one_peak, bf16_peak = _number(throughput.get("mfu_bf16_peak")), _number(throughput.get("bf16_peak_flops"))
+    if one_peak is not None:
+        lines.append(f"- MFU against the dense bf16 peak {one_peak:.1%}"
+                     + (f" (of {bf16_peak / 1e12:,.1f} TFLOP/s)" if bf16_peak else ""))
     return lines + [""]
 
 
