@@ -1,7 +1,8 @@
 """The NVML utilisation sampler (trainer/callbacks/utilisation.py), with a stand-in pynvml: the
 summary's arithmetic (means, percentiles, power in watts), the means logged at the log interval,
 NVML errors counted without stopping the sampling, the thread stopped and joined at fit's end, the
-device found by its PCI address; and, for real on this machine, the reasons it does not sample
+device found by its PCI address, the summary over the throughput meter's timed windows only (the
+whole fit, said so, where there are none or no sample fell inside); and, for real on this machine, the reasons it does not sample
 (a CPU run, NVML that will not start), and summary.json's entry when the run has no sampler."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from trainer.callbacks import utilisation
+from trainer.callbacks.throughput import ThroughputMeter
 from trainer.callbacks.utilisation import (NOT_AMONG_CALLBACKS, UtilisationSampler, device_utilisation, nvml_bus_id,
                                            percentile)
 
@@ -200,3 +202,77 @@ def test_percentiles_interpolate_between_ranks():
     assert percentile([0.0, 10.0], 50) == 5.0
     assert percentile([float(v) for v in range(101)], 95) == 95.0
     assert utilisation.percentile([0.0, 100.0, 100.0], 95) == 100.0
+
+
+def sampled_at(times_and_readings: list[tuple[float, tuple[int, int, int]]]) -> UtilisationSampler:
+    """A stopped sampler holding one sample per (time, reading): the first taken by its thread at
+    start, the others by hand, the clock set to each time before it is read."""
+    now = [times_and_readings[0][0]]
+    sampler = UtilisationSampler(interval_s=60, nvml=fake_pynvml([r for _, r in times_and_readings]),
+                                 clock=lambda: now[0])
+    sampler.start(torch.device("cuda", 0))
+    deadline = time.monotonic() + 5
+    while not sampler.samples and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for at, _ in times_and_readings[1:]:
+        now[0] = at
+        sampler.sample()
+    sampler.stop()
+    return sampler
+
+
+# The start-up (loaders, autotuning, warm-up) at 5% busy, then two timed windows at 90% and 100%.
+STARTUP_THEN_WINDOWS = [(0.0, (5, 1, 100_000)), (0.5, (5, 1, 100_000)), (1.0, (10, 2, 150_000)),
+                        (2.0, (90, 40, 600_000)), (2.5, (80, 30, 500_000)), (3.2, (100, 50, 700_000)),
+                        (4.0, (0, 0, 90_000))]
+
+
+def test_the_summary_is_over_the_throughput_meters_windows_only(visible_gpu):
+    sampler = sampled_at(STARTUP_THEN_WINDOWS)
+    assert [s.at for s in sampler.samples] == [0.0, 0.5, 1.0, 2.0, 2.5, 3.2, 4.0]
+    summary = sampler.summary([(1.8, 2.6), (3.0, 3.5)])
+    assert summary["over"] == "the throughput meter's 2 timed windows (1.3 s)"
+    assert summary["samples"] == 3 and summary["seconds"] == pytest.approx(1.3)
+    assert summary["gpu_util_mean"] == 90 and summary["gpu_util_p50"] == 90
+    assert summary["mem_bw_util_mean"] == 40 and summary["power_w_mean"] == 600 and summary["power_w_max"] == 700
+    # The fit's means beside them: the start-up pulls them down, as it did on the H200 (15-18%).
+    whole = summary["whole_fit"]
+    assert whole["samples"] == 7 and whole["seconds"] == 4.0
+    assert whole["gpu_util_mean"] == pytest.approx(290 / 7)
+
+
+def test_without_windows_the_summary_is_over_the_whole_fit_and_says_so(visible_gpu):
+    sampler = sampled_at(STARTUP_THEN_WINDOWS)
+    summary = sampler.summary()
+    assert summary["over"] == "the whole fit (4.0 s): the throughput meter timed no window"
+    assert summary["samples"] == 7 and summary["seconds"] == 4.0 and "whole_fit" not in summary
+    assert summary["gpu_util_mean"] == pytest.approx(290 / 7)
+
+
+def test_a_window_between_two_samples_falls_back_to_the_whole_fit_with_why(visible_gpu):
+    # A 16-step run on an H200 times one window of ~0.3 s: shorter than the interval, it may hold no sample.
+    sampler = sampled_at(STARTUP_THEN_WINDOWS)
+    summary = sampler.summary([(2.6, 2.9)])
+    assert summary["over"] == ("the whole fit (4.0 s): no sample fell inside the throughput meter's 1 timed window "
+                               "(0.30 s, a sample every 60 s)")
+    assert summary["samples"] == 7 and "whole_fit" not in summary
+
+
+def test_summary_json_finds_the_meters_windows_among_the_callbacks(visible_gpu):
+    sampler = sampled_at(STARTUP_THEN_WINDOWS)
+    meter = ThroughputMeter()
+    meter.window_spans = [(1.9, 2.1)]
+    summary = device_utilisation([meter, object(), sampler])
+    assert summary["over"] == "the throughput meter's 1 timed window (0.2 s)"
+    assert summary["samples"] == 1 and summary["gpu_util_mean"] == 90
+    assert device_utilisation([sampler])["over"].endswith("the throughput meter timed no window")
+
+
+def test_samples_are_stamped_on_the_meters_clock(visible_gpu):
+    sampler = UtilisationSampler(interval_s=60, nvml=fake_pynvml([(40, 5, 50_000)]))
+    before = time.perf_counter()
+    sampler.start(torch.device("cuda", 0))
+    sampler.sample()
+    sampler.stop()
+    after = time.perf_counter()
+    assert sampler.samples and all(before <= s.at <= after for s in sampler.samples)

@@ -4,22 +4,27 @@ written) and power, every half second on a thread of its own from fit's start to
 
 Logged as ``device/gpu_util``, ``device/mem_bw_util`` (percent) and ``device/power_w`` (the means
 since the last log) every ``trainer.log_every_n_steps`` steps, and summarised for summary.json's
-``device_utilisation`` (`device_utilisation`). Sampling reads NVML's counters only: it never
-synchronizes the device nor touches the training thread. Where it cannot sample (no CUDA, no
-pynvml, NVML refusing to start) the summary says why and the run goes on."""
+``device_utilisation`` (`device_utilisation`) over the throughput meter's timed windows only: the
+means over the whole fit take in the start-up (building the loaders, cuDNN autotuning, compiling,
+the warm-up steps), which kept the first H200 check's short runs at 15-18% "GPU util" whatever
+they did. Each sample is stamped with `time.perf_counter()`, the meter's clock. Sampling reads
+NVML's counters only: it never synchronizes the device nor touches the training thread. Where it
+cannot sample (no CUDA, no pynvml, NVML refusing to start) the summary says why and the run goes
+on."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
-from typing import Annotated, Any, Callable, Iterable, Optional
+from typing import Annotated, Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from trainer.callbacks.steps import at_log_step
+from trainer.callbacks.throughput import ThroughputMeter
 from trainer.infra.schema import POSITIVE, Doc
 
 #: What summary.json says of a run whose callbacks do not include the sampler.
@@ -31,11 +36,29 @@ def not_sampled(reason: str) -> dict[str, Any]:
 
 
 def device_utilisation(callbacks: Iterable[Any]) -> dict[str, Any]:
-    """summary.json's ``device_utilisation``: the sampler's summary if the run has one, else why not."""
+    """summary.json's ``device_utilisation``: the sampler's summary if the run has one, else why not;
+    over the timed windows of the run's throughput meter (among the same callbacks) where it has any."""
+    callbacks = list(callbacks)
+    windows = next((c.window_spans for c in callbacks if isinstance(c, ThroughputMeter)), [])
     for callback in callbacks:
         if isinstance(callback, UtilisationSampler):
-            return callback.summary()
+            return callback.summary(windows)
     return {"sampled": False, "why": NOT_AMONG_CALLBACKS}
+
+
+class Sample(NamedTuple):
+    #: When NVML answered, in `time.perf_counter()` seconds (the throughput meter's clock). NVML's
+    #: reading covers its own sample period before that (1/6 s to 1 s, by the device).
+    at: float
+    gpu: float
+    memory: float
+    watts: float
+
+
+def _means(samples: Sequence[Sample]) -> dict[str, float]:
+    return {"gpu_util_mean": sum(s.gpu for s in samples) / len(samples),
+            "mem_bw_util_mean": sum(s.memory for s in samples) / len(samples),
+            "power_w_mean": sum(s.watts for s in samples) / len(samples)}
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -58,7 +81,9 @@ class UtilisationSampler(Callback):
 
     def __init__(self, interval_s: Annotated[float, POSITIVE, Doc("seconds between two NVML samples (NVML's own "
                                                                   "counters average over 1/6 s to 1 s)")] = 0.5,
-                 nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 nvml: Any = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """`clock`: what stamps the samples; the throughput meter's windows are read on
+        `time.perf_counter()`, so a stand-in is only for tests."""
         self.interval_s = interval_s
         self._nvml = nvml
         self._clock = clock
@@ -67,8 +92,8 @@ class UtilisationSampler(Callback):
         self._thread: Optional[threading.Thread] = None
         self._handle: Any = None
         self._started_nvml = False
-        #: (gpu %, memory-bandwidth %, watts) per sample, in the order taken.
-        self.samples: list[tuple[float, float, float]] = []
+        #: (when, gpu %, memory-bandwidth %, watts) per sample, in the order taken.
+        self.samples: list[Sample] = []
         self._logged_upto = 0
         self.errors = 0
         self.last_error: Optional[str] = None
@@ -179,9 +204,10 @@ class UtilisationSampler(Callback):
                 self.errors += 1
                 self.last_error = f"{type(ex).__name__}: {ex}"
             return
+        at = self._clock()
         with self._lock:
-            self.samples.append((float(rates.gpu), float(rates.memory), float(watts)))
-            self._ended = self._clock()
+            self.samples.append(Sample(at, float(rates.gpu), float(rates.memory), float(watts)))
+            self._ended = at
 
     # -- what it found ----------------------------------------------------------------------------
     def means_since_last_log(self) -> dict[str, float]:
@@ -190,25 +216,42 @@ class UtilisationSampler(Callback):
             fresh, self._logged_upto = self.samples[self._logged_upto:], len(self.samples)
         if not fresh:
             return {}
-        return {name: sum(s[i] for s in fresh) / len(fresh)
-                for i, name in enumerate(("device/gpu_util", "device/mem_bw_util", "device/power_w"))}
+        means = _means(fresh)
+        return {"device/gpu_util": means["gpu_util_mean"], "device/mem_bw_util": means["mem_bw_util_mean"],
+                "device/power_w": means["power_w_mean"]}
 
-    def summary(self) -> dict[str, Any]:
-        """summary.json's ``device_utilisation``: what was sampled, or why nothing was."""
+    def summary(self, windows: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+        """summary.json's ``device_utilisation``: what was sampled, or why nothing was. `windows`: the
+        throughput meter's timed windows, (start, end) in `time.perf_counter()` seconds; the figures
+        are over the samples taken inside them (`over` says so, and `whole_fit` gives the fit's means
+        beside them), or over the whole fit, with why, where there are none or none fell inside."""
         with self._lock:
             samples, errors, last_error = list(self.samples), self.errors, self.last_error
         if self.why_not is not None:
             return not_sampled(self.why_not)
         if not samples:
             return not_sampled(f"every NVML query failed ({errors}, the last: {last_error})")
-        gpu = sorted(s[0] for s in samples)
-        watts = [s[2] for s in samples]
-        return {
-            "sampled": True, "device": self.device_name, "samples": len(samples), "interval_s": self.interval_s,
-            "seconds": round(self._ended - self._began, 3),
-            "gpu_util_mean": sum(gpu) / len(gpu), "gpu_util_p50": percentile(gpu, 50),
-            "gpu_util_p95": percentile(gpu, 95),
-            "mem_bw_util_mean": sum(s[1] for s in samples) / len(samples),
-            "power_w_mean": sum(watts) / len(watts), "power_w_max": max(watts),
+        fit_seconds = self._ended - self._began
+        timed = sum(end - start for start, end in windows)
+        inside = [s for s in samples if any(start <= s.at <= end for start, end in windows)]
+        count = f"{len(windows)} timed window{'s' if len(windows) != 1 else ''}"
+        if inside:
+            chosen, seconds, over = inside, timed, f"the throughput meter's {count} ({timed:.1f} s)"
+        elif windows:
+            chosen, seconds, over = samples, fit_seconds, (
+                f"the whole fit ({fit_seconds:.1f} s): no sample fell inside the throughput meter's {count} "
+                f"({timed:.2f} s, a sample every {self.interval_s:g} s)")
+        else:
+            chosen, seconds, over = samples, fit_seconds, (
+                f"the whole fit ({fit_seconds:.1f} s): the throughput meter timed no window")
+        gpu = sorted(s.gpu for s in chosen)
+        result = {
+            "sampled": True, "device": self.device_name, "over": over, "samples": len(chosen),
+            "interval_s": self.interval_s, "seconds": round(seconds, 3),
+            **_means(chosen), "gpu_util_p50": percentile(gpu, 50), "gpu_util_p95": percentile(gpu, 95),
+            "power_w_max": max(s.watts for s in chosen),
             "errors": errors, **({"last_error": last_error} if last_error else {}),
         }
+        if inside:
+            result["whole_fit"] = {"samples": len(samples), "seconds": round(fit_seconds, 3), **_means(samples)}
+        return result
