@@ -11,18 +11,12 @@ import math
 
 import pytest
 
-from tests.gpu.common import GPU, ProbeNet, checkpoint, probe_run
+from tests.gpu.common import GPU, PROBE_STATE_KEYS, ProbeNet, checkpoint, probe_run
 from tests.helpers import run_in_process
 
 pytestmark = [*GPU, pytest.mark.slow]
 
 STEPS = 4
-#: ProbeNet's own state-dict keys (the task holds it as `net`).
-EAGER_KEYS = {f"net.{k}" for k in (
-    "features.0.weight", "features.1.weight", "features.1.bias", "features.1.running_mean",
-    "features.1.running_var", "features.1.num_batches_tracked", "features.3.weight", "features.4.weight",
-    "features.4.bias", "features.4.running_mean", "features.4.running_var", "features.4.num_batches_tracked",
-    "classifier.weight", "classifier.bias")}
 
 
 @pytest.mark.parametrize("choice, mode", [("default", "default"), ("reduce_overhead", "reduce-overhead"),
@@ -40,4 +34,4 @@ def test_a_compiled_run_trains_and_saves_plain_keys(tmp_path, choice, mode):
     assert len(losses) == STEPS and all(math.isfinite(v) for v in losses), losses
     state = checkpoint(tmp_path / "checkpoints" / "last.ckpt")["state_dict"]
     assert not [k for k in state if "_orig_mod." in k]
-    assert {k for k in state if k.startswith("net.")} == EAGER_KEYS
+    assert {k for k in state if k.startswith("net.")} == PROBE_STATE_KEYS

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.common import GPU, checkpoint
+from tests.gpu.common import BATCH_COPY, GPU, checkpoint, counting_copies, digits_copy_run, wrap
 from tests.helpers import run_in_process
 from trainer.data.transfer import SideStreamCopy
 
@@ -33,25 +33,14 @@ def test_the_side_stream_copy_equals_the_host_batch():
 
 def run_digits(tmp_path, overlap: bool) -> tuple[dict, dict]:
     run_dir = tmp_path / f"overlap_{overlap}"
-    summary = run_in_process(["data=digits", "model=small_cnn", "data.batch_size=32", "data.pin_memory=true",
-                              f"data.copy_overlap={str(overlap).lower()}", f"trainer.max_steps={STEPS}",
-                              "trainer.max_epochs=1", "trainer.num_sanity_val_steps=0", "trainer.limit_val_batches=1",
-                              "trainer.limit_test_batches=1", "trainer.deterministic=true", "progress=off"], run_dir)
+    summary = run_in_process(digits_copy_run(STEPS, overlap), run_dir)
     assert summary is not None and summary["status"] == "completed", summary
     return summary, checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
 
 
 def test_training_with_the_overlap_matches_training_without(tmp_path, monkeypatch):
     calls: list[str] = []
-    original = SideStreamCopy.__call__
-
-    def counted(self, batch, device):
-        before = self.overlapped
-        moved = original(self, batch, device)
-        calls.append("overlapped" if self.overlapped > before else "plain")
-        return moved
-
-    monkeypatch.setattr(SideStreamCopy, "__call__", counted)
+    wrap(monkeypatch, BATCH_COPY, counting_copies(calls))
     with_overlap, weights_with = run_digits(tmp_path, True)
     assert with_overlap["derived"]["data.copy_overlap"]["value"] is True
     assert calls.count("overlapped") >= STEPS and "plain" not in calls

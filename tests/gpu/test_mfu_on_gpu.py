@@ -8,17 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.gpu.common import GPU
+from tests.gpu.common import GPU, probe_flops_per_sample
 
 pytestmark = [*GPU]
 
-# ProbeNet(width=32) on 3x32x32 images, per sample. conv1 (3->32, 3x3, 32x32): forward and weight
-# gradient (its input needs no gradient); conv2 (32->64, 3x3, stride 2, 16x16 out) and the
-# classifier (64->10): forward, weight gradient and input gradient.
-CONV1 = 2 * 3 * 9 * 32 * 32 * 32
-CONV2 = 2 * 32 * 9 * 64 * 16 * 16
-LINEAR = 2 * 64 * 10
-FLOPS_PER_SAMPLE = 2 * CONV1 + 3 * CONV2 + 3 * LINEAR
+#: ProbeNet(width=32) on 3x32x32 images, per sample (the formula: `probe_flops_per_sample`).
+FLOPS_PER_SAMPLE = probe_flops_per_sample(width=32, image=32)
 
 
 def test_mfu_for_a_known_gpu(auto_run):

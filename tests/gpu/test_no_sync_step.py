@@ -7,65 +7,36 @@ per step on CUDA, counted (`callbacks=host_reads`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from typing import Iterator
 
 import pytest
 import torch
-from torch import nn
 
-from tests.gpu.common import GPU
+from tests.gpu.common import GPU, guarded_steps
 from tests.helpers import run_in_process
-from tests.unit.test_nonfinite import fake_trainer
-from trainer.groups.clipping import GradientClipping, Percentile
-from trainer.groups.nonfinite import NonFiniteGuard
 
 pytestmark = [*GPU]
 
 
-@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True, "capturable": True}], ids=["fused", "foreach"])
-def test_clipping_and_guard_steps_do_not_synchronize(tmp_path, kernel):
-    torch.manual_seed(0)
-    device = torch.device("cuda")
-    module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
-    module.log = lambda *a, **k: None
-    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3, **kernel)
-    clipping = GradientClipping(Percentile(calibration_steps=8, rolling_window=16))
-    guard, trainer = NonFiniteGuard(max_consecutive=100), fake_trainer(tmp_path, log_every_n_steps=10 ** 6)
-    x, y = torch.randn(64, 32, device=device), torch.randn(64, 10, device=device)
-    nan, spike = torch.tensor(float("nan"), device=device), torch.tensor(100.0, device=device)
-    # The optimizer's state and the callbacks' device buffers are made on the first step (allowed to copy).
-    for _ in range(2):
-        loss = (module(x) - y).square().mean()
-        loss.backward()
-        guard.on_before_backward(trainer, module, loss)
-        guard.on_before_optimizer_step(trainer, module, optimizer)
-        clipping.clip_on_device([p for p in module.parameters()])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        trainer.global_step += 1
-    torch.cuda.synchronize()
+@contextlib.contextmanager
+def no_sync() -> Iterator[None]:
+    """Any synchronizing CUDA call raises inside."""
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for step in range(20):
-            loss = (module(x) - y).square().mean()
-            if step in (5, 11):
-                loss = loss * nan
-            if step in (3, 14):
-                loss = loss * spike
-            guard.on_before_backward(trainer, module, loss)
-            loss.backward()
-            guard.on_before_optimizer_step(trainer, module, optimizer)
-            clipping.clip_on_device([p for p in module.parameters()])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            trainer.global_step += 1
-            guard.on_train_batch_end(trainer, module, None, None, 0)  # not a log step: no read
+        yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    summary = guard.summary()
-    assert summary["skipped_at"] == [7, 13]
-    assert clipping.summary()["steps_clipped"] >= 1 and clipping.nonfinite_steps == 2
-    assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+@pytest.mark.parametrize("kernel", [{"fused": True}, {"foreach": True, "capturable": True}], ids=["fused", "foreach"])
+def test_clipping_and_guard_steps_do_not_synchronize(tmp_path, kernel):
+    # The optimizer's state and the callbacks' device buffers are made in the first steps (allowed to copy).
+    steps = guarded_steps(torch.device("cuda", torch.cuda.current_device()), kernel, tmp_path, watch=no_sync)
+    assert steps.guard.summary()["skipped_at"] == [7, 13]  # the NaN steps 5 and 11 after the first 2
+    assert steps.clipping.summary()["steps_clipped"] >= 1 and steps.clipping.nonfinite_steps == 2
+    assert all(torch.isfinite(p).all() for p in steps.module.parameters())
 
 
 def test_the_default_run_reads_nothing_per_step_on_cuda(tmp_path):

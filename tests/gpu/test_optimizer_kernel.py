@@ -4,13 +4,9 @@ under fp16_mixed, whose GradScaler must unscale before clipping sees the gradien
 
 from __future__ import annotations
 
-from tests.gpu.common import GPU, require_native_bf16
+from tests.gpu.common import GPU, PROBE_DECAY_TENSORS, PROBE_NO_DECAY_TENSORS, require_native_bf16
 
 pytestmark = [*GPU]
-
-#: ProbeNet: two conv weights and the classifier weight decay; four BatchNorm tensors and the
-#: classifier bias do not.
-DECAY_TENSORS, NO_DECAY_TENSORS = 3, 5
 
 
 def test_fused_kernels_on_cuda(auto_run):
@@ -18,7 +14,7 @@ def test_fused_kernels_on_cuda(auto_run):
     implementation = auto_run.summary["derived"]["optimizer.implementation"]
     assert implementation["value"] == "fused", implementation
     groups = auto_run.summary["optimizer_param_groups"]
-    assert [g["tensors"] for g in groups] == [DECAY_TENSORS, NO_DECAY_TENSORS]
+    assert [g["tensors"] for g in groups] == [PROBE_DECAY_TENSORS, PROBE_NO_DECAY_TENSORS]
     assert all(g["fused"] is True and g["foreach"] is False for g in groups), groups
 
 
@@ -26,5 +22,5 @@ def test_foreach_under_fp16_with_a_grad_scaler(fp16_run):
     implementation = fp16_run.summary["derived"]["optimizer.implementation"]
     assert implementation["value"] == "foreach" and "GradScaler" in implementation["how"], implementation
     groups = fp16_run.summary["optimizer_param_groups"]
-    assert [g["tensors"] for g in groups] == [DECAY_TENSORS, NO_DECAY_TENSORS]
+    assert [g["tensors"] for g in groups] == [PROBE_DECAY_TENSORS, PROBE_NO_DECAY_TENSORS]
     assert all(g["foreach"] is True and g["fused"] is False for g in groups), groups

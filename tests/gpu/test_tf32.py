@@ -6,8 +6,7 @@ algorithms."""
 
 from __future__ import annotations
 
-from tests.gpu.common import GPU, ProbeNet, TorchFlags, probe_run, set_tf32
-from tests.helpers import run_in_process
+from tests.gpu.common import GPU, probe_run, probed_run
 
 pytestmark = [*GPU]
 
@@ -25,14 +24,11 @@ def test_auto_switches_tf32_and_cudnn_autotuning_on(auto_run):
 
 
 def test_deterministic_switches_tf32_and_autotuning_off(tmp_path):
-    set_tf32(True)
-    summary = run_in_process([*probe_run(DETERMINISTIC_STEPS, batch=32), "trainer.deterministic=true"], tmp_path)
-    after = TorchFlags.now()
-    assert summary is not None and summary["status"] == "completed", summary
-    tf32 = summary["derived"]["precision.tf32"]
+    run = probed_run([*probe_run(DETERMINISTIC_STEPS, batch=32), "trainer.deterministic=true"], tmp_path, "cuda",
+                     tf32=True)
+    tf32 = run.summary["derived"]["precision.tf32"]
     assert tf32["value"] is False and "deterministic" in tf32["how"], tf32
-    assert _tf32(after) == ("highest", False, False)
-    assert after.deterministic_algorithms
-    records = ProbeNet.last().records
-    assert len(records) == DETERMINISTIC_STEPS
-    assert all(_tf32(r) == ("highest", False, False) for r in records)
+    assert _tf32(run.flags_after) == ("highest", False, False)
+    assert run.flags_after.deterministic_algorithms
+    assert len(run.net.records) == DETERMINISTIC_STEPS
+    assert all(_tf32(r) == ("highest", False, False) for r in run.net.records)

@@ -6,12 +6,10 @@ stay there and sum to 1."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from tests.gpu.common import GPU
+from tests.gpu.common import GPU, attention_dtypes
 from tests.helpers import run_in_process
 from trainer.groups.regularization import BatchMixing, RegularizationConfig
-from trainer.models.timm import build_timm
 
 pytestmark = [*GPU]
 
@@ -26,19 +24,7 @@ def test_the_digits_vit_recipe_trains_in_bf16_on_the_gpu(tmp_path):
 
 
 def test_attention_under_autocast_gets_bf16_on_the_gpu(monkeypatch):
-    vit = build_timm(10, "vit_tiny_patch16_224", in_channels=3, image_size=(32, 32),
-                     options={"patch_size": 4, "depth": 2}).cuda()
-    seen: list[torch.dtype] = []
-    real = F.scaled_dot_product_attention
-
-    def recording(q, k, v, *args, **kwargs):
-        seen.append(q.dtype)
-        return real(q, k, v, *args, **kwargs)
-
-    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        vit(torch.randn(4, 3, 32, 32, device="cuda")).float().sum().backward()
-    assert seen == [torch.bfloat16] * 2
+    assert attention_dtypes(torch.device("cuda"), monkeypatch) == [torch.bfloat16] * 2
 
 
 def test_mixed_batches_and_targets_stay_on_the_gpu():
