@@ -31,6 +31,7 @@ from trainer.groups.communication import KEYS as COMMUNICATION_KEYS
 from trainer.groups.communication import Communication, communication_of
 from trainer.infra.errors import UserError, first_line
 from trainer.infra.instantiation import construct
+from trainer.infra.lean_lightning import mark_lean
 from trainer.infra.schema import (AT_LEAST_ONE, FRACTION, NON_NEGATIVE, ConfigGroup, Range, Schema, check_mapping,
                                   check_target, describe, locate_target, matches, schema_of_callable)
 
@@ -105,6 +106,7 @@ def make_trainer(given: Iterable[str], /, **arguments: Any) -> L.Trainer:
         # Trainer that is made: a refused one ends with nothing but the line that says why.
         with warnings.catch_warnings(record=True) as said:
             trainer = _make(arguments)
+        mark_lean(trainer)  # Lightning's per-step dispatch, less its calls of hooks nobody defines
         for warning in said:
             if _SRUN_HINT in str(warning.message):
                 continue  # see _SRUN_HINT

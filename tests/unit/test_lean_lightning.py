@@ -1,0 +1,121 @@
+"""The two fast paths the framework puts in Lightning's per-step host work (trainer/infra/lean_lightning.py)
+do the same work as Lightning's own: every hook a callback defines is called, in the same order with
+the same arguments, and a logged value's state lands on the value's device; what Lightning they rely
+on is pinned here, so that an upgrade shows here first."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import SimpleProfiler
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.connectors.logger_connector import result
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer.infra.lean_lightning as lean
+
+STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_zero_grad",
+              "on_before_optimizer_step", "on_train_batch_end")
+
+
+class Recorder(Callback):
+    """Defines every per-step hook and a few others, and records each call with its arguments' kinds."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def _record(self, hook: str, *args: Any) -> None:
+        self.calls.append((self.name, hook, tuple(type(a).__name__ for a in args)))
+
+
+for _hook in (*STEP_HOOKS, "on_fit_start", "on_train_epoch_end", "on_validation_end"):
+    setattr(Recorder, _hook, (lambda hook: lambda self, trainer, module, *args: self._record(hook, *args))(_hook))
+
+
+class OnlyEpochEnd(Callback):
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self.calls.append(("only", "on_train_epoch_end", ()))
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.net(batch[0]).square().mean()
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(lean_dispatch: bool, **kwargs: Any) -> tuple[list, L.Trainer]:
+    torch.manual_seed(0)
+    calls: list = []
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+                        callbacks=[Recorder("a", calls), OnlyEpochEnd(calls), Callback(), Recorder("b", calls)],
+                        **kwargs)
+    if lean_dispatch:
+        lean.mark_lean(trainer)
+    data = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=2)
+    trainer.fit(Tiny(), train_dataloaders=data)
+    return calls, trainer
+
+
+def test_every_defined_hook_is_called_in_lightnings_order_with_its_arguments():
+    lightning_calls, plain = fit(lean_dispatch=False)
+    lean_calls, marked = fit(lean_dispatch=True)
+    assert lean_calls == lightning_calls
+    assert sum(1 for c in lean_calls if c[:2] == ("a", "on_before_optimizer_step")) == 8  # 2 epochs of 4 steps
+    # And what the steps logged is the same.
+    assert float(marked.callback_metrics["train/loss_epoch"]) == float(plain.callback_metrics["train/loss_epoch"])
+
+
+def test_a_profiler_gets_lightnings_own_dispatch_so_its_report_names_every_hook():
+    calls, trainer = fit(lean_dispatch=True, profiler=SimpleProfiler())
+    names = set(trainer.profiler.recorded_durations)
+    assert "[Callback]OnlyEpochEnd.on_train_batch_end" in names  # a hook it does not define, timed by Lightning
+    assert calls == fit(lean_dispatch=False)[0]
+
+
+def test_the_dispatch_lightning_calls_through_is_the_one_replaced():
+    lean.install()
+    assert call._call_callback_hooks is lean.lean_dispatch
+    parameters = list(inspect.signature(lean._lightning_dispatch).parameters)
+    assert parameters == ["trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"]
+
+
+def test_a_logged_state_already_on_the_device_is_not_walked_again_and_one_elsewhere_is():
+    lean.install()
+    meta = result._Metadata(fx="training_step", name="x", on_step=True, on_epoch=True)
+    metric = result._ResultMetric(meta, is_tensor=True)
+    walked = []
+
+    with pytest.MonkeyPatch.context() as patch:
+        # Lightning's walk, recorded instead of done (a second device is not at hand on a CPU machine).
+        patch.setattr(lean, "_lightning_result_to", lambda self, *args, **kwargs: walked.append(args) or self)
+        assert metric.to(torch.device("cpu")) is metric and walked == []  # everything is on the CPU already
+        metric.to(device="cpu")  # any other form of the call: Lightning's own
+        metric.cumulated_batch_size = torch.zeros((), device="meta")  # one state elsewhere
+        metric.to(torch.device("cpu"))
+    assert walked == [(), (torch.device("cpu"),)]
+    assert not lean._all_on({"defaults": {"value": torch.zeros((), device="meta")}}, torch.device("cpu"))
+    assert not lean._all_on({"states": [torch.zeros(())], "other": [torch.zeros((), device="meta")]},
+                            torch.device("cpu"))
+
+
+def test_lightnings_logged_state_is_moved_with_the_call_the_fast_path_expects():
+    source = inspect.getsource(result._ResultCollection.log)
+    assert "self[key].to(value.device)" in source

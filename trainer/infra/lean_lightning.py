@@ -1,0 +1,129 @@
+"""Two fast paths in Lightning's per-step host work, for the Trainers the framework builds.
+
+A GPU hides the host's work only while the device is busier than the host; a small model or a fast
+GPU exposes every microsecond (docs/diagnosis.md, "Host time per step"). Measured with
+benchmarks/host_overhead.py, two parts of Lightning 2.6's step loop cost far more than the work
+they do, and both are replaced here, deliberately, with code that does the same work:
+
+- **Callback dispatch.** Lightning calls every hook of every callback at every step, whether the
+  callback overrides it or not, each call inside a profiler context and with the callback's state
+  key formatted (`lightning.pytorch.trainer.call._call_callback_hooks`): about 25 us per callback
+  per hook on one CPU core, so the framework's dozen callbacks cost about 2 ms a step doing nothing.
+  `lean_dispatch` calls only the hooks a callback's class (or the instance) defines beyond
+  `Callback`'s no-ops, in the same order with the same arguments; with a profiler other than
+  Lightning's pass-through one, Lightning's own dispatch runs, so the profile names every hook.
+  Only Trainers marked by `mark_lean` (the framework's, trainer/groups/trainer.py) take it.
+- **Moving a logged value's state.** Every `LightningModule.log` call moves the value's
+  `_ResultMetric` to the value's device (`_ResultCollection.log`: `self[key].to(value.device)`),
+  which walks its whole `__dict__` and deep-copies its metadata even when everything is already
+  there: about 0.7 ms a call. `_ResultMetric.to` returns at once when every tensor (and metric) it
+  holds is already on that device, which is what the walk would have found.
+
+Both are pinned against the Lightning we admit by tests/unit/test_lean_lightning.py (the functions
+and attributes they rely on, and that a run's hooks and logged values are the same with and without
+them)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.connectors.logger_connector import result
+from torchmetrics import Metric
+
+#: The attribute that marks a Trainer for the lean dispatch.
+LEAN_MARK = "_framework_lean_dispatch"
+
+_lightning_dispatch = call._call_callback_hooks
+_lightning_result_to = result._ResultMetric.to
+
+
+def mark_lean(trainer: Any) -> None:
+    """Let `trainer` take the lean callback dispatch (installed on first use)."""
+    install()
+    setattr(trainer, LEAN_MARK, True)
+
+
+def install() -> None:
+    """Put both fast paths in place (idempotent; a Trainer without the mark keeps Lightning's dispatch)."""
+    if call._call_callback_hooks is not lean_dispatch:
+        call._call_callback_hooks = lean_dispatch
+    if result._ResultMetric.to is not _result_to:
+        result._ResultMetric.to = _result_to  # type: ignore[method-assign]
+
+
+@functools.lru_cache(maxsize=None)
+def overrides(cls: type, hook: str) -> bool:
+    """Whether callbacks of class `cls` do anything at `hook` (Callback's own methods are no-ops)."""
+    return getattr(cls, hook, None) is not getattr(Callback, hook, None)
+
+
+def lean_dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks: Optional[bool] = None,
+                  **kwargs: Any) -> None:
+    """`call._call_callback_hooks` less the calls of hooks a callback does not define."""
+    if not getattr(trainer, LEAN_MARK, False) or not isinstance(trainer.profiler, PassThroughProfiler):
+        _lightning_dispatch(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
+        return
+    callbacks = _defining(trainer, hook_name, monitoring_callbacks)
+    if not callbacks:
+        return
+    pl_module = trainer.lightning_module
+    if pl_module:
+        # Lightning's bookkeeping of the hook being run (what `self.log` checks), set without
+        # nn.Module.__setattr__'s checks: a plain string attribute.
+        previous = pl_module._current_fx_name
+        object.__setattr__(pl_module, "_current_fx_name", hook_name)
+    for callback in callbacks:
+        getattr(callback, hook_name)(trainer, pl_module, *args, **kwargs)
+    if pl_module:
+        object.__setattr__(pl_module, "_current_fx_name", previous)
+
+
+def _defining(trainer: Any, hook_name: str, monitoring_callbacks: Optional[bool]) -> list[Callback]:
+    """The trainer's callbacks that define `hook_name`, in order, found once per list of callbacks."""
+    present = tuple(map(id, trainer.callbacks))
+    cache = trainer.__dict__.setdefault("_framework_lean_hooks", {})
+    key = (hook_name, monitoring_callbacks)
+    found = cache.get(key)
+    if found is not None and found[0] == present:
+        return found[1]
+    callbacks = [c for c in trainer.callbacks if overrides(type(c), hook_name) or hook_name in c.__dict__]
+    if monitoring_callbacks is not None:
+        # Lightning's own split, by its own rule (ModelCheckpoint and EarlyStopping are "monitoring").
+        monitoring = {id(c) for c in _monitoring(trainer.callbacks)}
+        callbacks = [c for c in callbacks if (id(c) in monitoring) == monitoring_callbacks]
+    cache[key] = (present, callbacks)
+    return callbacks
+
+
+def _monitoring(callbacks: list[Callback]) -> list[Callback]:
+    from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
+
+    return [c for c in callbacks if isinstance(c, (EarlyStopping, Checkpoint))]
+
+
+def _result_to(self: Any, *args: Any, **kwargs: Any) -> Any:
+    device = args[0] if len(args) == 1 and not kwargs else None
+    if isinstance(device, torch.device) and _all_on(self.__dict__, device):
+        return self
+    return _lightning_result_to(self, *args, **kwargs)
+
+
+_HOLDERS = (torch.Tensor, Metric)
+_CONTAINERS = (dict, list, tuple)
+
+
+def _all_on(values: Any, device: torch.device) -> bool:
+    """Whether every tensor and metric among `values` (a `__dict__`, and the dicts, lists and tuples
+    in it) is on `device`: what `apply_to_collection(..., move_data_to_device)` would move."""
+    for value in values.values() if isinstance(values, dict) else values:
+        if isinstance(value, _HOLDERS):
+            if value.device != device:
+                return False
+        elif isinstance(value, _CONTAINERS) and value and not _all_on(value, device):
+            return False
+    return True
