@@ -9,13 +9,15 @@ repeat runs two fresh interpreters, one after the other (which one goes first al
 
 - framework: `train.py` with synthetic data, ResNet-18, fp32, AdamW, on the CPU; its
   `summary.json` gives `throughput.samples_per_s` (trainer/callbacks/throughput.py).
-- plain: this script with `--plain`: the same network (`build_resnet`, seeded the same way), the
-  same batches (`SyntheticDataModule.make_batch`, generated inside the step as the framework
-  does), the same optimizer (`OptimizerRecipe` with the defaults of conf/optimizer/adamw.yaml),
-  and a hand-written loop: forward, fp32 cross-entropy, zero_grad, backward, step.
+- plain: this script with `--plain`: the project's hand-written loop (benchmarks/hand_loop.py) over
+  the run the same overrides make, built by the framework's own phases: the same network (seeded
+  the same way), the same batches (the synthetic module makes them on the device), the same
+  optimizer (the plan's `OptimizerRecipe`) and schedule, and a plain loop: forward, fp32
+  cross-entropy, zero_grad, backward, step, schedule step.
 
 Both sides are timed the same way: 5 warm-up steps skipped, then windows of 10 consecutive steps,
-samples/s per window, median window (the ThroughputMeter's own settings are read, not copied).
+samples/s per window, median window (the ThroughputMeter's own settings are read, not copied; the
+plain side by hand_loop's `time_windows`, the device synchronized at each window's ends).
 
 Gradient clipping and the lr schedule are switched off on purpose (`clipping=off
 scheduler=constant`, with batch scaling of lr and weight decay off too), so both sides do the same
@@ -41,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -59,91 +60,43 @@ WHAT_IS_MEASURED = ("clipping and lr schedule off on both sides (same arithmetic
 
 # --- the plain side ------------------------------------------------------------------------------
 
-def plain_run(steps: int, batch: int, size: int, seed: int) -> dict[str, Any]:
-    """The hand-written loop; returns its throughput and what it ran, for the parent to compare."""
-    import random
+def plain_run(steps: int, batch: int, size: int) -> dict[str, Any]:
+    """The hand-written loop over the framework's run; returns its throughput and what it ran, for the
+    parent to compare."""
+    import statistics as stats
 
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from hand_loop import prepare_hand_loop, time_windows
 
-    from trainer.callbacks.throughput import ThroughputMeter, synchronize
-    from trainer.configuration.spec import choice_config
-    from trainer.data.synthetic import SyntheticDataModule
-    from trainer.groups.optimizer.build import OptimizerRecipe
-    from trainer.groups.optimizer.scaling import scale_factor
-    from trainer.models.resnet import build_resnet
-
-    device = torch.device("cpu")
-    # As L.seed_everything does in the framework, and in the same order: seed, data module, network.
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    data = SyntheticDataModule(num_classes=NUM_CLASSES, shape=[3, size, size], batch_size=batch,
-                               train_samples=batch * steps)
-    net = build_resnet(arch="resnet18", num_classes=NUM_CLASSES, in_channels=3, image_size=[size, size])
-    net.to(device)
-
-    # The framework's defaults, read from the same file it composes; batch scaling off as on the
-    # framework side (scale_factor("none", ...) is 1, spelled out so the rule is visible).
-    cfg = choice_config("optimizer", "adamw", lr_scaling="none", wd_scaling="none", implementation="foreach")
-    lr = cfg.lr * scale_factor("none", batch, cfg.ref_batch_size)
-    weight_decay = cfg.weight_decay * scale_factor("none", batch, cfg.ref_batch_size)
-    optimizer = OptimizerRecipe.for_network(net, cfg, lr, weight_decay, "foreach").build(net)
+    from trainer.callbacks.throughput import ThroughputMeter
 
     meter = ThroughputMeter()
     warmup_steps, window_steps = meter.warmup_steps, meter.window_steps
-    window_rates: list[float] = []
-    steps_seen = 0
-    anchor: tuple[float, int, int] | None = None
-    net.train()
-    for index in range(steps):
-        images, labels = data.make_batch("train", index, device)
-        logits = net(images)
-        loss = F.cross_entropy(logits.float(), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        # The ThroughputMeter's on_train_batch_end, step for step (without Lightning around it):
-        # the device is synchronized and the clock read where a window starts and where it ends.
-        steps_seen += 1
-        if steps_seen <= warmup_steps:
-            continue
-        if anchor is None:
-            synchronize(device)
-            anchor = (time.perf_counter(), 0, 0)
-            continue
-        start, samples, counted = anchor
-        samples += int(labels.shape[0])
-        counted += 1
-        if counted < window_steps:
-            anchor = (start, samples, counted)
-            continue
-        synchronize(device)
-        now = time.perf_counter()
-        window_rates.append(samples / (now - start))
-        anchor = (now, 0, 0)
-
+    with tempfile.TemporaryDirectory(prefix="overhead-plain-") as tmp:
+        loop = prepare_hand_loop(framework_overrides(steps, batch, size), Path(tmp) / "plain")
+        seconds = time_windows(loop, steps, warmup_steps, window_steps, loop.device)
+    window_rates = [loop.units_per_step * window_steps / s for s in seconds]
+    facts = loop.facts()
+    defaults = loop.optimizer.defaults if loop.optimizer is not None else {}
+    decaying = facts["param_groups"][0]
     return {
-        "samples_per_s": statistics.median(window_rates) if window_rates else None,
+        "samples_per_s": stats.median(window_rates) if window_rates else None,
         "windows": len(window_rates),
         "window_rates": window_rates,
         "warmup_steps": warmup_steps,
         "window_steps": window_steps,
-        "steps": steps,
-        "final_loss": float(loss.detach()),
-        "parameters": sum(p.numel() for p in net.parameters()),
-        "torch_threads": torch.get_num_threads(),
-        "lr": lr,
-        "weight_decay": weight_decay,
-        "betas": list(cfg.betas),
-        "eps": cfg.eps,
-        "decay_norm_and_bias": cfg.decay_norm_and_bias,
-        "optimizer_param_groups": [
-            {"lr": g["lr"], "weight_decay": g["weight_decay"], "tensors": len(g["params"]),
-             "elements": sum(p.numel() for p in g["params"]), "fused": bool(g.get("fused")),
-             "foreach": bool(g.get("foreach"))}
-            for g in optimizer.param_groups],
+        "steps": loop.steps_done,
+        "final_loss": float(loop.last_loss) if loop.last_loss is not None else None,
+        "parameters": facts["parameters"],
+        "torch_threads": facts["torch_threads"],
+        "lr": decaying["lr"],
+        "weight_decay": decaying["weight_decay"],
+        "betas": list(defaults.get("betas", ())),
+        "eps": defaults.get("eps"),
+        "decay_norm_and_bias": loop.run_state.spec.optimizer.decay_norm_and_bias,
+        "precision": facts["precision"],
+        "memory_format": facts["memory_format"],
+        "optimizer_param_groups": facts["param_groups"],
     }
 
 
@@ -163,7 +116,7 @@ def framework_overrides(steps: int, batch: int, size: int) -> list[str]:
 
 def plain_command(steps: int, batch: int, size: int) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), "--plain", "--steps", str(steps), "--batch", str(batch),
-            "--size", str(size), "--seed", str(SEED)]
+            "--size", str(size)]
 
 
 def _run_checked(command: list[str], what: str) -> subprocess.CompletedProcess[str]:
@@ -227,11 +180,11 @@ def check_same_work(framework: dict[str, Any], plain: dict[str, Any]) -> None:
                         f"vs plain {plain['betas']}/{plain['eps']}")
     if summary["model"]["parameters"] != plain["parameters"]:
         problems.append(f"parameters: framework {summary['model']['parameters']} vs plain {plain['parameters']}")
-    if summary["hyperparameters"]["precision"] != "32-true":
-        problems.append(f"precision: framework {summary['hyperparameters']['precision']} vs plain 32-true")
+    if summary["hyperparameters"]["precision"] != plain["precision"]:
+        problems.append(f"precision: framework {summary['hyperparameters']['precision']} vs plain {plain['precision']}")
     channels_last = summary["derived"].get("precision.channels_last", {}).get("value")
-    if channels_last:
-        problems.append("memory format: framework channels_last vs plain contiguous")
+    if channels_last != (plain["memory_format"] == "channels_last"):
+        problems.append(f"memory format: framework channels_last {channels_last} vs plain {plain['memory_format']}")
     compiled = summary["derived"].get("compile", {}).get("value", "off")
     if compiled != "off":
         problems.append(f"compile: framework {compiled} vs plain eager")
@@ -279,11 +232,10 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=32, help="image height and width (3 channels)")
     parser.add_argument("--out", type=Path, help="also write the table to this Markdown file")
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.plain:
-        print(json.dumps(plain_run(args.steps, args.batch, args.size, args.seed)), flush=True)
+        print(json.dumps(plain_run(args.steps, args.batch, args.size)), flush=True)
         return
 
     from trainer.callbacks.throughput import ThroughputMeter
