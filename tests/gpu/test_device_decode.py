@@ -1,6 +1,7 @@
 """data.decode=device on CUDA: batches of JPEGs decoded by nvjpeg in one call and cropped on the GPU
 give the host path's samples within a small tolerance (nvjpeg's IDCT and colour conversion are not
-libjpeg's, so not bit for bit); files it refuses come from the host; auto picks it."""
+libjpeg's, so not bit for bit); files it refuses come from the host; auto leaves it a choice (the host
+decode measured faster on an H200)."""
 
 from __future__ import annotations
 
@@ -40,11 +41,12 @@ def test_device_batches_match_the_fast_path_within_tolerance(tmp_path):
             assert (x.cpu().float() - x_ref.float()).abs().mean() <= 2.0
 
 
-def test_auto_resolves_to_device_on_cuda(tmp_path):
+def test_auto_resolves_to_the_host_decode_on_cuda(tmp_path):
     write_photo_jpegs(tmp_path, {"train": 2, "val": 1}, classes=2, size=(96, 72))
     dm = ImageFolderDataModule(root=str(tmp_path), decode="auto")
     dm.inspect()
-    assert dm.resolve_decode(cuda=True) == ("device", "auto -> device (CUDA, 100% of the files are JPEGs)")
+    mode, how = dm.resolve_decode(cuda=True)
+    assert mode == "fast" and "100% of the files are JPEGs: data.decode=device would decode them" in how
 
 
 def test_a_file_nvjpeg_refuses_is_decoded_on_the_host_or_skipped(tmp_path):
