@@ -213,29 +213,88 @@ def _util(row: dict[str, Any]) -> str:
 
 
 def figures_data_stage(folder: Path) -> list[str]:
-    """samples/s end to end per decode mode and copy overlap, each against the first (fast with the
-    overlap), then each run's loader settings and GPU utilisation (benchmarks/data_stage.py)."""
-    record, rows = _runs(folder, "data_stage.json")
-    first = rows[0].get("units_per_s")
-    device = next((r["device"] for r in rows if r.get("device")), "?")
+    """The step alone, then each end-to-end run against its loader alone: which bounds it
+    (input-bound or compute-bound) and how near it comes; then each run's loader settings and GPU
+    utilisation (benchmarks/data_stage.py)."""
+    record = json.loads((folder / "data_stage.json").read_text())
+    rows = record["rows"]
+    if not rows:
+        raise ValueError("data_stage.json has no run")
+    step = record.get("step_alone") or {}
     cells = []
     for row in rows:
-        rate = row.get("units_per_s")
-        if row["status"] != "completed" or not rate:
+        if row["status"] != "completed":
             cells.append(f"{row['name']} {row['status']}")
             continue
-        ratio = f" ({rate / first:.2f}x)" if first and row is not rows[0] else ""
-        cells.append(f"{row['name']} {_num(rate)}{ratio}")
-    lines = [f"samples/s end to end on {record.get('images', '?'):,} JPEGs, {device}: {', '.join(cells)}"]
+        of_bound = f", {row['of_bound']:.2f} of it" if row.get("of_bound") else ""
+        cells.append(f"{row['name']} {_num(row['samples_per_s'])} (loader alone {_num(row.get('loader_alone'))}: "
+                     f"{row.get('bound') or 'bound unknown'}{of_bound})")
+    lines = [f"img/s on {record.get('images', 0):,} JPEGs, {record.get('device') or '?'}: step alone "
+             f"{_num(step.get('samples_per_s'))}; " + ", ".join(cells)]
+    if step.get("error"):
+        lines.append(f"step alone failed: {step['error']}")
     for row in rows:
         if row["status"] != "completed":
-            lines.append(_why(row))
+            lines.append(f"{row['name']} {row['status']}" + (f": {row['error']}" if row.get("error") else ""))
             continue
         settings = row.get("settings") or {}
-        lines.append(f"{row['name']}: {_rate(row)}, {_util(row)}; decode {settings.get('data.decode')}, copy_overlap "
-                     f"{settings.get('data.copy_overlap')}, {settings.get('data.num_workers')} workers, pinned "
-                     f"{settings.get('data.pin_memory')}; peak {_num(row.get('peak_mib'))} MiB")
+        lines.append(f"{row['name']}: {_util(row)}; decode {settings.get('data.decode')}, copy_overlap "
+                     f"{settings.get('data.copy_overlap')}, {settings.get('data.num_workers')} workers x prefetch "
+                     f"{settings.get('data.prefetch_factor')} ({row.get('queued_batches')} batches queued, timed "
+                     f"after {row.get('warmup')} steps), pinned {settings.get('data.pin_memory')}")
     return lines
+
+
+def figures_overhead(folder: Path) -> list[str]:
+    """framework/loop per row against the goal first, then each row's rates, MFU and the defaults'
+    cost (benchmarks/gpu_overhead.py)."""
+    record = json.loads((folder / "overhead.json").read_text())
+    rows = record["rows"]
+    if not rows:
+        raise ValueError("overhead.json has no row")
+    goal = record.get("goal", 0.98)
+    done = [r for r in rows if r["status"] == "ok"]
+    device = next((r["device"] for r in done if r.get("device")), "?")
+
+    def name(row: dict[str, Any]) -> str:
+        return f"{row['row']}{' (eager stand-in)' if row.get('stand_in') else ''}"
+
+    def ratio(row: dict[str, Any]) -> str:
+        spread = row.get("ratios") or []
+        return f"{row['ratio']:.3f}x" + (f" ({min(spread):.3f}-{max(spread):.3f})" if len(spread) > 1 else "")
+
+    met = sum(1 for r in done if r.get("within_goal"))
+    cells = [f"{name(r)} {ratio(r)}" if r["status"] == "ok" else f"{name(r)} failed" for r in rows]
+    lines = [f"framework/loop on {device}: {', '.join(cells)}; goal >= {goal:.2f}x met by {met} of {len(rows)}"]
+    for row in rows:
+        if row["status"] != "ok":
+            lines.append(f"{row['row']}: failed: {row.get('error')}")
+            continue
+        unit = row.get("unit") or "samples"
+        defaults = ""
+        if row.get("defaults_ratio") is not None:
+            defaults = (f"; with the default clipping + non-finite guard: {row['defaults_ratio']:.3f}x of the loop, "
+                        f"{row['step_cost_ratio']:.3f}x of the bare framework")
+        lines.append(f"{name(row)}: {ratio(row)} framework/loop, goal >= {goal:.2f}x "
+                     f"{'met' if row.get('within_goal') else 'NOT met'}; loop {_num(row['hand_rate'])} {unit}/s (MFU "
+                     f"{_pct(row.get('hand_mfu'))}), framework {_num(row['framework_rate'])} (MFU "
+                     f"{_pct(row.get('framework_mfu'))}; its meter {_num(row.get('meter_rate'))}){defaults}")
+    notes = sorted({r["mfu_note"] for r in done if r.get("mfu_note")})
+    return lines + ([f"MFU peak: {'; '.join(notes)}"] if notes else [])
+
+
+def figures_ceiling(folder: Path) -> list[str]:
+    """Each model's fastest setting against its goal, then every setting (benchmarks/gpu_ceiling.py)."""
+    record = json.loads((folder / "ceiling.json").read_text())
+    rows = record["rows"]
+    if not rows:
+        raise ValueError("ceiling.json has no setting")
+    verdicts = [line for line in _bullets(folder / "ceiling.md") if not line.startswith("MFU peak")
+                and any(line.startswith(f"{model}: ") for model in record.get("best", {}))]
+    settings = [f"{r['setting']}{' (eager stand-in)' if r.get('stand_in') else ''}: "
+                + (f"{_num(r['rate'])} {r['unit']}/s, MFU {_pct(r.get('mfu'))}"
+                                       if r["status"] == "ok" else f"failed: {r.get('error')}") for r in rows]
+    return ["; ".join(verdicts) or "no setting completed", *settings]
 
 
 def _pair(folder: Path, what: str) -> list[str]:
@@ -319,7 +378,8 @@ def figures_gpt(folder: Path) -> list[str]:
 
 
 FIGURES: dict[str, Callable[[Path], list[str]]] = {
-    "environment": figures_environment, "step_cost": figures_step_cost, "ladder": figures_ladder,
+    "environment": figures_environment, "overhead": figures_overhead, "ceiling": figures_ceiling,
+    "step_cost": figures_step_cost, "ladder": figures_ladder,
     "data_stage": figures_data_stage, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
     "reduce_overhead": figures_reduce_overhead, "fsdp": figures_fsdp, "profile_memory": figures_profile_memory,
     "gpt": figures_gpt, "input_pipeline": figures_input_pipeline, "progressive_resize": figures_progressive_resize,
@@ -408,19 +468,27 @@ def summary(results: Path) -> int:
              f"- started: {meta.get('started', '?')}; steps took {total:.0f} s in all (budget "
              f"{sum(int(s['budget_s']) for s in steps)} s)",
              f"- result: {'every step ok' if not failed and not skipped else 'failed: ' + ', '.join(failed)}"
-             + (f"; skipped: {', '.join(skipped)}" if skipped else ""), "",
-             "| step | status | duration | budget (limit) | key figures |", "|---|---|---:|---:|---|"]
+             + (f"; skipped: {', '.join(skipped)}" if skipped else "")]
+
+    def figure_lines(step: str) -> list[str]:
+        figures_file = results / step / "figures.md"
+        return ([line for line in figures_file.read_text().splitlines() if line.strip()]
+                if figures_file.is_file() else [])
+
+    # The question the check answers first: the framework against a hand-written loop (and the ceiling).
+    for step in ("overhead", "ceiling"):
+        if any(s["step"] == step for s in steps) and figure_lines(step):
+            lines.append(f"- {step}: {figure_lines(step)[0]}")
+    lines += ["", "| step | status | duration | budget (limit) | key figures |", "|---|---|---:|---:|---|"]
     details: list[str] = []
     for s in steps:
-        figures_file = results / s["step"] / "figures.md"
-        figure_lines = ([line for line in figures_file.read_text().splitlines() if line.strip()]
-                        if figures_file.is_file() else [])
-        first = figure_lines[0] if figure_lines else "-"
+        step_lines = figure_lines(s["step"])
+        first = step_lines[0] if step_lines else "-"
         limit = f" ({s['limit_s']} s)" if s["limit_s"] != "-" else ""
         lines.append(f"| {s['step']} | {s['status']} | {float(s['seconds']):.1f} s | {s['budget_s']} s{limit} | "
                      f"{first.replace('|', '/')} |")
         details += ["", f"## {s['step']}", "", f"- status: {s['status']} (exit {s['exit']}); files in `{s['step']}/`"]
-        details += [f"- {line}" for line in figure_lines[1:]]
+        details += [f"- {line}" for line in step_lines[1:]]
     (results / "summary.md").write_text("\n".join(lines + details) + "\n")
     print("\n".join(lines))
     return 0
