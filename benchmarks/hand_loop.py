@@ -166,7 +166,6 @@ class HandLoop(_Loops):
             raise ValueError(f"the hand loop has no precision '{self.precision}'; it has {', '.join(AUTOCAST)}")
         self.datamodule.setup("fit")
         self.loader = self.datamodule.train_dataloader()
-        self.net.to(self.device)
         self.scheduler_cfg = run.spec.scheduler
         #: The last step's loss (a device tensor, never read by the loop: reading it would sync).
         self.last_loss: Optional[torch.Tensor] = None
@@ -179,6 +178,9 @@ class HandLoop(_Loops):
         from trainer.groups.scheduler import build_scheduler
 
         net, definition = self.net, self.definition
+        # On the device every run: a fit of the framework's loop over the same network ends with
+        # Lightning's teardown, which moves it to the CPU.
+        net.to(self.device)
         optimizer = self.optimizer = self.plan.optimizer.build(net)
         schedule = build_scheduler(optimizer, self.scheduler_cfg, steps)
         scheduler, per_step = schedule["scheduler"], schedule["interval"] == "step"

@@ -59,6 +59,12 @@ def test_its_loss_falls_and_the_framework_ran_the_same_work(run):
     framework.run(3)
     assert framework.trainer.global_step == 3
     assert compare_facts(loop.facts(), framework.facts()) == []
+    # Lightning's teardown leaves the shared network on the CPU: the loop moves it to its device again.
+    moves = []
+    to = loop.net.to
+    loop.net.to = lambda *args, **kwargs: moves.append(args) or to(*args, **kwargs)
+    loop.run(1)
+    assert moves == [(loop.device,)]
     assert compare_facts({"lr": 1.0, "same": 2}, {"lr": 2.0, "same": 2}) == ["lr: hand 1.0 vs framework 2.0"]
 
 
