@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
 from torch import nn
 
 from trainer.models.small_cnn import SmallCNN
@@ -615,3 +616,48 @@ def stop_server(server: subprocess.Popen, timeout: float = 60) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+
+
+class LogSteps:
+    """Lightning's logger connector as a fake trainer needs it (`trainer._logger_connector`, which
+    `trainer.callbacks.steps.at_log_step` asks): its rule as it reads at a batch's end, the optimizer
+    step taken: every `log_every_n_steps`-th global step is a log step."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    @property
+    def should_update_logs(self) -> bool:
+        every = int(self.trainer.log_every_n_steps)
+        return every > 0 and int(self.trainer.global_step) % every == 0
+
+
+def fake_trainer_with_log_steps(**fields: Any) -> Any:
+    """A SimpleNamespace trainer with `fields` and Lightning's log-step rule (`LogSteps`)."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(**fields)
+    trainer._logger_connector = LogSteps(trainer)
+    return trainer
+
+
+class RecordingLogger(Logger):
+    """A Lightning logger that keeps what it is given: `logged` is [(step, metrics)]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.logged.append((int(step or 0), dict(metrics)))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass

@@ -22,6 +22,8 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers import RecordingLogger
+from trainer.callbacks.step_log import StepLog
 from trainer.groups.clipping import (FixedNorm, GradientClipping, Off, Percentile, Value, global_grad_norm,
                                      percentile_threshold)
 
@@ -223,7 +225,8 @@ class NormRecorder(Callback):
 
 def tiny_trainer(callbacks: list[Callback], **kwargs) -> L.Trainer:
     kwargs.setdefault("max_steps", 30)
-    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    kwargs.setdefault("logger", False)
+    return L.Trainer(accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
                      enable_model_summary=False, callbacks=callbacks, **kwargs)
 
 
@@ -231,7 +234,9 @@ def tiny_trainer(callbacks: list[Callback], **kwargs) -> L.Trainer:
 def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
     torch.manual_seed(6)
     before, clip, after = NormRecorder(), GradientClipping(Percentile(calibration_steps=10)), NormRecorder()
-    trainer = tiny_trainer([before, clip, after])  # Lightning keeps this order for the hook
+    logger = RecordingLogger()
+    # Lightning keeps this order for the hook; the step log writes the clipping's values at log steps.
+    trainer = tiny_trainer([before, clip, after, StepLog([clip])], logger=logger, log_every_n_steps=5)
     trainer.fit(TinyModule())
 
     summary = clip.summary()
@@ -245,8 +250,15 @@ def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
         assert post == pytest.approx(min(pre, bound), rel=1e-5)
     assert summary["steps_clipped"] == sum(n > b for n, b in zip(before.norms, bounds))
     assert sum(n > clip.threshold for n in before.norms[10:]) > 0
-    for key in ("clip/grad_norm", "clip/threshold", "clip/clipped"):
-        assert key in trainer.callback_metrics
+    # What the loggers got at each log step (every 5th): that step's pre-clip norm, the threshold in
+    # force and whether it was clipped, read from the device at the log step only.
+    clipped_at = [n > b for n, b in zip(before.norms, bounds)]
+    written = [(step, m) for step, m in logger.logged if "clip/grad_norm" in m]
+    assert [step for step, _ in written] == [4, 9, 14, 19, 24, 29]
+    for step, metrics in written:
+        assert metrics["clip/grad_norm"] == pytest.approx(before.norms[step], rel=1e-6)
+        assert metrics["clip/threshold"] == pytest.approx(bounds[step], rel=1e-6)
+        assert metrics["clip/clipped"] == float(clipped_at[step])
 
 
 class ReferenceNorm(Callback):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import trainer.groups.nonfinite as nonfinite
+from tests.helpers import fake_trainer_with_log_steps
 from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining, takes_found_inf
 
 
@@ -39,9 +40,9 @@ def fake_trainer(tmp_path, step=0, scaler=None, world_size=1, log_every_n_steps=
         Path(path).write_bytes(b"checkpoint")
         saved.append(path)
 
-    return SimpleNamespace(global_step=step, precision_plugin=SimpleNamespace(scaler=scaler),
-                           default_root_dir=str(tmp_path), save_checkpoint=save_checkpoint, saved=saved,
-                           world_size=world_size, log_every_n_steps=log_every_n_steps)
+    return fake_trainer_with_log_steps(global_step=step, precision_plugin=SimpleNamespace(scaler=scaler),
+                                       default_root_dir=str(tmp_path), save_checkpoint=save_checkpoint, saved=saved,
+                                       world_size=world_size, log_every_n_steps=log_every_n_steps)
 
 
 def step(module, optimizer, guard, trainer, poison=False):

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers import fake_trainer_with_log_steps
+
 from trainer.callbacks import utilisation
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.callbacks.utilisation import (NOT_AMONG_CALLBACKS, UtilisationSampler, device_utilisation, nvml_bus_id,
@@ -146,7 +148,7 @@ def test_the_means_since_the_last_log_are_logged_every_log_interval(visible_gpu)
         time.sleep(0.01)
     sampler.sample()
     logger = FakeLogger()
-    trainer = types.SimpleNamespace(global_step=3, log_every_n_steps=2, loggers=[logger])
+    trainer = fake_trainer_with_log_steps(global_step=3, log_every_n_steps=2, loggers=[logger])
     sampler.on_train_batch_end(trainer, None, None, None, 0)  # type: ignore[arg-type]
     assert logger.logged == []  # not a logging step
     trainer.global_step = 4

@@ -17,11 +17,12 @@ def step_loss(outputs: Any) -> torch.Tensor | None:
 
 
 def at_log_step(trainer: L.Trainer) -> bool:
-    """Whether the optimizer step just taken is one of Lightning's log steps (every
-    `trainer.log_every_n_steps`), where Lightning reads the logged values on the host anyway: the
-    place for a callback's own reads of device values."""
-    every = max(1, int(getattr(trainer, "log_every_n_steps", None) or 1))
-    return int(trainer.global_step) % every == 0
+    """Whether this training step is one of Lightning's log steps, where Lightning hands the logged
+    values to the loggers (every `trainer.log_every_n_steps` stepped batches, and when the fit is
+    stopping): the place for a callback's own reads of device values and for logging a step's values.
+    Lightning's own rule (its logger connector's `should_update_logs`), right from the training step
+    to the step's `on_train_batch_end`; outside a fit loop, every step."""
+    return bool(trainer._logger_connector.should_update_logs)
 
 
 class StepBoundary(Callback):

@@ -47,7 +47,8 @@ class ThroughputMeter(Callback):
 
     def __init__(self, warmup_steps: int = WARMUP_STEPS, window_steps: int = WINDOW_STEPS, flops_per_sample: int | None = None,
                  peak_flops: float | None = None, mfu_note: str = "", unit: str = "samples",
-                 units_of: Callable[[Any], int | torch.Tensor] | None = None) -> None:
+                 units_of: Callable[[Any], int | torch.Tensor] | None = None,
+                 bf16_peak_flops: float | None = None) -> None:
         """`unit`: what the task counts a batch in; `units_of(batch)`: how many a batch holds (an int,
         or a device tensor summed on the device and read at a window's end). With a unit other than
         samples, `flops_per_sample` is per unit, and the rate of units is reported beside samples/s."""
@@ -60,8 +61,13 @@ class ThroughputMeter(Callback):
         self.window_unit_rates: list[float] = []
         self._units: int | torch.Tensor = 0
         self.peak_flops = peak_flops
+        self.bf16_peak_flops = bf16_peak_flops
         self.mfu_note = mfu_note
         self.window_rates: list[float] = []
+        self._unlogged: dict[str, float] = {}  # the latest window's rates, until the loggers have them
+        #: Each timed window's (start, end) in `time.perf_counter()` seconds, this attempt only: what
+        #: a sampler of the device's utilisation averages over (trainer/callbacks/utilisation.py).
+        self.window_spans: list[tuple[float, float]] = []
         #: The image side of each window (progressive resizing changes it per epoch; None: not images).
         self.window_sides: list[int | None] = []
         #: The image side of each epoch's first batch, by epoch (what progressive resizing trained at).
@@ -119,19 +125,25 @@ class ThroughputMeter(Callback):
         now = time.perf_counter()
         rate = samples / (now - start)
         self.window_rates.append(rate)
+        self.window_spans.append((start, now))
         self.window_sides.append(self._side)
-        pl_module.log("perf/samples_per_s", rate, on_step=True, on_epoch=False, batch_size=1)
+        fresh = {"perf/samples_per_s": rate}
         if self.units_of is not None:
             # This process's units times the processes: every process's batch is alike in shape.
             unit_rate = int(self._units) * self.processes / (now - start)
             self.window_unit_rates.append(unit_rate)
-            pl_module.log(f"perf/{self.unit}_per_s", unit_rate, on_step=True, on_epoch=False, batch_size=1)
-        rate_for_mfu = self.window_unit_rates[-1] if self.units_of is not None else rate
+            fresh[f"perf/{self.unit}_per_s"] = unit_rate
         if self.mfu_known:
-            pl_module.log("perf/mfu", self._mfu(rate_for_mfu),
-                          on_step=True, on_epoch=False, batch_size=1)
+            fresh["perf/mfu"] = self._mfu(self.window_unit_rates[-1] if self.units_of is not None else rate)
+        self._unlogged = fresh
         self._anchor = (now, 0, 0)
         self._units = 0
+
+    def logged_values(self) -> dict[str, float]:
+        """The latest window's rates (and MFU), once, for the loggers (trainer/callbacks/step_log.py):
+        written at the first log step after the window ended."""
+        fresh, self._unlogged = self._unlogged, {}
+        return fresh
 
     def _close_partial(self, pl_module: L.LightningModule) -> None:
         """An unfinished window ends at the next point where training pauses (validation, the
@@ -205,7 +217,10 @@ class ThroughputMeter(Callback):
             flops_key = f"flops_per_{self.unit.removesuffix('s')}"
         result.update({"unit": self.unit, flops_key: self.flops_per_sample, "peak_flops": self.peak_flops,
                        "mfu": self._mfu(full_rate) if full_rate and self.mfu_known else None,
-                       "mfu_note": self.mfu_note, "processes": self.processes})
+                       "mfu_note": self.mfu_note, "processes": self.processes,
+                       "bf16_peak_flops": self.bf16_peak_flops,
+                       "mfu_bf16_peak": self._mfu(full_rate, self.bf16_peak_flops)
+                       if full_rate and self.flops_per_sample and self.bf16_peak_flops else None})
         return result
 
     def _unit_rate(self) -> float | None:
@@ -221,6 +236,7 @@ class ThroughputMeter(Callback):
         return {side: statistics.median(r for r, s in zip(self.window_rates, self.window_sides) if s == side)
                 for side in sides}
 
-    def _mfu(self, rate: float) -> float:
-        assert self.flops_per_sample is not None and self.peak_flops is not None  # callers check mfu_known
-        return rate * self.flops_per_sample / (self.peak_flops * self.processes)
+    def _mfu(self, rate: float, peak: float | None = None) -> float:
+        peak = peak if peak is not None else self.peak_flops
+        assert self.flops_per_sample is not None and peak is not None  # callers check mfu_known
+        return rate * self.flops_per_sample / (peak * self.processes)

@@ -44,6 +44,7 @@ from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
 from trainer.infra.on_device import DeviceValues, read_together, scalar, value_dtype
 from trainer.infra.schema import ConfigGroup, Doc, check_target, locate_target
+from trainer.infra.step_gradients import StepGradients, of_parameters, step_gradients
 
 # clip_grad_norm_ adds this to the norm before dividing, so a clipped update lands just under the
 # threshold rather than exactly on it.
@@ -260,6 +261,7 @@ class Percentile(ClippingRule):
             held = self._host_bounds()
             self._bounds = torch.tensor([math.nan if b is None else b for b in held],
                                         dtype=value_dtype(device), device=device)
+            self._threshold = self._bounds[0]  # one view, kept: a frozen bound is the same tensor every step
         return self._bounds
 
     def threshold_on(self, device: torch.device) -> Optional[torch.Tensor]:
@@ -274,15 +276,16 @@ class Percentile(ClippingRule):
 
     def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         bounds = self._bind(norm.device)
-        threshold, calibrated = bounds[0], bounds[1]
+        threshold = self._threshold
+        if self._calibration_over and self._window is None:
+            return threshold  # frozen at the calibrated threshold: nothing to record or compute
         value = norm.detach().to(bounds.dtype)
         if self._window is not None:
             self._window.append(value, finite)  # the pre-clip norm, so clipping cannot drag the threshold down
         if self._calibration_over:
-            if self._window is None:
-                return threshold.clone()  # frozen at the calibrated threshold
             bounds[0].copy_(torch.where(finite, self._window.percentile(self.percentile), threshold))
-            return bounds[0].clone()
+            return bounds[0]
+        calibrated = bounds[1]
         self._calibration.bind(norm.device)
         calibrating = self._calibration.count() < self.calibration_steps
         # Recorded before the threshold is taken, as AutoClip does: the first step is never clipped
@@ -296,7 +299,7 @@ class Percentile(ClippingRule):
         new = torch.where(finite, torch.where(calibrating, while_calibrating, later), threshold)
         bounds.copy_(torch.stack([new, torch.where(completed, so_far, calibrated)]))
         if self.clip_during_calibration:
-            return new.clone()
+            return new
         return torch.where(calibrating, torch.full_like(new, math.nan), new)
 
     # -- checkpoints ---------------------------------------------------------------------------------
@@ -371,22 +374,6 @@ def _combine_shares(norm: torch.Tensor, norm_type: float) -> torch.Tensor:
     return combined.pow(1.0 / norm_type)
 
 
-def _scale_grads(params: list[torch.Tensor], bound: torch.Tensor, total_norm: torch.Tensor,
-                 clipped: torch.Tensor) -> None:
-    """Multiply every gradient by `min(1, bound / norm)` where `clipped` holds, by 1 elsewhere: the
-    factor `clip_grads_with_norm_` applies (its `max_norm / (norm + eps)`, which torch computes as
-    `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device bound, so the host
-    never learns whether the step was clipped. A factor of exactly 1 leaves a gradient as it was."""
-    factor = torch.reciprocal(total_norm + _EPS) * bound.to(total_norm.dtype)
-    factor = torch.where(clipped, torch.clamp(factor, max=1.0), torch.ones_like(factor))
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is not None:
-            by_device.setdefault(p.grad.device, []).append(p.grad.detach())
-    for device, grads in by_device.items():
-        torch._foreach_mul_(grads, factor.to(device))
-
-
 class StepRecord(NamedTuple):
     """What the clipping did at one step, as device tensors: the pre-clip global norm, the threshold
     in force after the step (NaN: none yet; None: the rule has none) and whether the gradients were
@@ -413,16 +400,20 @@ class GradientClipping(Callback):
     """
 
     def __init__(self, rule: ClippingRule | None = None,
-                 log: Annotated[bool, Doc("log clip/grad_norm, clip/threshold and clip/clipped every step")] = True
+                 log: Annotated[bool, Doc("log clip/grad_norm, clip/threshold and clip/clipped at log steps")] = True
                  ) -> None:
         self.rule = rule if rule is not None else Percentile()
         self.log = log
         self.steps_seen = 0
         # Steps clipped and steps with a non-finite norm: on the device once a step is seen.
-        self._counts: Optional[torch.Tensor] = None
+        self._counts: Optional[torch.Tensor] = None  # on the device: steps clipped, steps with a finite norm
         self._loaded_counts = (0, 0)
+        self._counts_base = (0, 0)
+        self._counted = 0
+        self._bound_cast: tuple[Any, Any, Any] = (None, None, None)
         self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
         self._observing = True  # off where the gradients are out of reach (DeepSpeed's, for Lightning's rules)
+        self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the last step's (norm, clipped)
 
     @property
     def mode(self) -> str:
@@ -436,10 +427,12 @@ class GradientClipping(Callback):
         return self.rule.describe()
 
     def _host_counts(self) -> tuple[int, int]:
+        """(steps clipped, steps with a non-finite norm), in one read of the device."""
         if self._counts is None:
             return self._loaded_counts
-        clipped, nonfinite = read_together({"counts": self._counts})["counts"]
-        return int(clipped), int(nonfinite)
+        clipped, finite = read_together({"counts": self._counts})["counts"]
+        # The device counts the clipped and the finite steps since its counter was made (one op a step).
+        return int(clipped), self._counts_base[1] + self._counted - int(finite)
 
     @property
     def steps_clipped(self) -> int:
@@ -457,27 +450,51 @@ class GradientClipping(Callback):
         the gradients (FSDP), so the norms of the shares are combined over the process group first,
         and every process clips with the same factor."""
         params = [p for p in parameters if p.grad is not None]
-        total = global_grad_norm(params)
+        total, clipped = self._clip(of_parameters(params), sharded)
+        return StepRecord(total.detach(), self.rule.threshold_on(total.device), clipped)
+
+    def _clip(self, gradients: StepGradients, sharded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The work of one step on the device: (the pre-clip global norm, whether the step was clipped)."""
+        total = gradients.total
         if sharded:
             total = _combine_shares(total, 2.0)
         largest = None
         if self.rule.mode == "value":
-            largest = global_grad_norm(params, float("inf")).to(total.device)
+            largest = global_grad_norm(gradients.params, float("inf")).to(total.device)
             if sharded:
                 largest = _combine_shares(largest, float("inf"))
         self.steps_seen += 1
         if self._counts is None or self._counts.device != total.device:
-            held = self._host_counts()
-            self._counts = torch.tensor(held, dtype=torch.long, device=total.device)
-        finite = torch.isfinite(total)
+            self._counts_base = self._host_counts()
+            self._counts = torch.tensor([self._counts_base[0], 0], dtype=torch.long, device=total.device)
+            self._counted = 0
+        finite = total < math.inf  # a norm is never negative, and NaN compares false
         if self.rule.clips_here:
             bound = self.rule.threshold_for(total, finite)
-            clipped = finite & (total.to(bound.dtype) > bound)
-            _scale_grads(params, bound, total, clipped)
+            clipped = finite & (total > bound)
+            self._scale_grads(gradients, bound, total, clipped)
         else:
             clipped = finite & self.rule.exceeded(total, largest)
-        self._counts.add_(torch.stack([clipped, ~finite]).long())
-        return StepRecord(total.detach(), self.rule.threshold_on(total.device), clipped)
+        self._counts.add_(torch.stack([clipped, finite]))
+        self._counted += 1
+        return total, clipped
+
+    def _scale_grads(self, gradients: StepGradients, bound: torch.Tensor, total_norm: torch.Tensor,
+                     clipped: torch.Tensor) -> None:
+        """Multiply every gradient by `bound / (norm + eps)` where `clipped` holds (below 1 there, as
+        the norm exceeds the bound), by 1 elsewhere: the factor `clip_grads_with_norm_` applies (which
+        torch computes as `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device
+        bound, so the host never learns whether the step was clipped. A factor of exactly 1 leaves a
+        gradient as it was. One multi-tensor call per device; the bound in the norm's dtype is kept
+        while the rule's bound is unchanged (frozen after calibration)."""
+        key = (id(bound), bound._version, total_norm.dtype)
+        if self._bound_cast[0] != key:
+            self._bound_cast = (key, bound.to(total_norm.dtype), torch.ones((), dtype=total_norm.dtype,
+                                                                             device=total_norm.device))
+        _, cast, one = self._bound_cast
+        factor = torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one)
+        for device, grads in gradients.grads_by_device().items():
+            torch._foreach_mul_(grads, factor.to(device))
 
     def observe_and_clip(self, parameters: Iterable[torch.Tensor],
                          sharded: bool = False) -> tuple[float, float | None, bool]:
@@ -534,20 +551,23 @@ class GradientClipping(Callback):
             return  # no norm, no device sync: "off" costs nothing
         # The optimizer's own parameters, like Lightning's clipping: with several optimizers the
         # other ones' gradients are not ours to touch (and under AMP are not unscaled yet).
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if not params:
+        gradients = step_gradients(optimizer, int(trainer.global_step))
+        if gradients is None:
             return  # backward was skipped (training_step returned None): nothing to observe
-        record = self.clip_on_device(params, sharded=self._sharded)
-        if not self.log:
-            return
-        # Device tensors: Lightning reads them at its log intervals only (a Python number logged
-        # here would be copied to the device every step, which waits for it on CUDA). The threshold
-        # is NaN while there is none yet.
-        kwargs: dict[str, Any] = {"on_step": True, "on_epoch": False, "batch_size": 1}
-        pl_module.log("clip/grad_norm", record.norm.float(), **kwargs)
-        if record.threshold is not None:
-            pl_module.log("clip/threshold", record.threshold.float(), **kwargs)
-        pl_module.log("clip/clipped", record.clipped.float(), **kwargs)
+        self._last = self._clip(gradients, self._sharded)
+
+    def logged_values(self) -> dict[str, torch.Tensor]:
+        """For the loggers at log steps (trainer/callbacks/step_log.py), the last step's pre-clip
+        norm, the threshold in force (NaN while there is none yet) and whether it was clipped, as
+        device tensors the step log reads together."""
+        if not self.log or self._last is None:
+            return {}
+        norm, clipped = self._last
+        values = {"clip/grad_norm": norm.float(), "clip/clipped": clipped.float()}
+        threshold = self.rule.threshold_on(norm.device)
+        if threshold is not None:
+            values["clip/threshold"] = threshold.float()
+        return values
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

@@ -1,22 +1,26 @@
 """The non-finite guard: a step whose loss or gradients hold NaN or Inf is skipped, not applied.
 
 Its behaviour is in docs/reliability.md ("The non-finite guard"). The check and the skip happen on
-the device, so the host never waits for a step: the flag is one reduction over the gradients' norms
-and the loss, and the optimizer is told through the same route a GradScaler uses. A fused optimizer
+the device, so the host never waits for a step: the flag comes from the gradients' norms (taken once
+per step for the guard and the clipping: trainer/infra/step_gradients.py) and the loss, and the
+optimizer is told through the same route a GradScaler uses. A fused optimizer
 (`optimizer.implementation=fused`, the default on CUDA) takes `found_inf` and leaves weights, state
 and step counts untouched; any other optimizer is stepped and then put back where the flag is set
-(`torch.where` against a copy of its parameters and state taken before the step). The counters and
-the first bad parameter are kept on the device and read at Lightning's log intervals, at epoch ends
-and at checkpoints (`read_counters`): that is when `max_consecutive` bad steps in a row stop the run
-(`max_run`, the longest run since the last read, so a run of bad steps between two reads is not
-missed). Under an fp16 GradScaler overflows are routine, so the guard only counts and stops once
-the scale is below 1 and steps still overflow, which no loss scaling can cure."""
+(trainer/infra/step_undo.py). A step does a fixed handful of operations, whatever the number of
+parameter tensors: it writes which gradients (and whether the loss) were finite into one row of a
+table on the device, and the counting is done when the host reads the table, at Lightning's log
+steps, at epoch ends and at checkpoints (`read_counters`; or when the table is full). That is when
+`max_consecutive` bad steps in a row stop the run (the longest run since the last read, so a run of
+bad steps between two reads is not missed). Under an fp16 GradScaler overflows are routine, so the
+guard only counts and stops once the scale is below 1 and steps still overflow, which no loss
+scaling can cure."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import lightning as L
 import torch
@@ -25,11 +29,15 @@ from lightning.pytorch.callbacks import Callback
 
 from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
-from trainer.infra.on_device import DeviceValues, read_together
+from trainer.infra.on_device import read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
+from trainer.infra.step_gradients import StepGradients, step_gradients
+from trainer.infra.step_undo import StepUndo, zero_new_state
 
 #: Steps recorded in `skipped_at`.
 RECORDED_SKIPS = 100
+#: Rows of the table when Lightning never logs (log_every_n_steps=0): a read every this many steps.
+ROWS_WITHOUT_LOGGING = 1000
 
 
 class NonFiniteTraining(UserError):
@@ -42,98 +50,53 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(optimizer.defaults.get("fused"))
 
 
-class _PutBack:
-    """A copy of an optimizer's parameters and state taken before its step, and the step undone
-    where a device flag is set: the skip for optimizers without a `found_inf` path.
-    State the step creates (the first step's moments and counters) is zeroed instead, which is the
-    fresh state of torch's optimizers. The copies are kept between steps, so nothing is allocated
-    per step once the state exists."""
+class StepTable:
+    """One row per optimizer step since the last read, on the device: the norm of each gradient (in
+    the order of that step's parameters), then the loss, as the step had them; with several
+    processes, a second table says whether any process's step was bad. The host keeps each row's
+    global step and parameters, and tells a bad step from its row when it reads (`take`)."""
 
-    def __init__(self) -> None:
-        self._copies: dict[int, torch.Tensor] = {}
-        self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._params: list[torch.Tensor] = []
-        self._key: Any = None
-        self._sources: list[torch.Tensor] = []
-        self._targets: list[torch.Tensor] = []
-        self._originals: list[torch.Tensor] = []
-        self._optimizer: Optional[torch.optim.Optimizer] = None
-        self.host_flag_reason: Optional[str] = None
+    def __init__(self, rows: int) -> None:
+        self.capacity = rows
+        self._table: Optional[torch.Tensor] = None
+        self._rows: list[torch.Tensor] = []
+        self._bad: Optional[torch.Tensor] = None
+        self.steps: list[tuple[int, list[torch.Tensor]]] = []  # (global step, parameters) of each row
 
-    def take(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
-        # torch's optimizers update their state in place, so from the second step on the same
-        # tensors come back: the lists are kept while the parameters, the number of state entries
-        # and the first parameter's state tensors are the same ones (a loaded state dict is not).
-        first = optimizer.state.get(params[0], {}) if params else {}
-        key = (tuple(map(id, params)), len(optimizer.state), tuple(id(v) for v in first.values()))
-        if key == self._key and self._sources:
-            torch._foreach_copy_(self._targets, self._sources)
-            self._before = list(zip(self._originals, self._targets))
-            return
-        self._key = key
-        tensors = list(params)
-        for p in params:
-            tensors.extend(v for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor))
-        self._before = []
-        sources, targets = [], []
-        for t in tensors:
-            copy = self._copies.get(id(t))
-            if copy is None or copy.shape != t.shape or copy.dtype != t.dtype or copy.device != t.device:
-                copy = self._copies[id(t)] = torch.empty_like(t, memory_format=torch.preserve_format)
-            self._before.append((t, copy))
-            sources.append(t.detach())
-            targets.append(copy)
-        if targets:
-            torch._foreach_copy_(targets, sources)
-        self._sources, self._targets, self._originals = sources, targets, tensors
-        self._params = params
-        self._optimizer = optimizer
+    @property
+    def full(self) -> bool:
+        return len(self.steps) >= self.capacity
 
-    def undo_where(self, flag: torch.Tensor) -> None:
-        """After the step: every tensor back to its copy where `flag` (0-d bool) is set."""
-        assert self._optimizer is not None, "take a copy first"
-        known = {id(t) for t, _ in self._before}
-        flags: dict[torch.device, torch.Tensor] = {}
+    def add(self, step: int, params: list[torch.Tensor], row: torch.Tensor, bad: Optional[torch.Tensor]) -> None:
+        """Keep `row` (float32, the norms then the loss) and, with several processes, `bad` (0-d bool:
+        any process's step was bad). One copy each: the rows are views of one table made once."""
+        if not self._rows or self._rows[0].shape != row.shape or self._rows[0].device != row.device:
+            assert not self.steps, "read the table before its rows change shape"
+            self._table = torch.empty(self.capacity, row.numel(), dtype=row.dtype, device=row.device)
+            self._rows = list(self._table.unbind(0))
+            self._bad = torch.zeros(self.capacity, dtype=torch.bool, device=row.device)
+        self._rows[len(self.steps)].copy_(row)
+        if bad is not None:
+            assert self._bad is not None
+            self._bad[len(self.steps)].copy_(bad)
+        self.steps.append((step, params))
 
-        def flag_on(device: torch.device) -> torch.Tensor:
-            if device not in flags:
-                if device != flag.device and device.type == "cpu" and flag.device.type != "cpu":
-                    # torch's non-fused Adam family keeps its step counts on the CPU (unless
-                    # capturable): putting them back needs the flag there, one wait per step.
-                    self.host_flag_reason = "the optimizer keeps state on the CPU (step counts)"
-                flags[device] = flag.to(device)
-            return flags[device]
-
-        # Floating tensors: a NaN a bad step left is zeroed, then one foreach lerp per device and
-        # dtype with the flag as weight: torch's lerp is `start + w (end - start)` below w = 0.5 and
-        # `end - (end - start)(1 - w)` above, so w = 0 keeps the stepped tensor and w = 1 gives the
-        # copy, both exactly, with one pass instead of a `where` and a copy per tensor.
-        groups: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        with torch.no_grad():
-            for t, copy in self._before:
-                if t.is_floating_point():
-                    torch.nan_to_num_(t, nan=0.0, posinf=0.0, neginf=0.0)
-                    stepped, copies = groups.setdefault((t.device, t.dtype), ([], []))
-                    stepped.append(t)
-                    copies.append(copy)
-                else:
-                    t.copy_(torch.where(flag_on(t.device), copy, t))
-            for (device, dtype), (stepped, copies) in groups.items():
-                torch._foreach_lerp_(stepped, copies, flag_on(device).to(dtype))  # type: ignore[call-overload]
-        _zero_new_state(self._optimizer, self._params, known, flag_on)
-        self._before = []
-
-
-def _zero_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], known: set[int],
-                    flag_on: Callable[[torch.device], torch.Tensor]) -> None:
-    """Zero, where the flag (`flag_on(device)`) is set, the state tensors a step created (not in
-    `known`): the fresh state of torch's optimizers (zero moments and step counts; a zero momentum
-    buffer acts as none)."""
-    with torch.no_grad():
-        for p in params:
-            for v in optimizer.state.get(p, {}).values():
-                if isinstance(v, torch.Tensor) and id(v) not in known:
-                    v.masked_fill_(flag_on(v.device), 0)
+    def take(self) -> list[tuple[int, list[torch.Tensor], list[float], bool]]:
+        """The rows since the last read, oldest first, as (global step, parameters, the row's values,
+        whether the step was bad on any process), in one read of the device; the table is empty after."""
+        if not self.steps:
+            return []
+        used = len(self.steps)
+        assert self._table is not None and self._bad is not None
+        got = read_together({"rows": self._table[:used], "bad": self._bad[:used]})
+        width = self._table.shape[1]
+        rows = []
+        for i, (step, params) in enumerate(self.steps):
+            values = got["rows"][i * width:(i + 1) * width]
+            rows.append((step, params, values, bool(got["bad"][i]) or not all(map(math.isfinite, values))))
+        self._bad.zero_()
+        self.steps = []
+        return rows
 
 
 class NonFiniteGuard(Callback):
@@ -150,66 +113,79 @@ class NonFiniteGuard(Callback):
         # The host's copy, brought up to date by `read_counters`.
         self.skipped_steps = 0
         self.consecutive = 0
+        #: The first skipped step of the run, and the parameter whose gradient was not finite there.
         self.first_nonfinite: dict[str, Any] | None = None
         self.skipped_at: list[int] = []  # the first RECORDED_SKIPS skipped steps, for the record
         self.diagnostic_checkpoint: str | None = None
+        self._run_start: Optional[dict[str, Any]] = None  # where the current run of bad steps began
         self._loss: torch.Tensor | None = None
-        # On the device: skipped, consecutive, longest run since the last read, the latest run's
-        # first step; and which tensors were finite at that step (`_count`).
-        self._counters: Optional[torch.Tensor] = None
-        self._first_flags: Optional[torch.Tensor] = None
-        self._skips = DeviceValues(RECORDED_SKIPS)
-        self._names: list[str] = []
-        self._positions: dict[tuple[int, ...], torch.Tensor] = {}
-        # Per optimizer, until its step ends: the flag, and the put-back, or (found_inf) the
-        # parameters and the ids of the state tensors that existed before the step.
-        self._pending: dict[int, tuple[torch.Tensor, _PutBack | tuple[list[torch.Tensor], set[int]]]] = {}
-        self._put_back: dict[int, _PutBack] = {}
+        self._table: Optional[StepTable] = None
+        self._names: dict[int, str] = {}
+        # Per optimizer, until its step ends: the flag, and the undo, or (found_inf) the parameters
+        # and the ids of the state tensors that existed before the step (None: none can be new).
+        self._pending: dict[int, tuple[torch.Tensor, StepUndo | tuple[list[torch.Tensor], Optional[set[int]]]]] = {}
+        self._undo: dict[int, StepUndo] = {}
+        self._state_complete: dict[int, bool] = {}
         self._hooked: set[int] = set()
-        self._steps_since_read = 0
         self._warned_host_flag = False
 
     # -- the step (device only) --------------------------------------------------------------------
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        every = int(getattr(trainer, "log_every_n_steps", 0) or 0)
+        self._table = StepTable(every if 0 < every <= ROWS_WITHOUT_LOGGING else ROWS_WITHOUT_LOGGING)
+
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
-        self._loss = loss.detach()
+        if self.mode != "off":
+            self._loss = loss.detach()
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
         if self.mode == "off":
             return
-        named = list(pl_module.named_parameters())
-        if [n for n, _ in named] != self._names:
-            self._names, self._positions = [n for n, _ in named], {}
-        with_grad = [i for i, (_, p) in enumerate(named) if p.grad is not None]
-        if not with_grad:
+        gradients = step_gradients(optimizer, int(trainer.global_step))
+        if gradients is None:
             return  # backward was skipped: nothing to check
-        grads = [g for i in with_grad if (g := named[i][1].grad) is not None]
-        device = grads[0].device
-        finite_each = self._finite_each(grads, device)
-        loss_finite = torch.isfinite(self._loss.float()).all().to(device) if self._loss is not None \
-            else torch.ones((), dtype=torch.bool, device=device)
-        self._loss = None
-        local_bad = ~(finite_each.all() & loss_finite)
-        bad = _any_process(local_bad) if trainer.world_size > 1 else local_bad
-        # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
-        # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
-        self._count(trainer, bad, finite_each, loss_finite, tuple(with_grad))
-        assert self._counters is not None
-        pl_module.log("nonfinite/skipped", self._counters[0].float(), on_step=True, on_epoch=False, batch_size=1)
+        bad = self._record(trainer, pl_module, gradients)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             return  # the GradScaler skips overflowing steps itself
-        params: list[torch.Tensor] = [named[i][1] for i in with_grad]
         self._hook(optimizer)
+        params = gradients.params
         if takes_found_inf(optimizer):
             optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
-            self._pending[id(optimizer)] = (bad, (params, {id(v) for p in params
-                                                           for v in optimizer.state.get(p, {}).values()}))
+            known = None
+            if not self._state_complete.get(id(optimizer)):
+                self._state_complete[id(optimizer)] = all(optimizer.state.get(p) for p in params)
+                known = {id(v) for p in params for v in optimizer.state.get(p, {}).values()}
+            self._pending[id(optimizer)] = (bad, (params, known))
         else:
-            put_back = self._put_back.setdefault(id(optimizer), _PutBack())
-            put_back.take(optimizer, params)
-            self._pending[id(optimizer)] = (bad, put_back)
+            undo = self._undo.setdefault(id(optimizer), StepUndo())
+            undo.take(optimizer, params)
+            self._pending[id(optimizer)] = (bad, undo)
+
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: StepGradients) -> torch.Tensor:
+        """One row of the table for this step; returns whether the step is bad (on any process)."""
+        norms = gradients.norms
+        loss = self._loss
+        self._loss = None
+        row = torch.cat([norms, loss.view(1).to(norms)]) if loss is not None else norms
+        # Finite exactly when every gradient's norm and the loss are (summed in float64, so that no sum
+        # of finite float32 values overflows): x - x is 0 for a finite x and NaN for an infinite or NaN one.
+        total = row.sum(dtype=torch.float64)
+        bad = (total - total) != 0
+        shared = None
+        if trainer.world_size > 1:
+            # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
+            # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
+            bad = shared = _any_process(bad)
+        if self._table is None:
+            self.on_train_start(trainer, pl_module)
+        assert self._table is not None
+        if not self._names:
+            self._names = {id(p): name for name, p in pl_module.named_parameters()}
+        self._table.add(int(trainer.global_step), gradients.params, row, shared)
+        return bad
 
     def _hook(self, optimizer: torch.optim.Optimizer) -> None:
         if id(optimizer) not in self._hooked:
@@ -220,99 +196,67 @@ class NonFiniteGuard(Callback):
         pending = self._pending.pop(id(optimizer), None)
         if pending is None:
             return
-        bad, put_back = pending
-        if not isinstance(put_back, _PutBack):
+        bad, undo = pending
+        if not isinstance(undo, StepUndo):
             del optimizer.found_inf  # type: ignore[attr-defined]  # a later step (or a GradScaler) must not see this one's flag
             # State the skipped step created is left as the kernel allocated it (fused SGD's momentum
             # buffers uninitialized): zeroed, it is the fresh state.
-            params, known = put_back
-            _zero_new_state(optimizer, params, known, lambda device: bad.to(device))
+            params, known = undo
+            if known is not None:
+                zero_new_state(optimizer, params, known, lambda device: bad.to(device))
             return
-        put_back.undo_where(bad)
-        if put_back.host_flag_reason and not self._warned_host_flag:
+        undo.undo_where(bad)
+        if undo.host_flag_reason and not self._warned_host_flag:
             self._warned_host_flag = True
-            warnings.warn(f"nonfinite=skip: {put_back.host_flag_reason}, so each step waits for the device once; "
+            warnings.warn(f"nonfinite=skip: {undo.host_flag_reason}, so each step waits for the device once; "
                           "optimizer.implementation=fused skips on the device", stacklevel=2)
-
-    @staticmethod
-    def _finite_each(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        # The norm of a tensor is finite exactly when all its elements are: one reduction per tensor
-        # (a single foreach kernel where available).
-        norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
-        if all(n.device == device and n.dtype == torch.float32 for n in norms):
-            return torch.isfinite(torch.stack(norms))
-        return torch.isfinite(torch.stack([n.float().to(device) for n in norms]))
-
-    def _count(self, trainer: L.Trainer, bad: torch.Tensor, finite_each: torch.Tensor,
-               loss_finite: torch.Tensor, with_grad: tuple[int, ...]) -> None:
-        device = bad.device
-        if self._counters is None or self._counters.device != device:
-            held = [self.skipped_steps, self.consecutive, self.consecutive, -1]
-            self._counters = torch.tensor(held, dtype=torch.long, device=device)
-        # Which tensors were finite at the step that began the latest run of bad steps: every
-        # parameter in module order, then the loss. The name is found from it when the host reads.
-        flags = torch.cat([finite_each, loss_finite.reshape(1)])
-        if len(with_grad) != len(self._names):
-            full = torch.ones(len(self._names) + 1, dtype=torch.bool, device=device)
-            flags = full.index_copy_(0, self._position_index(with_grad, device), flags)
-        if self._first_flags is None or self._first_flags.device != device or len(self._first_flags) != len(flags):
-            self._first_flags = torch.ones_like(flags)
-        skipped, consecutive, longest, first_step = self._counters.unbind()
-        bad_long = bad.long()
-        consecutive = (consecutive + 1) * bad_long
-        starts = consecutive == 1
-        step = torch.full_like(first_step, int(trainer.global_step))
-        self._skips.append(step, bad)
-        self._first_flags.copy_(torch.where(starts, flags, self._first_flags))
-        self._counters.copy_(torch.stack([skipped + bad_long, consecutive, torch.maximum(longest, consecutive),
-                                          torch.where(starts, step, first_step)]))
-        self._steps_since_read += 1
-
-    def _position_index(self, with_grad: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """Where the checked tensors (the parameters with gradients, then the loss) go among all."""
-        if with_grad not in self._positions:
-            self._positions[with_grad] = torch.tensor([*with_grad, len(self._names)], dtype=torch.long, device=device)
-        return self._positions[with_grad]
 
     # -- the reads, at intervals -------------------------------------------------------------------
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        # At Lightning's own log steps, when it reads the logged values too.
-        if self.mode == "off" or not self._steps_since_read or not at_log_step(trainer):
+        # At Lightning's own log steps, when it reads the logged values too (or when the table is full).
+        if self._table is None or not self._table.steps or not (at_log_step(trainer) or self._table.full):
             return
         self._stop_if_diverged(trainer, self.read_counters())
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.mode != "off" and self._steps_since_read:
+        if self._table is not None and self._table.steps:
             self._stop_if_diverged(trainer, self.read_counters())
+
+    def logged_values(self) -> dict[str, float]:
+        """For the loggers at log steps (trainer/callbacks/step_log.py): the steps skipped so far, as
+        the read of this log step left them."""
+        return {} if self.mode == "off" else {"nonfinite/skipped": float(self.skipped_steps)}
 
     def read_counters(self) -> int:
         """Bring the host's copy up to date in one read; returns the longest run of bad steps since
-        the last read."""
-        if self._counters is None:
-            return 0
-        values = {"counters": self._counters, "skips": self._skips.count()}
-        if self._first_flags is not None:
-            values["first"] = self._first_flags
-        got = read_together(values)
-        skipped, consecutive, longest, first_step = (int(v) for v in got["counters"])
-        if got["skips"][0]:
-            self.skipped_at = [int(s) for s in self._skips.host_values()]
-        self._counters[2].copy_(self._counters[1])  # the next read's run starts from the current one
-        self.skipped_steps, self.consecutive = skipped, consecutive
-        if first_step >= 0:
-            self.first_nonfinite = {"step": first_step, "parameter": self._parameter_name(got.get("first", []))}
-        self._steps_since_read = 0
+        the last read (counting the run it continues)."""
+        longest = 0
+        for step, params, values, bad in self._table.take() if self._table is not None else []:
+            if not bad:
+                self.consecutive, self._run_start = 0, None
+                continue
+            self.skipped_steps += 1
+            if len(self.skipped_at) < RECORDED_SKIPS:
+                self.skipped_at.append(step)
+            if self.consecutive == 0:
+                self._run_start = {"step": step, "parameter": self._parameter_name(params, values)}
+                if self.first_nonfinite is None:
+                    self.first_nonfinite = self._run_start
+            self.consecutive += 1
+            longest = max(longest, self.consecutive)
         return longest
 
-    def _parameter_name(self, finite: list[float]) -> str:
+    def _parameter_name(self, params: list[torch.Tensor], values: list[float]) -> str:
         """The first parameter, in module order, whose gradient was not finite; else the loss; else
         (all finite here) another process's."""
-        for index, ok in enumerate(finite[:-1]):
-            if not ok:
-                return self._names[index] if index < len(self._names) else f"(parameter {index})"
-        if finite and not finite[-1]:
+        bad = [self._names.get(id(p), "(a parameter outside the module)")
+               for p, norm in zip(params, values) if not math.isfinite(norm)]
+        if bad:
+            order = {name: index for index, name in enumerate(self._names.values())}
+            return min(bad, key=lambda name: order.get(name, len(order)))
+        if len(values) > len(params) and not math.isfinite(values[len(params)]):
             return "(the loss; every gradient was finite)"
         return "(another process's loss or gradient shard; this process's were finite)"
 
@@ -327,12 +271,12 @@ class NonFiniteGuard(Callback):
         self._stop(trainer, longest)
 
     def _stop(self, trainer: L.Trainer, run: int) -> None:
-        assert self.first_nonfinite is not None
+        first = self._run_start or self.first_nonfinite
+        assert first is not None
         path = Path(trainer.default_root_dir) / "checkpoints" / f"nonfinite-step{int(trainer.global_step):06d}.ckpt"
         path.parent.mkdir(parents=True, exist_ok=True)
         trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
         self.diagnostic_checkpoint = str(path)
-        first = self.first_nonfinite
         raise NonFiniteTraining(
             "training",
             f"{run} steps in a row had a non-finite loss or gradient (the first in "
@@ -350,16 +294,17 @@ class NonFiniteGuard(Callback):
     def state_dict(self) -> dict[str, Any]:
         self.read_counters()
         return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive,
-                "first_nonfinite": self.first_nonfinite, "skipped_at": list(self.skipped_at)}
+                "first_nonfinite": self.first_nonfinite, "skipped_at": list(self.skipped_at),
+                "run_start": self._run_start}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict["skipped_steps"])
         self.consecutive = int(state_dict["consecutive"])
         self.first_nonfinite = state_dict["first_nonfinite"]
         self.skipped_at = [int(s) for s in state_dict["skipped_at"]]
-        self._skips.load([float(s) for s in self.skipped_at])
-        self._counters = None
-        self._first_flags = None
+        self._run_start = state_dict.get("run_start", self.first_nonfinite if self.consecutive else None)
+        if self._table is not None:
+            self._table.steps = []  # rows of a step the checkpoint came after: already counted in it
 
 
 def _any_process(flag: torch.Tensor) -> torch.Tensor:

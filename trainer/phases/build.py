@@ -25,6 +25,7 @@ from trainer.callbacks.model_summary import model_summary
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.progress import LogStepRichProgressBar, PlainProgress
 from trainer.callbacks.rng import RNGState
+from trainer.callbacks.step_log import StepLog
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.configuration.spec import RunSpec
@@ -103,7 +104,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
         spec, plan = _measuring(spec, plan, measuring_steps)
         run.task.announces_schedule = False  # its schedule is the run's, not this measurement's length
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
-                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=run.parts.definition.units_in)
+                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=run.parts.definition.units_in,
+                            bf16_peak_flops=plan.bf16_peak_flops)
     losses, logged = LossRecord(), LoggedMetrics()
     curves = Curves(losses)
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
@@ -112,7 +114,9 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     # sees a skipped step's non-finite norm, counts it and records nothing).
     # RNGState and LoggedMetrics: the random generators' states and the logged metrics go into
     # every checkpoint and come back on resume.
-    callbacks: list[Callback] = [parts.guard, parts.clipping, meter, losses, curves, stopper, RNGState(), logged]
+    # StepLog after the three whose values it writes at log steps (their own batch-end work first).
+    callbacks: list[Callback] = [parts.guard, parts.clipping, meter, StepLog([parts.guard, parts.clipping, meter]),
+                                 losses, curves, stopper, RNGState(), logged]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     callbacks += [c for c in (build_periodic(spec.checkpointing, run_dir), checkpoint) if c is not None]
     if plan.progress == "rich":

@@ -1,0 +1,56 @@
+"""A training step's own values, written to the loggers at Lightning's log steps in one host read.
+
+`LightningModule.log` is the wrong tool for a value that only the loggers read (the clipping's norm,
+the non-finite guard's count, the throughput meter's rate): each call costs about 0.4 ms of host time
+here (Lightning's result bookkeeping; benchmarks/host_overhead.py), and Lightning then reads each
+logged tensor on the host separately. So, deliberately, such values take the route Lightning's own
+`LearningRateMonitor` takes for the lr: at each log step (`trainer.callbacks.steps.at_log_step`) the
+`StepLog` asks its sources for their latest values (device tensors or numbers), reads the tensors in
+one read (`trainer.infra.on_device.read_together`) and calls each logger's `log_metrics` with
+Lightning's own step number. Between log steps it does nothing, and with no logger it never reads.
+
+A source is any object with `logged_values() -> Mapping[str, Tensor | float]`: its values of the
+step just taken, computed only when asked (the framework's callbacks that log, each keeping its last
+step's device values)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from trainer.callbacks.steps import at_log_step
+from trainer.infra.on_device import read_together
+
+
+class LogSource(Protocol):
+    def logged_values(self) -> Mapping[str, torch.Tensor | float]: ...
+
+
+class StepLog(Callback):
+    """Writes its sources' values to the loggers at Lightning's log steps (see the module docstring).
+    Put after its sources among the callbacks: their `on_train_batch_end` runs first."""
+
+    def __init__(self, sources: Sequence[LogSource]) -> None:
+        self.sources = list(sources)
+        #: What the last log step wrote (host numbers), for the record and the tests.
+        self.last_written: dict[str, float] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not trainer.loggers or not trainer.is_global_zero or not at_log_step(trainer):
+            return  # (Lightning's loggers write on rank 0 only)
+        values: dict[str, torch.Tensor | float] = {}
+        for source in self.sources:
+            values.update(source.logged_values())
+        if not values:
+            return
+        tensors = {name: value for name, value in values.items() if isinstance(value, torch.Tensor)}
+        read = read_together(tensors) if tensors else {}
+        metrics = {name: (read[name][0] if name in read else float(value)) for name, value in values.items()}
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning logs this batch's values at
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+        self.last_written = metrics
