@@ -4,6 +4,7 @@ trains every task; what differs between tasks is the definition's."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Mapping, cast
 
@@ -13,8 +14,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.profiler import record_function
 from torchmetrics import Metric
-from torchmetrics.aggregation import MeanMetric
 
+from trainer.callbacks.steps import at_log_step
 from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.groups.regularization import RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
@@ -60,9 +61,10 @@ class TrainingTask(L.LightningModule):
                                    "scheduler": scheduler.name}, logger=False)
         # The training loss as a metric: each step's value is this process's own, and the epoch mean is
         # combined over all processes once (`self.log(..., sync_dist=True)` would all-reduce every step).
-        # "disable": no NaN check (a host sync per step); a non-finite step makes the epoch mean
-        # non-finite, as it should. Unweighted: training batches are all one size (drop_last).
-        self.train_loss = MeanMetric(nan_strategy="disable")
+        # No NaN check (a host sync per step): a non-finite step makes the epoch mean non-finite, as it
+        # should. Unweighted: training batches are all one size (drop_last).
+        self.train_loss = WeightedMean()
+        self._epoch_unregistered = True
         # Evaluation losses weighted by the units of each batch, so the epoch's value is the mean
         # over every sample (token) of every process, whatever the batches' sizes.
         # (ModuleDicts, so the metrics move with the module; keyed "val_split" and so on: a module
@@ -92,23 +94,39 @@ class TrainingTask(L.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         definition = self.definition
         batch = definition.training_batch(batch)
-        # Named ranges for profile=true (trainer/measure/profile.py): Lightning runs this step and the
-        # backward inside the optimizer's step (its closure), so without them everything would be
-        # the optimizer's. A range costs about a microsecond when no profiler records.
-        with record_function(FORWARD_RANGE):
+        # Named ranges for profile=true (trainer/measure/profile.py) while a profiler records:
+        # Lightning runs this step and the backward inside the optimizer's step (its closure), so
+        # without them everything would be the optimizer's. With none recording, not even a range.
+        with _named_range(FORWARD_RANGE):
             outputs = definition.forward(self, batch)
             targets = definition.targets(batch)
             loss = self.training_loss(outputs, targets)
         metrics = self.metrics_of("train")
         definition.update_metrics(metrics, outputs, targets)
-        n = _samples(targets)
-        # train/loss_step: this process's loss (rank 0's in the loggers, unsynced); train/loss_epoch
-        # and train/loss at the epoch's end: the mean over all steps of all processes.
-        self.train_loss(loss.detach())
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        self._log_training(loss, metrics, _samples(targets))
+        return loss
+
+    def _log_training(self, loss: torch.Tensor, metrics: Mapping[str, Metric], n: int) -> None:
+        """The loss into its epoch mean every step; `self.log` only where Lightning writes to the
+        loggers (its log steps), and once per epoch of this attempt so that the epoch means are
+        registered: a `self.log` call costs about 0.4 ms of host time here, and the loggers read
+        none of the others (benchmarks/host_overhead.py). train/loss_step: this process's loss at
+        the log steps (rank 0's in the loggers, unsynced); train/loss_epoch and train/loss at the
+        epoch's end: the mean over all steps of all processes."""
+        if not (at_log_step(self.trainer) or self._epoch_unregistered):
+            self.train_loss.update(loss)
+            return
+        self._epoch_unregistered = False
+        self.train_loss(loss)  # updates the mean and keeps this step's value for the step's log
+        # Not prog_bar: Lightning reads every progress-bar value on the host after every batch, a
+        # wait on the device each step; the bar shows the loss it reads at log steps instead
+        # (trainer/callbacks/progress.py).
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, batch_size=n)
         for name, metric in metrics.items():
             self.log(f"train/{name}", metric, on_step=False, on_epoch=True, batch_size=n)
-        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_unregistered = True
 
     # The training metrics' running states go into every checkpoint written inside an epoch, one entry
     # per process, so a run resumed mid-epoch ends that epoch with the mean over all of its batches
@@ -146,6 +164,8 @@ class TrainingTask(L.LightningModule):
             metric = metrics.get(name)
             if metric is None:
                 continue  # written by another task's metrics: the epoch's mean starts afresh
+            if set(record["states"]) != set(metric.metric_state):
+                continue  # written by another kind of metric (an older version's): the epoch's mean starts afresh
             if any(len(parts) != processes for parts in record["states"].values()):
                 continue  # written by another number of processes: the epoch's mean starts afresh
             for key, parts in record["states"].items():
@@ -154,7 +174,7 @@ class TrainingTask(L.LightningModule):
             metric._computed = None
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        with record_function(BACKWARD_RANGE):
+        with _named_range(BACKWARD_RANGE):
             super().backward(loss, *args, **kwargs)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -200,6 +220,11 @@ class TrainingTask(L.LightningModule):
 @rank_zero_only
 def _announce(schedule: dict[str, Any]) -> None:
     log.info("scheduler %s: %s", schedule["name"], schedule["how"])
+
+
+def _named_range(name: str) -> Any:
+    """A profiler range named `name` while a profiler records (torch.profiler, emit_nvtx), else nothing."""
+    return record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 def _key(split: str) -> str:

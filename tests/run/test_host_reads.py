@@ -1,8 +1,10 @@
-"""With every default on, the framework's own code makes no host read of a tensor value in a
-training step except at Lightning's log steps (where the loggers read too) and at the throughput
-meter's window ends (where it times the window): counted by `callbacks=host_reads` over a real run
-of two epochs of the default digits training, validation off, logging every 10 steps. Each read on
-CUDA would make the host wait for the device; the count is the same on the CPU, where nothing waits."""
+"""With every default on, no code makes a host read of a tensor value in a training step except at
+Lightning's log steps (where the loggers read) and at the throughput meter's window ends (where it
+times the window): not the framework's, and not Lightning's or torchmetrics' on the framework's
+behalf (a value logged with prog_bar, which Lightning reads after every batch, would be one).
+Counted by `callbacks=host_reads` over a real run of two epochs of the default digits training,
+validation off, logging every 10 steps. Each read on CUDA would make the host wait for the device;
+the count is the same on the CPU, where nothing waits."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def test_the_defaults_read_nothing_on_the_host_per_step_beyond_log_steps(tmp_pat
     meter = [r for r in reads if r["where"].startswith("trainer/callbacks/throughput.py")]
     per_step = [r for r in reads if r["step"] not in log_steps and r not in meter]
     assert per_step == [], f"host reads in training steps that are not log steps: {per_step}"
+    library = [r for r in report["library_reads_in_steps"] if r["step"] >= 0 and r["step"] not in log_steps]
+    assert library == [], f"Lightning's or torchmetrics' reads in training steps that are not log steps: {library}"
     assert len(meter) <= steps // ThroughputMeter.WINDOW_STEPS + 1  # one per timed window
     at_log_steps = [r for r in reads if r["step"] in log_steps]
     assert len(at_log_steps) <= 2 * len(log_steps)  # one batched read each (two where an epoch ends there)

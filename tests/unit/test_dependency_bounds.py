@@ -30,8 +30,6 @@ class Need(NamedTuple):
 NEEDS = [
     Need("hydra-optuna-sweeper", "1.3.0", "conf/hparams_search/digits_optuna.yaml", "max_failure_rate:",
          "1.2.0's OptunaSweeperConf has no max_failure_rate: composing the study config fails (hydra#2215, #2313)"),
-    Need("torchmetrics", "1.6.2", "trainer/task.py", 'MeanMetric(nan_strategy="disable")',
-         "nan_strategy='disable' (no per-step NaN check, so no host sync) came in 1.6.2 (torchmetrics#2943)"),
     Need("litserve", "0.2.19", "trainer/deploy/serve.py", "def get_batch_requests(",
          "the batch collection and the request handler that serve.py replaces were read in 0.2.19's source"),
     Need("hydra-core", "1.3.0", "trainer/cli.py", 'version_base="1.3"', "version_base 1.3 is known from hydra-core 1.3"),

@@ -49,7 +49,9 @@ class LossRecord(Callback):
         loss = step_loss(outputs)
         if loss is None:
             return
-        self._pending.append(loss.detach().float().reshape(()))
+        # (Lightning hands over the loss detached and 0-d: no operation here in the usual case.)
+        loss = loss.detach() if loss.requires_grad else loss
+        self._pending.append(loss if loss.dim() == 0 else loss.reshape(()))
         optimizers = trainer.optimizers if trainer is not None else []
         self.step_numbers.append(int(trainer.global_step) if trainer is not None else len(self.step_numbers) + 1)
         self.lrs.append(float(optimizers[0].param_groups[0]["lr"]) if optimizers else math.nan)
@@ -62,7 +64,7 @@ class LossRecord(Callback):
         spike (the record counts those apart) and does not enter the history."""
         if not self._pending:
             return
-        values = torch.stack(self._pending).tolist()
+        values = torch.stack(self._pending).float().tolist()
         self._pending = []
         self.losses += values
         for value in values:

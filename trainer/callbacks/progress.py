@@ -62,7 +62,11 @@ class LogStepRichProgressBar(RichProgressBar):
 
     Deliberately replaces one behaviour of the library: Lightning's bar asks for its metrics after
     every batch, and each ask reads the logged tensors' values on the host (`.item()`), which on a
-    GPU makes every step wait for the device. Between log steps the bar shows the last values read."""
+    GPU makes every step wait for the device. Between log steps the bar shows the last values read.
+    The training loss is logged without `prog_bar` (Lightning would read it after every batch
+    too: trainer/task.py), so the bar adds it here from what was logged."""
+
+    SHOWN = ("train/loss_step", "train/loss_epoch")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -71,5 +75,8 @@ class LogStepRichProgressBar(RichProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         if self._shown is not None and trainer.training and not at_log_step(trainer):
             return self._shown
-        self._shown = super().get_metrics(trainer, pl_module)
-        return self._shown
+        shown = super().get_metrics(trainer, pl_module)
+        logged = trainer.callback_metrics
+        shown.update({key: float(logged[key]) for key in self.SHOWN if key in logged and key not in shown})
+        self._shown = shown
+        return shown

@@ -123,10 +123,15 @@ class HostReads(Callback):
         trainer = self._trainer
         if trainer is None or not trainer.training or trainer.sanity_checking:
             return None
+        progress = trainer.fit_loop.epoch_loop.batch_progress.total
+        if progress.ready <= progress.completed:
+            return None  # between batches (a batch is ready, then run, then completed)
         fx = getattr(trainer.lightning_module, "_current_fx_name", None)
-        if fx is None or "epoch" in fx or fx in _OUTSIDE_STEPS:
+        if fx is not None and ("epoch" in fx or fx in _OUTSIDE_STEPS):
             return None
-        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready) - 1
+        # Inside a batch, also where no hook is named: Lightning's own work after the hooks (its
+        # logger connector's end of the batch, which reads every progress-bar value).
+        return int(progress.ready) - 1
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and not self._saved:
@@ -158,6 +163,11 @@ class HostReads(Callback):
                 "framework_per_step": {str(k): v for k, v in sorted(per_step.items())},
                 "framework_reads": [{"what": r.what, "where": _relative(r.where), "step": r.step}
                                     for r in self.records if r.owner == "framework"][:2000],
+                # Every library's reads inside training steps too (torch's own aside: an optimizer
+                # reading its CPU step counts waits for nothing): Lightning's are a wait each as much.
+                "library_reads_in_steps": [{"owner": r.owner, "what": r.what, "where": _relative(r.where),
+                                            "step": r.step} for r in self.records
+                                           if r.owner in ("lightning", "torchmetrics") and r.step is not None][:2000],
                 "places": {owner: dict(self.places(owner).most_common(20))
                            for owner in ("framework", "lightning", "torchmetrics", "torch", "other")}}
 
