@@ -25,8 +25,8 @@
 #   overhead     benchmarks/gpu_overhead.py: the framework's loop against the hand-written loop
 #                (benchmarks/hand_loop.py) on the same network, batch, optimizer, precision and kernels,
 #                both timed by the same code, 3 interleaved repeats: framework/loop for ResNet-50 and GPT-2
-#                small, eager and compiled, against the goal >= 0.98x; the eager rows also price the
-#                framework's default clipping + non-finite guard (what step_cost measures with train.py)
+#                small, eager and compiled, against the goal >= 0.98x; the ResNet-50 eager row also prices
+#                the framework's default clipping + non-finite guard (what step_cost measures with train.py)
 #   data_stage   benchmarks/data_stage.py: ResNet-50 on ~7,000 JPEG files (2,048 distinct 500x375
 #                photos): the step alone, the loader alone per decode mode and end to end (decode=fast
 #                with and without the copy overlap, decode=device), each timed after the loader's
@@ -78,18 +78,19 @@ EXTRA_STEPS=(ceiling step_cost ladder practices reduce_overhead fsdp profile_mem
 # environment 4.3 s, ladder 101.6, gpt 18.0, step_cost 66.6, gpu_tests 80.9, data_stage 61.8,
 # practices 103.2; reduce_overhead, fsdp and profile_memory stopped at 40, 30 and 30 s after their
 # first run) with a margin of about a fifth, and estimates for the steps that have not run yet:
-# - overhead one interpreter (~8 s), ResNet-50 eager (three sides, 3 repeats of 36 steps of ~30 ms, a
-#   fit's start ~1 s: ~25 s), GPT-2 small eager (the 6 MB corpus tokenized ~8 s, ~25 s), then the
-#   compiled rows, one compile each shared by both sides (ResNet-50 ~40 s cold, as in the ladder; GPT-2
-#   small ~45 s) and ~15 s of timing each: ~175 s.
+# - overhead one interpreter (~8 s); 15 fits of the framework's Trainer (~2 s each: its start, the
+#   loader's workers, Lightning's teardown moving the network to the CPU and back) and 27 runs of 36
+#   steps (~30-35 ms a step: ~1.2 s each); four builds (~2 s each) and the 6 MB corpus tokenized once
+#   (~8 s); the compiled rows' one compile each, shared by both sides (ResNet-50 ~35 s cold, as the
+#   ladder's two compiles took ~60 s; GPT-2 small ~45 s): ~175 s.
 # - data_stage one interpreter, 2,048 photos written by 16 processes (~5 s) and linked to ~7,000
-#   files, the step alone (~5 s), then per row the folder's scan (~1 s), the loader alone (~51 batches,
-#   the workers' start) and the fit (~51 steps): ~50 s.
+#   files, the step alone (~5 s), then per row the folder's scan (~1 s), the loader alone (~52 batches,
+#   the workers' start) and the fit (~52 steps): ~50 s.
 # - ceiling eager settings ~5 s each, then six compiles (default and reduce-overhead ~40 s each from a
 #   cold cache, max-autotune-no-cudagraphs' autotuning a few minutes): ~450 s.
 # 400 s in all for the default steps (the --steps-only ones not counted), plus at most 5 s per step
 # to stop one that overruns.
-declare -A BUDGET_S=([environment]=10 [overhead]=200 [data_stage]=80 [gpu_tests]=110
+declare -A BUDGET_S=([environment]=10 [overhead]=210 [data_stage]=70 [gpu_tests]=110
                      [ceiling]=540 [step_cost]=80 [ladder]=120 [practices]=125 [reduce_overhead]=90 [fsdp]=60
                      [profile_memory]=70 [gpt]=25 [input_pipeline]=25 [progressive_resize]=20 [batch_study]=40)
 # These only stop a hung step of the dry run (about 70 s for the default steps on 2 CPU cores, ~10 s

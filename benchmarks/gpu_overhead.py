@@ -18,11 +18,11 @@ sides' facts are compared (lr and weight decay per parameter group, optimizer ke
 memory format, compile, parameters, torch threads, batch, device); a row whose sides differ is marked
 failed with the difference.
 
-Both sides do the same arithmetic: `clipping=off nonfinite=off` (the hand loop has neither). The eager
-rows add a third side, the framework with its defaults (95th-percentile clipping and the non-finite
-guard, decided on the device), built as its own run: defaults/loop is what a user's default run costs
-against the loop, and defaults/bare the step cost of those two defaults (what the `step_cost` step
-measures with whole train.py runs).
+Both sides do the same arithmetic: `clipping=off nonfinite=off` (the hand loop has neither). The
+ResNet-50 eager row adds a third side, the framework with its defaults (95th-percentile clipping and
+the non-finite guard, decided on the device), built as its own run: defaults/loop is what a user's
+default run costs against the loop, and defaults/bare the step cost of those two defaults (what the
+`step_cost` step measures with whole train.py runs).
 
 The rows: ResNet-50 on benchmarks/practices.py's GPU base (224 px device-made images, batch 128, bf16,
 TF32, channels_last, fused SGD), and `+recipe=gpt_small` (12 x 768, 12 heads, vocabulary 8,192, 16 x
@@ -55,7 +55,7 @@ from practices import GPU_BASE, merged  # noqa: E402 - the GPU base every ResNet
 
 #: The framework within 2% of the hand loop.
 GOAL = 0.98
-#: The two sides do the same arithmetic; the eager rows' third side adds the defaults back.
+#: The two sides do the same arithmetic; the rows with a third side add the defaults back there.
 SAME_WORK = ["clipping=off", "nonfinite=off"]
 DEFAULTS = ["clipping=percentile", "nonfinite=skip"]
 COMMON = ["checkpointing=off", "progress=off", "logger=csv", "trainer.max_epochs=1", "trainer.limit_val_batches=0",
@@ -75,6 +75,9 @@ GPT_QUICK = [*GPT_SMALL, "data.max_corpus_mb=0.5", "data.val_fraction=0.25", "da
 #: (row, model's overrides, compile override); eager rows first.
 ROWS = [("resnet50 eager", "resnet50", "compile=off"), ("gpt_small eager", "gpt_small", "compile=off"),
         ("resnet50 compiled", "resnet50", "compile=default"), ("gpt_small compiled", "gpt_small", "compile=default")]
+#: The rows that also time the framework with its defaults (a run of its own: one more build and three
+#: more fits, ~12 s a row on an H200; the step cost is a ResNet-50 figure in the practices' tables).
+WITH_DEFAULTS = ("resnet50 eager",)
 
 
 def model_overrides(model: str, quick: bool, cache_dir: Optional[Path]) -> list[str]:
@@ -122,7 +125,8 @@ def free_device_memory() -> None:
 
 def measure_row(name: str, model: str, compile_switch: str, args: argparse.Namespace, runs_dir: Path,
                 quick: bool) -> dict[str, Any]:
-    """One row: the hand loop and the framework (and, eager, the framework with its defaults), interleaved."""
+    """One row: the hand loop and the framework (and on `WITH_DEFAULTS` the framework with its defaults),
+    interleaved."""
     stand_in = quick and compile_switch != "compile=off"
     overrides = merged(model_overrides(model, quick, args.cache_dir), [compile_switch if not stand_in else "compile=off"])
     row: dict[str, Any] = {"row": name, "model": model, "compile": compile_switch.split("=", 1)[1],
@@ -130,7 +134,7 @@ def measure_row(name: str, model: str, compile_switch: str, args: argparse.Names
     began = time.perf_counter()
     run = prepare_run(merged(overrides, SAME_WORK), runs_dir / name.replace(" ", "_"))
     loops: dict[str, Any] = {"hand": HandLoop(run), "framework": FrameworkLoop(run)}
-    if compile_switch == "compile=off":
+    if name in WITH_DEFAULTS:
         loops["defaults"] = FrameworkLoop(prepare_run(merged(overrides, DEFAULTS),
                                                       runs_dir / (name.replace(" ", "_") + "_defaults")))
     device = loops["hand"].device
@@ -238,7 +242,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"both sides. Units/s: the median of {args.windows} windows of {args.window} steps after "
               f"{args.warmup} warm-up steps, device synchronized at each window's ends, the same code timing "
               f"both; framework/loop: median over {args.repeats} interleaved repeats (range in brackets). "
-              f"defaults/loop: the framework with its default clipping and non-finite guard (eager rows).")
+              f"defaults/loop: the framework with its default clipping and non-finite guard "
+              f"({', '.join(WITH_DEFAULTS)}).")
     rows: list[dict[str, Any]] = []
 
     def write() -> None:

@@ -112,8 +112,9 @@ def _optimizer_facts(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def _memory_format(net: torch.nn.Module) -> str:
-    """channels_last or contiguous, by the first 4-D parameter (a convolution's weight); n/a without one."""
-    weight = next((p for p in net.parameters() if p.ndim == 4), None)
+    """channels_last or contiguous, by the first convolution weight wider than 1x1 (a 1x1 kernel's
+    strides read the same in both formats); n/a without one."""
+    weight = next((p for p in net.parameters() if p.ndim == 4 and p.shape[-1] * p.shape[-2] > 1), None)
     if weight is None:
         return "n/a"
     return "channels_last" if weight.is_contiguous(memory_format=torch.channels_last) and \

@@ -209,8 +209,9 @@ def test_ceiling_step_searches_batch_memory_format_then_compile(extras_run):
     assert settings[:3] == ["resnet50 b4 cl off", "resnet50 b4 nchw off", settings[2]] and settings[2].startswith(
         "resnet50 b8 ")
     assert settings[3:5] == ["gpt_small b4 off", "gpt_small b8 off"]
-    assert settings[5].startswith("resnet50 ") and settings[5].endswith(" default") and settings[6].endswith(" default")
-    assert all(r["status"] == "ok" and r["rate"] > 0 for r in record["rows"]) and record["rows"][5]["stand_in"]
+    assert settings[5].startswith("gpt_small ") and settings[5].endswith(" default")
+    assert settings[6].startswith("resnet50 ") and settings[6].endswith(" default")
+    assert all(r["status"] == "ok" and r["rate"] > 0 for r in record["rows"]) and record["rows"][6]["stand_in"]
     assert record["best"]["resnet50"]["rate"] == max(r["rate"] for r in record["rows"] if r["model"] == "resnet50")
     figures = (out / "ceiling" / "figures.md").read_text().splitlines()
     assert figures[0].startswith("resnet50: fastest ") and "gpt_small: fastest " in figures[0]
