@@ -275,10 +275,13 @@ def figures_overhead(folder: Path) -> list[str]:
         if row.get("defaults_ratio") is not None:
             defaults = (f"; with the default clipping + non-finite guard: {row['defaults_ratio']:.3f}x of the loop, "
                         f"{row['step_cost_ratio']:.3f}x of the bare framework")
+        frames = row.get("frames_compiled") or {}
+        compiled = ("; frames compiled " + ", ".join(f"{side} {n}" for side, n in frames.items())
+                    if any(frames.values()) else "")
         lines.append(f"{name(row)}: {ratio(row)} framework/loop, goal >= {goal:.2f}x "
                      f"{'met' if row.get('within_goal') else 'NOT met'}; loop {_num(row['hand_rate'])} {unit}/s (MFU "
                      f"{_pct(row.get('hand_mfu'))}), framework {_num(row['framework_rate'])} (MFU "
-                     f"{_pct(row.get('framework_mfu'))}; its meter {_num(row.get('meter_rate'))}){defaults}")
+                     f"{_pct(row.get('framework_mfu'))}; its meter {_num(row.get('meter_rate'))}){defaults}{compiled}")
     notes = sorted({r["mfu_note"] for r in done if r.get("mfu_note")})
     return lines + ([f"MFU peak: {'; '.join(notes)}"] if notes else [])
 

@@ -53,6 +53,8 @@ from hand_loop import (FrameworkLoop, HandLoop, compare_facts, prepare_run, step
                        time_windows)
 from practices import GPU_BASE, merged  # noqa: E402 - the GPU base every ResNet-50 step uses
 
+from trainer.groups.compile import compile_counts  # noqa: E402
+
 #: The framework within 2% of the hand loop.
 GOAL = 0.98
 #: The two sides do the same arithmetic; the rows with a third side add the defaults back there.
@@ -141,13 +143,19 @@ def measure_row(name: str, model: str, compile_switch: str, args: argparse.Names
     steps = steps_for(args.windows, args.warmup, args.window)
     rates: dict[str, list[float]] = {side: [] for side in loops}
     windows: dict[str, list[list[float]]] = {side: [] for side in loops}
+    # Dynamo's frames compiled by each side's runs: the shared network should compile on the first
+    # side only (a count on the second means its guards differed: a compile more in this row's time).
+    compiled = {side: 0 for side in loops}
     for repeat in range(args.repeats):
         order = list(loops) if repeat % 2 == 0 else list(reversed(loops))
         for side in order:
+            before = compile_counts()["frames_compiled"]
             measured = rate_of(loops[side], time_windows(loops[side], steps, args.warmup, args.window, device),
                                args.window)
+            compiled[side] += compile_counts()["frames_compiled"] - before
             rates[side].append(measured["rate"])
             windows[side].append(measured["window_rates"])
+        row["frames_compiled"] = compiled
         if repeat == 0:
             facts = {side: loop.facts() for side, loop in loops.items()}
             row["facts"] = facts["hand"]
