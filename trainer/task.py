@@ -10,12 +10,12 @@ from typing import Any, Mapping, cast
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.profiler import record_function
 from torchmetrics import Metric
 
-from trainer.callbacks.steps import at_log_step
 from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.groups.regularization import RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
@@ -65,6 +65,9 @@ class TrainingTask(L.LightningModule):
         # should. Unweighted: training batches are all one size (drop_last).
         self.train_loss = WeightedMean()
         self._epoch_unregistered = True
+        self._register_first = False
+        #: Whether this step's train/loss_step went through `self.log` (else the step log writes it).
+        self.step_loss_logged = False
         # Evaluation losses weighted by the units of each batch, so the epoch's value is the mean
         # over every sample (token) of every process, whatever the batches' sizes.
         # (ModuleDicts, so the metrics move with the module; keyed "val_split" and so on: a module
@@ -103,21 +106,25 @@ class TrainingTask(L.LightningModule):
             loss = self.training_loss(outputs, targets)
         metrics = self.metrics_of("train")
         definition.update_metrics(metrics, outputs, targets)
-        self._log_training(loss, metrics, _samples(targets))
+        self._log_training(loss, metrics, _samples(targets), batch_idx)
         return loss
 
-    def _log_training(self, loss: torch.Tensor, metrics: Mapping[str, Metric], n: int) -> None:
-        """The loss into its epoch mean every step; `self.log` only where Lightning writes to the
-        loggers (its log steps), and once per epoch of this attempt so that the epoch means are
-        registered: a `self.log` call costs about 0.4 ms of host time here, and the loggers read
-        none of the others (benchmarks/host_overhead.py). train/loss_step: this process's loss at
-        the log steps (rank 0's in the loggers, unsynced); train/loss_epoch and train/loss at the
-        epoch's end: the mean over all steps of all processes."""
-        if not (at_log_step(self.trainer) or self._epoch_unregistered):
-            self.train_loss.update(loss)
+    def _log_training(self, loss: torch.Tensor, metrics: Mapping[str, Metric], n: int, batch_idx: int) -> None:
+        """The loss into its epoch mean every step, and `self.log` once per epoch, at its last batch:
+        what registers the epoch means (train/loss_epoch and train/loss at the epoch's end: the mean
+        over all steps of all processes) and that step's train/loss_step. Not every step: a
+        `self.log` call costs about 0.2 ms of host time here, and every value logged is Lightning's
+        work at every later batch of the epoch (its logger connector walks them after each batch):
+        benchmarks/host_overhead.py. The other steps' losses reach the loggers at Lightning's log
+        steps through the step log (trainer/callbacks/step_log.py), this process's own, unsynced."""
+        self.train_loss.add_step(loss)
+        if self.step_loss_logged:
+            self.step_loss_logged = False
+        if not self._epoch_unregistered or not self._registers_at(batch_idx):
             return
         self._epoch_unregistered = False
-        self.train_loss(loss)  # updates the mean and keeps this step's value for the step's log
+        self.step_loss_logged = True
+        self.train_loss.keep_batch_value(loss)  # this step's value, for its train/loss_step
         # Not prog_bar: Lightning reads every progress-bar value on the host after every batch, a
         # wait on the device each step; the bar shows the loss it reads at log steps instead
         # (trainer/callbacks/progress.py).
@@ -125,8 +132,20 @@ class TrainingTask(L.LightningModule):
         for name, metric in metrics.items():
             self.log(f"train/{name}", metric, on_step=False, on_epoch=True, batch_size=n)
 
+    def _registers_at(self, batch_idx: int) -> bool:
+        """Whether this batch registers the epoch means: the epoch's last batch where it is known
+        (its batches counted, or the fit's last step by max_steps), else the epoch's first (a
+        stream of unknown length, or a time limit that may end the epoch at any batch)."""
+        trainer = self.trainer
+        batches = trainer.num_training_batches
+        if self._register_first or batches == float("inf"):
+            return True
+        last_step = 0 < trainer.max_steps <= trainer.global_step + 1
+        return batch_idx + 1 >= batches or last_step
+
     def on_train_epoch_start(self) -> None:
         self._epoch_unregistered = True
+        self._register_first = any(isinstance(c, Timer) for c in self.trainer.callbacks)
 
     # The training metrics' running states go into every checkpoint written inside an epoch, one entry
     # per process, so a run resumed mid-epoch ends that epoch with the mean over all of its batches

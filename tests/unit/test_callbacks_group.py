@@ -211,24 +211,23 @@ def test_an_ema_that_averages_over_more_steps_than_the_run_has_is_warned_about(c
 def test_the_rich_bar_reads_its_metrics_at_log_steps_only(monkeypatch):
     """Lightning's bar reads the logged tensors on the host after every batch (a wait for the GPU
     each step); the framework's asks Lightning only at the log steps and shows the last values between,
-    with the training loss (logged without prog_bar, so that Lightning does not read it every batch)
-    taken from what was logged."""
+    with the step's training loss (not a logged value: the task logs it once an epoch) asked of the
+    loss record at the log steps too."""
     from lightning.pytorch.callbacks import RichProgressBar
 
     from tests.helpers import fake_trainer_with_log_steps
     from trainer.callbacks.progress import LogStepRichProgressBar
 
-    asked = []
+    asked, losses_read = [], []
     monkeypatch.setattr(RichProgressBar, "get_metrics", lambda self, trainer, module: asked.append(trainer.global_step)
                         or {"v_num": 0})
-    bar = LogStepRichProgressBar()
+    bar = LogStepRichProgressBar(latest_loss=lambda: losses_read.append(1) or float(len(asked)))
     shown = []
     for step in range(1, 26):
-        trainer = fake_trainer_with_log_steps(training=True, global_step=step, log_every_n_steps=10,
-                                              callback_metrics={"train/loss_step": torch.tensor(float(step))})
+        trainer = fake_trainer_with_log_steps(training=True, global_step=step, log_every_n_steps=10, callback_metrics={})
         shown.append(bar.get_metrics(trainer, None)["train/loss_step"])
-    assert asked == [1, 10, 20]
-    assert shown[8] == 1.0 and shown[9] == 10.0 and shown[-1] == 20.0
+    assert asked == [1, 10, 20] and len(losses_read) == 3
+    assert shown[8] == 1.0 and shown[9] == 2.0 and shown[-1] == 3.0
     validating = fake_trainer_with_log_steps(training=False, global_step=25, log_every_n_steps=10,
                                              callback_metrics={"train/loss_epoch": torch.tensor(2.5)})
     assert bar.get_metrics(validating, None) == {"v_num": 0, "train/loss_epoch": 2.5}  # outside training: as asked

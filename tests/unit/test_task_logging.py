@@ -1,6 +1,7 @@
 """What the task logs about training, and what that costs under several processes: the step loss is
-the process's own, without any collective communication inside a training step, logged at the log
-steps only (where the loggers take it); the epoch mean covers every step and is combined over every
+the process's own, without any collective communication inside a training step, and reaches the
+loggers at the log steps (through the step log; `self.log` registers the epoch means once, at the
+epoch's last batch); the epoch mean covers every step and is combined over every
 process once, when the epoch ends. A second process is faked through the
 metric's own synchronization hook, so the test runs in one process on the CPU."""
 
@@ -13,6 +14,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.helpers import RecordingLogger
+from trainer.callbacks.step_log import StepLog
 from trainer.configuration.spec import choice_config
 from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.task import ClassificationTask
@@ -76,7 +79,8 @@ def test_the_step_loss_is_not_synchronized_and_the_epoch_mean_is(monkeypatch):
     metric.dist_sync_fn = gather_with_another_process
 
     data = TensorDataset(torch.rand(16, 3, 4, 4), torch.randint(0, 10, (16,)))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, callbacks=[inside],
+    logger = RecordingLogger()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=logger, callbacks=[inside, StepLog([])],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=2)
     trainer.fit(task, train_dataloaders=DataLoader(data, batch_size=4, drop_last=True))
@@ -84,10 +88,12 @@ def test_the_step_loss_is_not_synchronized_and_the_epoch_mean_is(monkeypatch):
     assert len(inside.losses) == 4
     assert synced_per_step == []  # nothing all-reduced at every step
     assert gathered and not any(gathered)  # the metric synchronized, only outside the steps
-    # This process's own loss, logged at the epoch's first step (which registers the epoch means) and at
-    # the log steps (2 and 4) only; between them the last one stands.
-    first, second, _, fourth = inside.losses
-    assert inside.logged_steps == pytest.approx([first, second, second, fourth])
+    # This process's own loss in the loggers at the log steps (the 2nd and the 4th batch): the 2nd
+    # through the step log, the 4th (the epoch's last) through self.log, which registers the epoch means
+    # there; in the callbacks' metrics only from that last batch on.
+    step_losses = [(step, m["train/loss_step"]) for step, m in logger.logged if "train/loss_step" in m]
+    assert step_losses == [(1, pytest.approx(inside.losses[1])), (3, pytest.approx(inside.losses[3]))]
+    assert inside.logged_steps == [None, None, None, pytest.approx(inside.losses[3])]
     own_mean = sum(inside.losses) / len(inside.losses)
     assert float(trainer.callback_metrics["train/loss_epoch"]) == pytest.approx((own_mean + OTHER_LOSS) / 2)
     assert float(trainer.callback_metrics["train/loss"]) == pytest.approx((own_mean + OTHER_LOSS) / 2)

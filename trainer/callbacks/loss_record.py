@@ -80,6 +80,13 @@ class LossRecord(Callback):
                     self.first_spike = self.steps
             self._recent.append(value)
 
+    def latest(self) -> float | None:
+        """The newest step's loss (a read of the device when it is still pending): for progress
+        output, which asks at log steps or every few seconds, not every step."""
+        if self._pending:
+            return float(self._pending[-1])
+        return self.losses[-1] if self.losses else None
+
     def series(self) -> tuple[list[int], list[float], list[float]]:
         """This attempt's steps, losses and lrs, every step read back."""
         self._read_pending()

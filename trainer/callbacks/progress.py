@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, RichProgressBar
@@ -29,8 +29,11 @@ class PlainProgress(Callback):
 
     KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
 
-    def __init__(self, every_s: float = 30.0) -> None:
+    def __init__(self, every_s: float = 30.0, latest_loss: Callable[[], float | None] | None = None) -> None:
+        """`latest_loss`: the newest step's loss (trainer/callbacks/loss_record.py), asked at most
+        every `every_s` seconds."""
         self.every_s = every_s
+        self.latest_loss = latest_loss
         self._last_print = 0.0
         self._fit_start = 0.0
 
@@ -44,8 +47,8 @@ class PlainProgress(Callback):
             return
         self._last_print = now
         total = trainer.num_training_batches
-        loss = trainer.callback_metrics.get("train/loss_step")
-        loss_text = f"  train/loss {float(loss):.4f}" if loss is not None else ""
+        loss = self.latest_loss() if self.latest_loss is not None else None
+        loss_text = f"  train/loss {loss:.4f}" if loss is not None else ""
         log.info(f"epoch {trainer.current_epoch + 1}  batch {batch_idx + 1}/{total}"
                  f"  step {trainer.global_step}{loss_text}  {now - self._fit_start:.0f}s")
 
@@ -63,20 +66,24 @@ class LogStepRichProgressBar(RichProgressBar):
     Deliberately replaces one behaviour of the library: Lightning's bar asks for its metrics after
     every batch, and each ask reads the logged tensors' values on the host (`.item()`), which on a
     GPU makes every step wait for the device. Between log steps the bar shows the last values read.
-    The training loss is logged without `prog_bar` (Lightning would read it after every batch
-    too: trainer/task.py), so the bar adds it here from what was logged."""
+    The training loss of each step is not a logged value (trainer/task.py logs it once an epoch), so
+    the bar shows `latest_loss()` (trainer/callbacks/loss_record.py) as train/loss_step, read at the
+    log steps too."""
 
-    SHOWN = ("train/loss_step", "train/loss_epoch")
-
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, latest_loss: Callable[[], float | None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.latest_loss = latest_loss
         self._shown: dict[str, Any] | None = None
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         if self._shown is not None and trainer.training and not at_log_step(trainer):
             return self._shown
         shown = super().get_metrics(trainer, pl_module)
-        logged = trainer.callback_metrics
-        shown.update({key: float(logged[key]) for key in self.SHOWN if key in logged and key not in shown})
+        loss = self.latest_loss() if self.latest_loss is not None and trainer.training else None
+        if loss is not None:
+            shown["train/loss_step"] = loss
+        epoch_loss = trainer.callback_metrics.get("train/loss_epoch")
+        if epoch_loss is not None and "train/loss_epoch" not in shown:
+            shown["train/loss_epoch"] = float(epoch_loss)
         self._shown = shown
         return shown

@@ -5,9 +5,11 @@ the non-finite guard's count, the throughput meter's rate): each call costs abou
 here (Lightning's result bookkeeping; benchmarks/host_overhead.py), and Lightning then reads each
 logged tensor on the host separately. So, deliberately, such values take the route Lightning's own
 `LearningRateMonitor` takes for the lr: at each log step (`trainer.callbacks.steps.at_log_step`) the
-`StepLog` asks its sources for their latest values (device tensors or numbers), reads the tensors in
-one read (`trainer.infra.on_device.read_together`) and calls each logger's `log_metrics` with
-Lightning's own step number. Between log steps it does nothing, and with no logger it never reads.
+`StepLog` takes the step's loss as Lightning hands it to the callbacks (`train/loss_step`; unless the
+module logged it itself at that step, as the framework's task does once an epoch, `step_loss_logged`)
+and asks its sources for their latest values (device tensors or numbers), reads the tensors in one
+read (`trainer.infra.on_device.read_together`) and calls each logger's `log_metrics` with Lightning's
+own step number. Between log steps it does nothing, and with no logger it never reads.
 
 A source is any object with `logged_values() -> Mapping[str, Tensor | float]`: its values of the
 step just taken, computed only when asked (the framework's callbacks that log, each keeping its last
@@ -21,8 +23,11 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from trainer.callbacks.steps import at_log_step
+from trainer.callbacks.steps import at_log_step, step_loss
 from trainer.infra.on_device import read_together
+
+#: The step's loss, under the name Lightning gives a value logged on_step and on_epoch.
+STEP_LOSS = "train/loss_step"
 
 
 class LogSource(Protocol):
@@ -43,6 +48,9 @@ class StepLog(Callback):
         if not trainer.loggers or not trainer.is_global_zero or not at_log_step(trainer):
             return  # (Lightning's loggers write on rank 0 only)
         values: dict[str, torch.Tensor | float] = {}
+        loss = step_loss(outputs)
+        if loss is not None and not getattr(pl_module, "step_loss_logged", False):
+            values[STEP_LOSS] = loss  # this process's loss of the step (Lightning hands it over detached)
         for source in self.sources:
             values.update(source.logged_values())
         if not values:

@@ -120,9 +120,9 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
     callbacks += [c for c in (build_periodic(spec.checkpointing, run_dir), checkpoint) if c is not None]
     if plan.progress == "rich":
-        callbacks.append(LogStepRichProgressBar())
+        callbacks.append(LogStepRichProgressBar(latest_loss=losses.latest))
     elif plan.progress == "plain":
-        callbacks.append(PlainProgress(every_s=spec.top.progress_every_s))
+        callbacks.append(PlainProgress(every_s=spec.top.progress_every_s, latest_loss=losses.latest))
     loggers = []
     if spec.loggers:
         # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's

@@ -10,7 +10,7 @@ from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from trainer.data.base import DataInfo
-from trainer.tasks.metrics import Accuracy
+from trainer.tasks.metrics import Accuracy, StepUpdate
 from trainer.tasks.protocol import TaskDefinition
 
 #: Top-5 accuracy, as ImageNet recipes report it, from this many classes on (below, it says little).
@@ -75,7 +75,10 @@ class Classification(TaskDefinition):
         # A mixed batch's accuracy counts the class its target weighs most.
         labels = dominant_labels(targets)
         for metric in metrics.values():
-            metric.update(outputs, labels)  # (torchmetrics updates without autograd: no detach needed)
+            if isinstance(metric, StepUpdate):
+                metric.add_step(outputs, labels)  # the training accuracy, every step: the lean path
+            else:
+                metric.update(outputs.detach(), labels)
 
     def example_batch(self, size: int, device: torch.device) -> tuple[Any, Any]:
         inputs = torch.randn(size, *self.info.input_shape(), device=device)

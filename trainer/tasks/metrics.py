@@ -1,5 +1,6 @@
-"""Metrics every task's evaluation shares: the mean of a per-batch value weighted by what each batch
-holds (its samples or tokens), and perplexity as exp of that mean.
+"""Metrics the tasks share: the mean of a per-batch value weighted by what each batch holds (its
+samples or tokens), perplexity as exp of that mean, and the accuracy a training step can afford;
+the two a training step updates take `StepUpdate.add_step`, torchmetrics' update without its wrapper.
 
 Deliberately not torchmetrics' `MeanMetric`: with ``nan_strategy="disable"`` (the setting that saves
 a host sync per update) torchmetrics 1.9 replaces the weights with ones (its issue #3434), so a short
@@ -8,11 +9,26 @@ per update. Two sums, reduced over processes at the epoch's end, need neither.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torchmetrics import Metric
 
 
-class WeightedMean(Metric):
+class StepUpdate:
+    """`add_step`: a metric's `update` for every training step, without torchmetrics' wrapper around
+    it (which resets the cache, counts the update and switches autograd off through three attribute
+    sets and a context manager: about 10 us of host time a call here). The same bookkeeping, done
+    directly; the update itself must detach what it is given."""
+
+    def add_step(self, *args: Any) -> None:
+        state = self.__dict__
+        state["_computed"] = None
+        state["_update_count"] += 1
+        type(self).update(self, *args)  # the class's own update: torchmetrics wraps the instance's
+
+
+class WeightedMean(StepUpdate, Metric):
     """sum(value x weight) / sum(weight), synchronized over processes like any torchmetrics sum."""
 
     full_state_update = False
@@ -25,8 +41,8 @@ class WeightedMean(Metric):
         self.add_state("weight", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, value: torch.Tensor, weight: torch.Tensor | float = 1.0) -> None:
-        # In place: the training loss's mean is updated every step, where every operation is host time
-        # (torchmetrics runs `update` with autograd off: nothing is recorded, no detach needed).
+        # In place: the training loss's mean is updated every step, where every operation is host time.
+        value = value.detach()
         if isinstance(weight, (int, float)):
             self.total.add_(value, alpha=weight)
         else:
@@ -37,6 +53,12 @@ class WeightedMean(Metric):
     def compute(self) -> torch.Tensor:
         return (self.total / self.weight).to(torch.float32)
 
+    def keep_batch_value(self, value: torch.Tensor) -> None:
+        """Keep `value`, already updated, as the batch's own value (what `forward` returns and
+        Lightning logs as the step's): one batch's weighted mean is its value. Without forward's
+        copy, reset and merge of the states."""
+        self._forward_cache = value.detach().to(torch.float32)
+
 
 class Perplexity(WeightedMean):
     """exp of the mean loss per token, weighted by the tokens of each batch (not a mean of
@@ -46,7 +68,7 @@ class Perplexity(WeightedMean):
         return torch.exp(super().compute())
 
 
-class Accuracy(Metric):
+class Accuracy(StepUpdate, Metric):
     """The share of samples whose largest output is their label: micro top-1 accuracy, the value
     torchmetrics' `MulticlassAccuracy(average="micro")` computes, in the few operations a training
     step can afford (argmax, compare, sum, two in-place adds; about 10x less host time than
@@ -62,6 +84,7 @@ class Accuracy(Metric):
         self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, outputs: torch.Tensor, labels: torch.Tensor) -> None:
+        # (argmax's result has no gradient: nothing for autograd to record)
         self.correct.add_((outputs.argmax(dim=-1) == labels).sum())
         self.total.add_(labels.numel())
 
