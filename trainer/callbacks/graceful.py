@@ -107,6 +107,8 @@ class GracefulStop(StepBoundary):
                            batch: Any, batch_idx: int) -> None:
         if self.checkpoint is not None:
             return
+        if self.received is None and trainer.world_size == 1:
+            return  # (the usual step: no signal here, and no other process that may have had one)
         if not self.ended_on_optimizer_step(trainer):
             return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         if self.ends_epoch(trainer, batch_idx):

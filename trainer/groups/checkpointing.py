@@ -157,13 +157,15 @@ class PeriodicCheckpoint(StepBoundary):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        due = bool(self.every_n_steps and step % self.every_n_steps == 0)
+        due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)
+        if not due and trainer.world_size == 1:
+            return  # (the usual step: nothing due, and no other process to agree with)
         if not self.ended_on_optimizer_step(trainer):
             return  # no optimizer step in this batch (gradient accumulation): its gradients are in no checkpoint
         if self.ends_epoch(trainer, batch_idx):
             return  # the epoch's end writes last.ckpt (StepBoundary.ends_epoch says why not here)
-        step = int(trainer.global_step)
-        due = bool(self.every_n_steps and step % self.every_n_steps == 0)
-        due = due or bool(self.every_s and time.monotonic() - self._last_save >= self.every_s)
         # Every process must take the same decision: saving is a collective operation.
         if trainer.strategy.broadcast(due):
             trainer.save_checkpoint(str(self.path), weights_only=False)  # full: resumable (Lightning logs the default)

@@ -126,7 +126,7 @@ class NonFiniteGuard(Callback):
         self._pending: dict[int, tuple[torch.Tensor, StepUndo | tuple[list[torch.Tensor], Optional[set[int]]]]] = {}
         self._undo: dict[int, StepUndo] = {}
         self._state_complete: dict[int, bool] = {}
-        self._hooked: set[int] = set()
+        self._hooked: dict[int, bool] = {}  # per optimizer hooked: whether it takes found_inf
         self._warned_host_flag = False
 
     # -- the step (device only) --------------------------------------------------------------------
@@ -143,16 +143,20 @@ class NonFiniteGuard(Callback):
                                  optimizer: torch.optim.Optimizer) -> None:
         if self.mode == "off":
             return
-        gradients = step_gradients(optimizer, int(trainer.global_step))
+        step = int(trainer.global_step)
+        gradients = step_gradients(optimizer, step)
         if gradients is None:
             return  # backward was skipped: nothing to check
-        bad = self._record(trainer, pl_module, gradients)
+        bad = self._record(trainer, pl_module, gradients, step)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             return  # the GradScaler skips overflowing steps itself
-        self._hook(optimizer)
+        fused = self._hooked.get(id(optimizer))
+        if fused is None:  # an optimizer first seen: its hook, and whether it takes found_inf
+            optimizer.register_step_post_hook(self._after_step)
+            fused = self._hooked[id(optimizer)] = takes_found_inf(optimizer)
         params = gradients.params
-        if takes_found_inf(optimizer):
+        if fused:
             optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
             known = None
             if not self._state_complete.get(id(optimizer)):
@@ -160,16 +164,21 @@ class NonFiniteGuard(Callback):
                 known = {id(v) for p in params for v in optimizer.state.get(p, {}).values()}
             self._pending[id(optimizer)] = (bad, (params, known))
         else:
-            undo = self._undo.setdefault(id(optimizer), StepUndo())
+            undo = self._undo.get(id(optimizer))
+            if undo is None:
+                undo = self._undo[id(optimizer)] = StepUndo()
             undo.take(optimizer, params)
             self._pending[id(optimizer)] = (bad, undo)
 
-    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: StepGradients) -> torch.Tensor:
+    def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: StepGradients,
+                step: int) -> torch.Tensor:
         """One row of the table for this step; returns whether the step is bad (on any process)."""
         norms = gradients.norms
         loss = self._loss
         self._loss = None
-        row = torch.cat([norms, loss.view(1).to(norms)]) if loss is not None else norms
+        if loss is not None:
+            loss = loss.view(1) if loss.dtype == norms.dtype and loss.device == norms.device else loss.view(1).to(norms)
+        row = torch.cat([norms, loss]) if loss is not None else norms
         # Finite exactly when every gradient's norm and the loss are (summed in float64, so that no sum
         # of finite float32 values overflows): x - x is 0 for a finite x and NaN for an infinite or NaN one.
         total = row.sum(dtype=torch.float64)
@@ -184,13 +193,8 @@ class NonFiniteGuard(Callback):
         assert self._table is not None
         if not self._names:
             self._names = {id(p): name for name, p in pl_module.named_parameters()}
-        self._table.add(int(trainer.global_step), gradients.params, row, shared)
+        self._table.add(step, gradients.params, row, shared)
         return bad
-
-    def _hook(self, optimizer: torch.optim.Optimizer) -> None:
-        if id(optimizer) not in self._hooked:
-            optimizer.register_step_post_hook(self._after_step)
-            self._hooked.add(id(optimizer))
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         pending = self._pending.pop(id(optimizer), None)

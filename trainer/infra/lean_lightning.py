@@ -113,17 +113,21 @@ def _result_to(self: Any, *args: Any, **kwargs: Any) -> Any:
     return _lightning_result_to(self, *args, **kwargs)
 
 
-_HOLDERS = (torch.Tensor, Metric)
 _CONTAINERS = (dict, list, tuple)
 
 
 def _all_on(values: Any, device: torch.device) -> bool:
     """Whether every tensor and metric among `values` (a `__dict__`, and the dicts, lists and tuples
-    in it) is on `device`: what `apply_to_collection(..., move_data_to_device)` would move."""
+    in it) is on `device`: what `apply_to_collection(..., move_data_to_device)` would move. Plain
+    type tests (a torchmetrics Metric is a module, and isinstance against its ABC is slow)."""
     for value in values.values() if isinstance(values, dict) else values:
-        if isinstance(value, _HOLDERS):
+        if isinstance(value, torch.Tensor):
             if value.device != device:
                 return False
-        elif isinstance(value, _CONTAINERS) and value and not _all_on(value, device):
-            return False
+        elif isinstance(value, torch.nn.Module):
+            if isinstance(value, Metric) and value.device != device:
+                return False
+        elif type(value) in _CONTAINERS or isinstance(value, dict):
+            if value and not _all_on(value, device):
+                return False
     return True

@@ -19,7 +19,8 @@ import torch
 class StepGradients:
     """The parameters of an optimizer that have a gradient at this step, and their norms."""
 
-    def __init__(self, params: list[torch.Tensor], norms: torch.Tensor) -> None:
+    def __init__(self, params: list[torch.Tensor], norms: torch.Tensor,
+                 by_device: Optional[dict[torch.device, list[torch.Tensor]]] = None) -> None:
         #: The parameters with a gradient, in the order of `norms`.
         self.params = params
         #: Each gradient's 2-norm (1-D, in the gradients' dtype, or the widest of theirs and float32
@@ -27,7 +28,7 @@ class StepGradients:
         #: that gradient is.
         self.norms = norms
         self._total: Optional[torch.Tensor] = None
-        self._by_device: Optional[dict[torch.device, list[torch.Tensor]]] = None
+        self._by_device = by_device
 
     @property
     def total(self) -> torch.Tensor:
@@ -48,6 +49,7 @@ class StepGradients:
 
 
 _TAKEN: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, StepGradients]]" = weakref.WeakKeyDictionary()
+_UNIFORM: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[tuple[int, ...], bool]]" = weakref.WeakKeyDictionary()
 
 
 def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[StepGradients]:
@@ -60,21 +62,31 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not params:
         return None
-    gradients = of_parameters(params)
+    # A parameter's gradient keeps its device and dtype from step to step: looked at once per set of
+    # parameters (their ids cannot be reused while the optimizer holds them).
+    key = tuple(map(id, params))
+    known = _UNIFORM.get(optimizer)
+    uniform = known[1] if known is not None and known[0] == key else None
+    gradients = of_parameters(params, uniform)
+    if uniform is None:
+        _UNIFORM[optimizer] = (key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1)  # type: ignore[union-attr]
     _TAKEN[optimizer] = (step, gradients)
     return gradients
 
 
-def of_parameters(params: list[torch.Tensor]) -> StepGradients:
-    """The norms of `params`' gradients (every one of them must have one; none: a norm of 0)."""
+def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) -> StepGradients:
+    """The norms of `params`' gradients (every one of them must have one; none: a norm of 0).
+    `uniform`: whether they share one device and dtype, if the caller knows (None: looked at)."""
     if not params:
         return StepGradients([], torch.zeros(0))
     grads = [p.grad for p in params]
     first = grads[0]
     assert first is not None
-    if all(g.device == first.device and g.dtype == first.dtype for g in grads):  # type: ignore[union-attr]
+    if uniform is None:
+        uniform = all(g.device == first.device and g.dtype == first.dtype for g in grads)  # type: ignore[union-attr]
+    if uniform:
         # As get_total_norm: the norms in the gradients' own dtype.
-        return StepGradients(params, torch.stack(torch._foreach_norm(grads)))
+        return StepGradients(params, torch.stack(torch._foreach_norm(grads)), {first.device: grads})  # type: ignore[dict-item]
     # Several devices or dtypes: one call per group, the parameters reordered to match.
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
