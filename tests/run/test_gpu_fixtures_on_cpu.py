@@ -113,10 +113,10 @@ def test_the_probe_runs_summary_has_the_flops_and_parameter_groups_the_gpu_tests
     summary = bf16_run.summary
     assert summary["throughput"]["flops_per_sample"] == probe_flops_per_sample(width=8, image=16) == 664_512
     assert summary["throughput"]["peak_flops"] is None  # no known CPU peak: no MFU
-    assert summary["derived"]["optimizer.implementation"]["value"] == "foreach"
+    assert summary["derived"]["optimizer.implementation"]["value"] == "fused"  # torch's fused CPU kernels
     groups = summary["optimizer_param_groups"]
     assert [g["tensors"] for g in groups] == [PROBE_DECAY_TENSORS, PROBE_NO_DECAY_TENSORS] == [3, 5]
-    assert all(g["foreach"] is True and g["fused"] is False for g in groups), groups
+    assert all(g["fused"] is True and not g["foreach"] for g in groups), groups
 
 
 def test_fp16_on_the_cpu_steps_aside_to_fp32_and_the_capture_says_so(fp16_run):
@@ -149,12 +149,17 @@ def test_the_capture_reads_the_fp16_plugin_the_framework_builds_for_cuda():
 
 
 def test_deterministic_on_the_cpu_turns_deterministic_algorithms_on_and_the_fixture_puts_them_back(tmp_path):
-    run = probed_run([*probe_run(2, evaluate=False, **PROBE), "trainer.deterministic=true"], tmp_path, "cpu",
-                     tf32=True)
-    assert run.summary["derived"]["precision.tf32"]["value"] is False
-    assert run.flags_after.deterministic_algorithms
-    assert len(run.net.records) == 2
-    assert not TorchFlags.now().deterministic_algorithms  # flags_restored put the process back
+    before = TorchFlags.now()  # (whatever an earlier test on this worker left)
+    torch.use_deterministic_algorithms(False)
+    try:
+        run = probed_run([*probe_run(2, evaluate=False, **PROBE), "trainer.deterministic=true"], tmp_path, "cpu",
+                         tf32=True)
+        assert run.summary["derived"]["precision.tf32"]["value"] is False
+        assert run.flags_after.deterministic_algorithms
+        assert len(run.net.records) == 2
+        assert not TorchFlags.now().deterministic_algorithms  # flags_restored put the process back
+    finally:
+        before.apply()
 
 
 # -- the batch finder's search ------------------------------------------------------------------------

@@ -52,8 +52,10 @@ def test_no_decay_is_decided_by_name_when_sharding_has_flattened_every_parameter
 def test_implementation_choice():
     adamw = choice_config("optimizer", "adamw")
     assert choose_implementation("auto", "cuda", grad_scaler=False, cfg=adamw)[0] == "fused"
-    impl, why = choose_implementation("auto", "cpu", grad_scaler=False, cfg=adamw)
-    assert impl == "foreach" and "measured no faster" in why
+    impl, why = choose_implementation("auto", "cpu", grad_scaler=False, cfg=adamw)  # torch has fused CPU kernels
+    assert impl == "fused" and "fused kernels for cpu" in why
+    impl, why = choose_implementation("auto", "cpu", grad_scaler=False, cfg=choice_config("optimizer", "lamb"))
+    assert impl == "foreach" and "no fused kernel" in why
     impl, why = choose_implementation("auto", "cuda", grad_scaler=True, cfg=adamw)
     assert impl == "foreach" and "GradScaler" in why
     assert choose_implementation("for_loop", "cpu", False, adamw) == ("for_loop", "for_loop (as configured)")

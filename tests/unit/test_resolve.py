@@ -28,7 +28,7 @@ def test_the_default_run_on_a_cpu(tmp_path):
     # AdamW's lr 0.004 and weight decay 0.2 at batch 256: sqrt rules for both to batch 64
     assert plan.lr == pytest.approx(0.002) and plan.weight_decay == pytest.approx(0.1)
     assert plan.derived["optimizer.lr"].how == "lr 0.004 at batch 256 -> 0.002 at batch 64 (sqrt rule, x0.5)"
-    assert plan.optimizer_implementation == "foreach" and not plan.channels_last and plan.compile_mode == "off"
+    assert plan.optimizer_implementation == "fused" and not plan.channels_last and plan.compile_mode == "off"
     assert plan.loader.num_workers == 0 and "in memory" in plan.derived["data.num_workers"].how
     assert plan.decode == "none" and plan.progress == "off" and plan.cudnn_benchmark is False
     assert not plan.slurm_environment and plan.warnings == ()

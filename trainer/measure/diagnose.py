@@ -285,7 +285,7 @@ def _verdict(t: Timings, context: dict[str, Any]) -> Verdict:
     if t.optimizer_ms > OPTIMIZER_SHARE * t.step_ms:
         tries = []
         implementation = context.get("optimizer_implementation")
-        if cuda and implementation != "fused":
+        if implementation != "fused":  # (torch has fused kernels for CUDA and the CPU)
             tries.append("optimizer.implementation=fused")
         if implementation == "for_loop":
             tries.append("optimizer.implementation=foreach")
@@ -420,8 +420,7 @@ def memory_bound_help(operators: Breakdown, context: dict[str, Any]) -> list[str
         helps.append(f"compile=default: fuses elementwise and normalization operators ({fusable:.0%} of the step)"
                      + ("" if cuda else "; on this CPU compile measured no faster (compile=auto stays eager)"))
     if share.get(OPTIMIZER, 0) >= 0.05 and context.get("optimizer_implementation") != "fused":
-        helps.append(f"optimizer.implementation=fused: one kernel for the update ({share[OPTIMIZER]:.0%} of the step)"
-                     + ("" if cuda else "; CUDA only"))
+        helps.append(f"optimizer.implementation=fused: one kernel for the update ({share[OPTIMIZER]:.0%} of the step)")
     if context.get("convolutional") and not context.get("channels_last") and share.get(NORMALIZATION, 0) >= 0.05:
         helps.append("precision.channels_last=true: convolutions and batch norms without layout copies"
                      + ("" if cuda else " (CUDA; on this CPU measured 1.05x)"))

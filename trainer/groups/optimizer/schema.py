@@ -42,7 +42,8 @@ class OptimizerKeys:
     # (timm filter_bias_and_bn, torchvision --norm-weight-decay 0).
     decay_norm_and_bias: Annotated[bool, Doc("false: no weight decay on 1-D parameters (norm weights, biases)")]
     implementation: Annotated[Literal["auto", "fused", "foreach", "for_loop"],
-                              Doc("optimizer kernel; auto: fused on CUDA (not under an fp16 GradScaler), else foreach")]
+                              Doc("optimizer kernel; auto: fused where torch has it for the device (CUDA, the CPU; not under "
+                                  "an fp16 GradScaler), else foreach")]
     layer_decay: Annotated[Optional[Annotated[float, Range(gt=0, le=1)]],
                            Doc("layer-wise lr decay: lr x this^k for a parameter k layers below the head "
                                "(timm models; null: off)")]
