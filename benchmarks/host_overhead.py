@@ -7,8 +7,9 @@
 A GPU hides the host's work only while the device is busier than the host; a fast GPU, a small model
 or an eager Transformer exposes every microsecond the framework adds (docs/diagnosis.md, "Host time
 per step"). This measures that host time where it is all there is: a network so small (one
-4-channel stage of the SmallCNN on 4x4 images, batch 2, AdamW foreach, on the CPU) that a step is
-almost only host work. Every variant trains the same network on the same batches with the same
+4-channel stage of the SmallCNN on 4x4 images, batch 2, AdamW with the default kernel (fused on the
+CPU; `--set optimizer.implementation=foreach` for the other), on the CPU) that a step is almost only
+host work. Every variant trains the same network on the same batches with the same
 optimizer and schedule, built once by the framework's own phases (benchmarks/hand_loop.py:
 `prepare_run`):
 
@@ -20,16 +21,24 @@ optimizer and schedule, built once by the framework's own phases (benchmarks/han
 - `framework OVERRIDES`: the same with one default or callback off (and all of them off).
 
 Each round runs every variant once, in a new order, in this one process (what is timed is the
-steady state of a step, not an interpreter's start); a step's time is the median interval between
-consecutive step starts after `--skip` steps, as wall-clock and as this thread's CPU time (which
-other load on the machine disturbs less). The table gives each variant's median over the rounds and
-their range.
+steady state of a step, not an interpreter's start), after an untimed round that warms every variant
+up past the clipping's calibration. A run's host time per step is its thread's CPU time,
+undisturbed: for each position in Lightning's 10-step log cycle the fastest step of the run, averaged
+over the positions (the log steps' extra work counted at its share; another process on the machine
+only ever adds time). The figure of record is each variant's best round, as timeit takes the
+minimum; the median and range over rounds, and the paired differences (both sides in the same round),
+stand beside it, with the median wall-clock step.
 
 Then, from one more framework run with timers around the parts (`SourceTimers`: each part's own
 time, its nested parts taken out), the framework's extra time per step by source; what is left of
 the measured extra is Lightning's loop itself. And the number of operations (aten ops: on a GPU,
-kernel launches and their host cost) a step makes beyond the loop's, for the small network and a
-12-block one (six stages): it must not grow with the number of parameter tensors.
+kernel launches and their host cost) and of Python calls a step makes beyond the loop's and bare
+Lightning's, for the small network and a 12-block one (six stages): counts no other load changes, and
+they must not grow with the number of parameter tensors.
+
+`--variants loop,lightning,framework --timing-only` runs the rounds alone, also against an older
+checkout with this file and hand_loop.py copied into it (how benchmarks/results/
+host_overhead_cpu_before.md was measured: the code before issue 48, commit 3a087bd).
 
 Every number lands in the results file (`--out`, and `--json` with every run's times, the command,
 the start and end, the machine and its load)."""
