@@ -3,7 +3,7 @@
 # minutes (420 s) on one H200 with 16 CPU cores, interpreter starts and torch.compile included, so
 # that one 15-minute lease can run it twice; the framework against a hand-written loop comes first.
 #
-#   benchmarks/gpu_check.sh                 # on a CUDA machine; results in benchmarks/results/gpu/
+#   benchmarks/gpu_check.sh                 # on a CUDA machine; results in benchmarks/results/gpu/<UTC date>/
 #   benchmarks/gpu_check.sh --out DIR       # results in DIR
 #   benchmarks/gpu_check.sh --steps a,b,c   # only these steps, in this order (e.g. ceiling)
 #   benchmarks/gpu_check.sh --dry-run       # every step for a few iterations on the CPU, tiny model
@@ -129,7 +129,8 @@ if [ -n "$CHOSEN" ]; then
   done
 fi
 if [ -z "$OUT" ]; then
-  if [ "$DRY" = 1 ]; then OUT=outputs/gpu_check_dry_run; else OUT=benchmarks/results/gpu; fi
+  # A dated folder: each lease's results sit beside the earlier ones (benchmarks/results/gpu/2026-12-04/).
+  if [ "$DRY" = 1 ]; then OUT=outputs/gpu_check_dry_run; else OUT=benchmarks/results/gpu/$(date -u +%Y-%m-%d); fi
 elif [[ "$OUT" != /* ]]; then
   OUT="$caller_dir/$OUT"
 fi
