@@ -145,7 +145,7 @@ class TrainingTask(L.LightningModule):
 
     def on_train_epoch_start(self) -> None:
         self._epoch_unregistered = True
-        self._register_first = any(isinstance(c, Timer) for c in self.trainer.callbacks)
+        self._register_first = any(isinstance(c, Timer) for c in getattr(self.trainer, "callbacks", []))
 
     # The training metrics' running states go into every checkpoint written inside an epoch, one entry
     # per process, so a run resumed mid-epoch ends that epoch with the mean over all of its batches

@@ -246,7 +246,7 @@ class UtilisationSampler(Callback):
             chosen, seconds, over = samples, fit_seconds, (
                 f"the whole fit ({fit_seconds:.1f} s): the throughput meter timed no window")
         gpu = sorted(s.gpu for s in chosen)
-        result = {
+        result: dict[str, Any] = {
             "sampled": True, "device": self.device_name, "over": over, "samples": len(chosen),
             "interval_s": self.interval_s, "seconds": round(seconds, 3),
             **_means(chosen), "gpu_util_p50": percentile(gpu, 50), "gpu_util_p95": percentile(gpu, 95),

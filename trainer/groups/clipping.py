@@ -283,6 +283,7 @@ class Percentile(ClippingRule):
         if self._window is not None:
             self._window.append(value, finite)  # the pre-clip norm, so clipping cannot drag the threshold down
         if self._calibration_over:
+            assert self._window is not None  # (a frozen threshold returned above)
             bounds[0].copy_(torch.where(finite, self._window.percentile(self.percentile), threshold))
             return bounds[0]
         calibrated = bounds[1]

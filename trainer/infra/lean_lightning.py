@@ -25,7 +25,6 @@ them)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional
 
 import torch
@@ -56,10 +55,15 @@ def install() -> None:
         result._ResultMetric.to = _result_to  # type: ignore[method-assign]
 
 
-@functools.lru_cache(maxsize=None)
+_OVERRIDES: dict[tuple[type, str], bool] = {}
+
+
 def overrides(cls: type, hook: str) -> bool:
     """Whether callbacks of class `cls` do anything at `hook` (Callback's own methods are no-ops)."""
-    return getattr(cls, hook, None) is not getattr(Callback, hook, None)
+    known = _OVERRIDES.get((cls, hook))
+    if known is None:
+        known = _OVERRIDES[(cls, hook)] = getattr(cls, hook, None) is not getattr(Callback, hook, None)
+    return known
 
 
 def lean_dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks: Optional[bool] = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 
@@ -69,7 +69,7 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
     uniform = known[1] if known is not None and known[0] == key else None
     gradients = of_parameters(params, uniform)
     if uniform is None:
-        _UNIFORM[optimizer] = (key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1)  # type: ignore[union-attr]
+        _UNIFORM[optimizer] = (key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1)
     _TAKEN[optimizer] = (step, gradients)
     return gradients
 
@@ -79,14 +79,13 @@ def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) ->
     `uniform`: whether they share one device and dtype, if the caller knows (None: looked at)."""
     if not params:
         return StepGradients([], torch.zeros(0))
-    grads = [p.grad for p in params]
+    grads = cast(list[torch.Tensor], [p.grad for p in params])
     first = grads[0]
-    assert first is not None
     if uniform is None:
-        uniform = all(g.device == first.device and g.dtype == first.dtype for g in grads)  # type: ignore[union-attr]
+        uniform = all(g.device == first.device and g.dtype == first.dtype for g in grads)
     if uniform:
         # As get_total_norm: the norms in the gradients' own dtype.
-        return StepGradients(params, torch.stack(torch._foreach_norm(grads)), {first.device: grads})  # type: ignore[dict-item]
+        return StepGradients(params, torch.stack(torch._foreach_norm(grads)), {first.device: grads})
     # Several devices or dtypes: one call per group, the parameters reordered to match.
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
@@ -94,6 +93,6 @@ def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) ->
         groups.setdefault((p.grad.device, p.grad.dtype), []).append(p)
     ordered = [p for members in groups.values() for p in members]
     dtype = functools.reduce(torch.promote_types, (dtype for _, dtype in groups), torch.float32)
-    norms = [torch.stack(torch._foreach_norm([p.grad for p in members])).to(first.device, dtype)
+    norms = [torch.stack(torch._foreach_norm(cast(list[torch.Tensor], [p.grad for p in members]))).to(first.device, dtype)
              for members in groups.values()]
     return StepGradients(ordered, torch.cat(norms))

@@ -9,7 +9,7 @@ per update. Two sums, reduced over processes at the epoch's end, need neither.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torchmetrics import Metric
@@ -25,7 +25,7 @@ class StepUpdate:
         state = self.__dict__
         state["_computed"] = None
         state["_update_count"] += 1
-        type(self).update(self, *args)  # the class's own update: torchmetrics wraps the instance's
+        cast(Any, type(self)).update(self, *args)  # the class's own update: torchmetrics wraps the instance's
 
 
 class WeightedMean(StepUpdate, Metric):
@@ -57,7 +57,7 @@ class WeightedMean(StepUpdate, Metric):
         """Keep `value`, already updated, as the batch's own value (what `forward` returns and
         Lightning logs as the step's): one batch's weighted mean is its value. Without forward's
         copy, reset and merge of the states."""
-        self._forward_cache = value.detach().to(torch.float32)
+        self._forward_cache = value.detach().to(torch.float32)  # type: ignore[assignment]  # torchmetrics types it None
 
 
 class Perplexity(WeightedMean):
