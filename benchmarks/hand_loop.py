@@ -68,14 +68,11 @@ def prepare_run(overrides: Sequence[str], run_dir: Path, compile_mode: Optional[
     import lightning as L
 
     from trainer.callbacks.graceful import SignalLatch
-    from trainer.groups.optimizer.schema import LR_FIND
-    from trainer.modes.batch_finder import find_batch_size
-    from trainer.modes.lr_finder import find_lr
     from trainer.phases.build import build_parts, build_task
     from trainer.phases.compose import Job
     from trainer.phases.identify import check_job, identify
-    from trainer.phases.plan import decide_probe, resolve
     from trainer.phases.state import Run
+    from trainer.run import plan_run
 
     cfg, choices = compose_run_config(overrides)
     run = Run(Job(cfg, Path(run_dir), choices, list(overrides)), SignalLatch())
@@ -86,10 +83,7 @@ def prepare_run(overrides: Sequence[str], run_dir: Path, compile_mode: Optional[
     identify(run)
     L.seed_everything(run.spec.top.seed, workers=True, verbose=False)
     build_parts(run)
-    probe = decide_probe(run.spec, run.devices, run.parts)
-    batch = find_batch_size(run, probe) if run.parts.datamodule.batch_size_auto else None
-    lr = find_lr(run, probe, batch) if run.spec.optimizer.lr == LR_FIND else None
-    run.plan = resolve(run.spec, probe, run.parts, batch_size=batch, lr=lr)
+    plan_run(run)
     if compile_mode is not None:
         run.plan = dataclasses.replace(run.plan, compile_mode=compile_mode)
     build_task(run)

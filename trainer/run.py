@@ -80,6 +80,15 @@ def _run(job: Job) -> float | None:
         latch.uninstall()
 
 
+def plan_run(run: Run) -> None:
+    """Where and how a step runs (the probe), the batch and lr finders where asked, and the one
+    resolve: `run.plan` (also what benchmarks/hand_loop.py builds its loop from)."""
+    probe = decide_probe(run.spec, run.devices, run.parts)
+    batch = find_batch_size(run, probe) if run.parts.datamodule.batch_size_auto else None
+    lr = find_lr(run, probe, batch) if run.spec.optimizer.lr == LR_FIND else None
+    run.plan = resolve(run.spec, probe, run.parts, batch_size=batch, lr=lr)
+
+
 def _run_phases(run: Run) -> float | None:
     check_job(run)
     done = completed_before(run)
@@ -89,10 +98,7 @@ def _run_phases(run: Run) -> float | None:
     route_library_logs()
     L.seed_everything(run.spec.top.seed, workers=True, verbose=False)
     build_parts(run)
-    probe = decide_probe(run.spec, run.devices, run.parts)
-    batch = find_batch_size(run, probe) if run.parts.datamodule.batch_size_auto else None
-    lr = find_lr(run, probe, batch) if run.spec.optimizer.lr == LR_FIND else None
-    run.plan = resolve(run.spec, probe, run.parts, batch_size=batch, lr=lr)
+    plan_run(run)
     memory = measure_memory_plan(run) if run.spec.top.memory_plan else None
     announce(run, memory)
     build_task(run)
