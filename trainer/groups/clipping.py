@@ -100,6 +100,11 @@ class ClippingRule:
         """Called at log steps, where a host read costs nothing extra, with the steps observed so
         far: a rule may learn there what lets its later steps do less."""
 
+    @property
+    def settled(self) -> bool:
+        """Whether `settle` has nothing left to learn (then it is not asked again)."""
+        return True
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -273,6 +278,10 @@ class Percentile(ClippingRule):
         skips the calibration's arithmetic, which can no longer change anything."""
         if not self._calibration_over and self._calibration.bound and steps_seen >= self.calibration_steps:
             self._calibration_over = int(self._calibration.count().item()) >= self.calibration_steps
+
+    @property
+    def settled(self) -> bool:
+        return self._calibration_over
 
     def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         bounds = self._bind(norm.device)
@@ -495,7 +504,7 @@ class GradientClipping(Callback):
         _, cast, one = self._bound_cast
         factor = torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one)
         for device, grads in gradients.grads_by_device().items():
-            torch._foreach_mul_(grads, factor.to(device))
+            torch._foreach_mul_(grads, factor if device == factor.device else factor.to(device))
 
     def observe_and_clip(self, parameters: Iterable[torch.Tensor],
                          sharded: bool = False) -> tuple[float, float | None, bool]:
@@ -573,7 +582,7 @@ class GradientClipping(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         # At Lightning's log steps, where it reads the logged values too.
-        if self.rule.clips_here and at_log_step(trainer):
+        if self.rule.clips_here and not self.rule.settled and at_log_step(trainer):
             self.rule.settle(self.steps_seen)
 
     # -- checkpointing -----------------------------------------------------------------------------
