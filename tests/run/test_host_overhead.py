@@ -16,7 +16,7 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-#: Ceilings a little above today's counts (33.9 operations, 173 calls beyond bare Lightning on the CPU):
+#: Ceilings a little above today's counts (33.9 operations, 163 calls beyond bare Lightning on the CPU):
 #: work added to every step shows here first.
 MAX_OPS_BEYOND_LIGHTNING = 40
 MAX_CALLS_BEYOND_LIGHTNING = 220
