@@ -40,8 +40,6 @@ class StepLog(Callback):
 
     def __init__(self, sources: Sequence[LogSource]) -> None:
         self.sources = list(sources)
-        #: What the last log step wrote (host numbers), for the record and the tests.
-        self.last_written: dict[str, float] = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -61,4 +59,3 @@ class StepLog(Callback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step Lightning logs this batch's values at
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
-        self.last_written = metrics

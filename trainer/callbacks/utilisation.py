@@ -39,8 +39,7 @@ def device_utilisation(callbacks: Iterable[Any]) -> dict[str, Any]:
     """summary.json's ``device_utilisation``: the sampler's summary if the run has one, else why not;
     over the timed windows of the run's throughput meter (among the same callbacks) where it has any."""
     callbacks = list(callbacks)
-    # getattr: this module must not fail a run's summary where the meter records no spans.
-    windows = next((getattr(c, "window_spans", []) for c in callbacks if isinstance(c, ThroughputMeter)), [])
+    windows = next((c.window_spans for c in callbacks if isinstance(c, ThroughputMeter)), [])
     for callback in callbacks:
         if isinstance(callback, UtilisationSampler):
             return callback.summary(windows)

@@ -415,9 +415,10 @@ class GradientClipping(Callback):
         self.rule = rule if rule is not None else Percentile()
         self.log = log
         self.steps_seen = 0
-        # Steps clipped and steps with a non-finite norm: on the device once a step is seen.
-        self._counts: Optional[torch.Tensor] = None  # on the device: steps clipped, steps with a finite norm
-        self._loaded_counts = (0, 0)
+        # On the device once a step is seen: steps clipped, and steps with a finite norm since the
+        # counter was made (`_counted` steps, after `_counts_base`: what the host held then).
+        self._counts: Optional[torch.Tensor] = None
+        self._loaded_counts = (0, 0)  # (steps clipped, steps with a non-finite norm) from a checkpoint
         self._counts_base = (0, 0)
         self._counted = 0
         self._bound_cast: tuple[Any, Any, Any] = (None, None, None)

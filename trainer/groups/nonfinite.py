@@ -32,7 +32,7 @@ from trainer.infra.errors import UserError
 from trainer.infra.on_device import read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
 from trainer.infra.step_gradients import StepGradients, step_gradients
-from trainer.infra.step_undo import StepUndo, zero_new_state
+from trainer.infra.step_undo import StepUndo, state_before_step, zero_new_state
 
 #: Steps recorded in `skipped_at`.
 RECORDED_SKIPS = 100
@@ -68,7 +68,7 @@ class StepTable:
         return len(self.steps) >= self.capacity
 
     def add(self, step: int, params: list[torch.Tensor], row: torch.Tensor, bad: Optional[torch.Tensor]) -> None:
-        """Keep `row` (float32, the norms then the loss) and, with several processes, `bad` (0-d bool:
+        """Keep `row` (the norms then the loss, in the norms' dtype) and, with several processes, `bad` (0-d bool:
         any process's step was bad). One copy each: the rows are views of one table made once."""
         if not self._rows or self._rows[0].shape != row.shape or self._rows[0].device != row.device:
             assert not self.steps, "read the table before its rows change shape"
@@ -125,7 +125,7 @@ class NonFiniteGuard(Callback):
         # and the ids of the state tensors that existed before the step (None: none can be new).
         self._pending: dict[int, tuple[torch.Tensor, StepUndo | tuple[list[torch.Tensor], Optional[set[int]]]]] = {}
         self._undo: dict[int, StepUndo] = {}
-        self._state_complete: dict[int, bool] = {}
+        self._state_complete: dict[int, tuple[int, ...]] = {}  # per optimizer: the parameters that all had state
         self._hooked: dict[int, bool] = {}  # per optimizer hooked: whether it takes found_inf
         self._warned_host_flag = False
 
@@ -158,10 +158,13 @@ class NonFiniteGuard(Callback):
         params = gradients.params
         if fused:
             optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
-            known = None
-            if not self._state_complete.get(id(optimizer)):
-                self._state_complete[id(optimizer)] = all(optimizer.state.get(p) for p in params)
-                known = {id(v) for p in params for v in optimizer.state.get(p, {}).values()}
+            # The state before the step, looked at again only when the parameters stepped change
+            # (once every one has state, the step can create none).
+            key = tuple(map(id, params))
+            seen = self._state_complete.get(id(optimizer))
+            known = None if seen == key else state_before_step(optimizer, params)
+            if known is None:
+                self._state_complete[id(optimizer)] = key
             self._pending[id(optimizer)] = (bad, (params, known))
         else:
             undo = self._undo.get(id(optimizer))

@@ -48,8 +48,19 @@ class StepGradients:
         return self._by_device
 
 
-_TAKEN: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, StepGradients]]" = weakref.WeakKeyDictionary()
-_UNIFORM: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[tuple[int, ...], bool]]" = weakref.WeakKeyDictionary()
+class _Taken:
+    """An optimizer's last step gradients, and whether its parameters' gradients share one device
+    and dtype (a gradient keeps both from step to step: looked at once per set of parameters, whose
+    ids cannot be reused while the optimizer holds them)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.gradients: Optional[StepGradients] = None
+        self.params: tuple[int, ...] = ()
+        self.uniform = False
+
+
+_TAKEN: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _Taken]" = weakref.WeakKeyDictionary()
 
 
 def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[StepGradients]:
@@ -57,21 +68,18 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
     global step), taken once and shared by every caller at that step; None when no parameter has a
     gradient (the step's backward was skipped)."""
     taken = _TAKEN.get(optimizer)
-    if taken is not None and taken[0] == step:
-        return taken[1]
+    if taken is None:
+        taken = _TAKEN[optimizer] = _Taken()
+    elif taken.step == step:
+        return taken.gradients
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not params:
         return None
-    # A parameter's gradient keeps its device and dtype from step to step: looked at once per set of
-    # parameters (their ids cannot be reused while the optimizer holds them).
     key = tuple(map(id, params))
-    known = _UNIFORM.get(optimizer)
-    uniform = known[1] if known is not None and known[0] == key else None
-    gradients = of_parameters(params, uniform)
-    if uniform is None:
-        _UNIFORM[optimizer] = (key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1)
-    _TAKEN[optimizer] = (step, gradients)
-    return gradients
+    if key != taken.params:
+        taken.params, taken.uniform = key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1
+    taken.step, taken.gradients = step, of_parameters(params, taken.uniform)
+    return taken.gradients
 
 
 def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) -> StepGradients:

@@ -13,17 +13,13 @@ A `where` selects, so a NaN the bad step left in the unselected tensors does not
 copy comes back bit for bit (an interpolation with the flag as weight would take a host read: torch's
 `_foreach_lerp_` turns a tensor weight into a Python number). State the step creates (the first
 step's moments and counters) is zeroed where the flag is set, which is the fresh state of torch's
-optimizers. The buffers are kept between steps while the tensors are the same ones."""
+optimizers (`state_before_step`, `zero_new_state`: also the guard's, after a fused step it skipped). The buffers are kept between steps while the tensors are the same ones."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 import torch
-
-#: The place of a tensor in a group's flat buffers.
-Key = tuple[int, ...]
-
 
 class _Group:
     """The tensors of one device and dtype, their flat views and the two flat buffers."""
@@ -52,10 +48,9 @@ class StepUndo:
     def __init__(self) -> None:
         self._groups: list[_Group] = []
         self._key: Any = None
-        self._known: set[int] = set()
+        self._known: Optional[set[int]] = None  # the state before the step (None: no step can add any)
         self._optimizer: Optional[torch.optim.Optimizer] = None
         self._params: list[torch.Tensor] = []
-        self._new_state_possible = True
         self.host_flag_reason: Optional[str] = None
 
     def take(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
@@ -78,11 +73,8 @@ class StepUndo:
         for t in tensors:
             by_kind.setdefault((t.device, t.dtype), []).append(t.detach())
         self._groups = [_Group(members) for members in by_kind.values()]
-        self._known = {id(t) for t in tensors}
+        self._known = state_before_step(optimizer, params)
         self._optimizer, self._params = optimizer, params
-        # A step creates state only for parameters that have none yet (torch's optimizers make it
-        # on a parameter's first step): once every one has some, nothing new can appear.
-        self._new_state_possible = not all(optimizer.state.get(p) for p in params)
 
     def undo_where(self, flag: torch.Tensor) -> None:
         """After the step: every tensor back to its copy where `flag` (0-d bool) is set."""
@@ -101,8 +93,17 @@ class StepUndo:
         with torch.no_grad():
             for group in self._groups:
                 group.undo_where(flag_on(group.device))
-            if self._new_state_possible:
+            if self._known is not None:
                 zero_new_state(self._optimizer, self._params, self._known, flag_on)
+
+
+def state_before_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> Optional[set[int]]:
+    """The ids of `params`' state tensors before a step, for `zero_new_state` after it; None when
+    every parameter has state already: torch's optimizers make a parameter's state on its first step,
+    so then the step can create none."""
+    if all(optimizer.state.get(p) for p in params):
+        return None
+    return {id(v) for p in params for v in optimizer.state.get(p, {}).values()}
 
 
 def zero_new_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], known: set[int],

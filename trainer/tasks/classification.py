@@ -67,7 +67,7 @@ class Classification(TaskDefinition):
         if split == "train":  # updated every training step: the lean one (the same value)
             return {"acc": Accuracy()}
         metrics: dict[str, Metric] = {"acc": MulticlassAccuracy(self.num_classes, average="micro")}
-        if split != "train" and self.num_classes >= TOP5_MIN_CLASSES:
+        if self.num_classes >= TOP5_MIN_CLASSES:
             metrics["acc5"] = MulticlassAccuracy(self.num_classes, top_k=5, average="micro")
         return metrics
 
