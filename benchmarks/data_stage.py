@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shlex
 import statistics
@@ -53,7 +52,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from hand_loop import FrameworkLoop, prepare_run, steps_for, time_windows  # noqa: E402
+from hand_loop import FrameworkLoop, prepare_run, steps_for, time_windows, write_results  # noqa: E402
 from input_pipeline import _photo  # noqa: E402 - the benchmark's ImageNet-like photos
 from practices import merged  # noqa: E402
 
@@ -265,12 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   "and the run's switches.")
 
         def write() -> None:
-            if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(table(record, header) + "\n")
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            write_results(args.out, table(record, header), args.json, record)
 
         # The step alone: device-made images of the folder's training size, the same network and batch.
         step_steps = steps_for(args.windows, warmup_after, window)

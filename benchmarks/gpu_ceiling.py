@@ -29,7 +29,6 @@ minutes on a CPU): the machinery, not the numbers.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -40,7 +39,8 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_overhead import bf16_peak, device_name, free_device_memory, model_overrides, mfu  # noqa: E402
-from hand_loop import prepare_hand_loop, steps_for, time_windows  # noqa: E402
+from hand_loop import (add_window_arguments, prepare_hand_loop, steps_for, time_windows,  # noqa: E402
+                       window_defaults, write_results)
 from practices import merged  # noqa: E402
 
 #: The goals on one H200: img/s for ResNet-50, MFU (dense bf16 peak) for GPT-2 small.
@@ -127,9 +127,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models on the CPU, compile run eager (dry runs)")
     parser.add_argument("--models", default="resnet50,gpt_small", help="comma-separated: resnet50, gpt_small")
     parser.add_argument("--modes", default=",".join(COMPILE_MODES), help="compile modes searched, in this order")
-    parser.add_argument("--warmup", type=int, help="warm-up steps (default 5; --quick 2)")
-    parser.add_argument("--window", type=int, help="steps a window (default 10; --quick 3)")
-    parser.add_argument("--windows", type=int, help="timed windows a setting (default 3; --quick 2)")
+    add_window_arguments(parser, "a setting")
     parser.add_argument("--cache-dir", type=Path, help="the text corpus's token cache (data.cache_dir)")
     parser.add_argument("--runs-dir", type=Path, help="the runs' folders (default: a temporary folder)")
     parser.add_argument("--out", type=Path, help="the Markdown table")
@@ -141,9 +139,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if args.quick:
         modes = modes[:1]  # run eager in its stead: one stands for all
-    args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
-    args.window = args.window or (3 if args.quick else 10)
-    args.windows = args.windows or (2 if args.quick else 3)
+    window_defaults(args, args.quick)
     header = (f"The hand loop's ceiling (benchmarks/hand_loop.py: the framework's network, optimizer, precision "
               f"and kernels without the framework's per-step work): units/s of the median of {args.windows} windows "
               f"of {args.window} steps after {args.warmup} warm-up steps, device synchronized; a coordinate search, "
@@ -151,13 +147,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def write() -> None:
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(table(rows, header, models, args.quick) + "\n")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"quick": args.quick, "goals": GOALS, "rows": rows,
-                                             "best": {m: best(rows, m) for m in models}}, indent=2, default=str) + "\n")
+        write_results(args.out, table(rows, header, models, args.quick), args.json,
+                      {"quick": args.quick, "goals": GOALS, "rows": rows, "best": {m: best(rows, m) for m in models}})
 
     def add(row: dict[str, Any]) -> None:
         rows.append(row)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import statistics
 import sys
@@ -49,8 +48,8 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hand_loop import (FrameworkLoop, HandLoop, compare_facts, prepare_run, steps_for,  # noqa: E402
-                       time_windows)
+from hand_loop import (FrameworkLoop, HandLoop, add_window_arguments, compare_facts, prepare_run,  # noqa: E402
+                       steps_for, time_windows, window_defaults, write_results)
 from practices import GPU_BASE, merged  # noqa: E402 - the GPU base every ResNet-50 step uses
 
 from trainer.groups.compile import compile_counts  # noqa: E402
@@ -228,9 +227,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="the rows to run, comma-separated (resnet50_eager, gpt_small_eager, resnet50_compiled, "
                              "gpt_small_compiled)")
     parser.add_argument("--repeats", type=int, help="interleaved repeats per row (default 3; --quick 2)")
-    parser.add_argument("--warmup", type=int, help="warm-up steps before the first window (default 5; --quick 2)")
-    parser.add_argument("--window", type=int, help="steps a window (default 10; --quick 3)")
-    parser.add_argument("--windows", type=int, help="timed windows a run (default 3; --quick 2)")
+    add_window_arguments(parser, "a run")
     parser.add_argument("--cache-dir", type=Path, help="the text corpus's token cache (data.cache_dir)")
     parser.add_argument("--runs-dir", type=Path, help="the runs' folders (default: a temporary folder)")
     parser.add_argument("--out", type=Path, help="the Markdown table")
@@ -238,9 +235,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     quick = args.quick
     args.repeats = args.repeats or (2 if quick else 3)
-    args.warmup = args.warmup if args.warmup is not None else (2 if quick else 5)
-    args.window = args.window or (3 if quick else 10)
-    args.windows = args.windows or (2 if quick else 3)
+    window_defaults(args, quick)
     wanted = [r for r in ROWS if r[0].replace(" ", "_") in args.rows.split(",")]
     if not wanted:
         parser.error(f"--rows: none of {args.rows}; the rows: {', '.join(r[0].replace(' ', '_') for r in ROWS)}")
@@ -255,13 +250,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def write() -> None:
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(table(rows, header) + "\n")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"quick": quick, "goal": GOAL, "rows": rows},
-                                            indent=2, default=str) + "\n")
+        write_results(args.out, table(rows, header), args.json, {"quick": quick, "goal": GOAL, "rows": rows})
 
     with tempfile.TemporaryDirectory(prefix="gpu_overhead_") as tmp:
         runs_dir = args.runs_dir or Path(tmp)

@@ -317,3 +317,31 @@ def time_windows(loop: Any, steps: int, warmup: int, window: int, device: torch.
     loop.run(steps, on_step_start=mark)
     return [end - start for start, end in zip(marks, marks[1:])]
 
+
+
+def add_window_arguments(parser: Any, measured: str) -> None:
+    """`--warmup`, `--window` and `--windows` as `time_windows` takes them (`window_defaults` fills
+    what is not given); `measured`: what one measurement is called in the help (a run, a setting)."""
+    parser.add_argument("--warmup", type=int, help="warm-up steps before the first window (default 5; --quick 2)")
+    parser.add_argument("--window", type=int, help="steps a window (default 10; --quick 3)")
+    parser.add_argument("--windows", type=int, help=f"timed windows {measured} (default 3; --quick 2)")
+
+
+def window_defaults(args: Any, quick: bool) -> None:
+    """The window settings not given on the command line: short ones for a --quick dry run."""
+    args.warmup = args.warmup if args.warmup is not None else (2 if quick else 5)
+    args.window = args.window or (3 if quick else 10)
+    args.windows = args.windows or (2 if quick else 3)
+
+
+def write_results(out: Optional[Path], table: str, json_out: Optional[Path], record: Any) -> None:
+    """The Markdown table to `out` and the record to `json_out`, each where given (folders made):
+    rewritten after every row, so a stopped benchmark leaves what it measured."""
+    import json
+
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table + "\n")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(record, indent=2, default=str) + "\n")
