@@ -10,6 +10,7 @@ tests/unit/test_ddp_measuring.py."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -92,10 +93,16 @@ def test_diagnose_under_ddp_times_the_all_reduce_and_rank_zero_alone_writes(tmp_
     # Every gradient of the default small CNN, in fp32, once per step.
     assert comm["gradient_bytes"] == 4 * record["context"]["parameters"]
     assert 0 < comm["alone_ms"] < full, comm
-    assert 0 < comm["exposed_ms"] < full, comm
-    assert comm["exposed_share_of_full_step"] == pytest.approx(comm["exposed_ms"] / full)
-    assert record["shares_of_full_step"]["all-reduce (exposed)"] == pytest.approx(comm["exposed_ms"] / full)
-    assert record["derived_ms"]["all_reduce_exposed"] == pytest.approx(comm["exposed_ms"])
+    # Exposed is a difference of two timed medians: on two loaded cores the backward can hide the whole
+    # all-reduce and the difference fall below zero (CI once saw -1.39 ms). Below zero counts as none, and the
+    # diagnosis says so when the figure is within its noise; no assertion here hangs on the sign.
+    exposed = comm["exposed_ms"]
+    counted = max(0.0, exposed)
+    assert math.isfinite(exposed) and exposed < full, comm
+    assert comm["exposed_share_of_full_step"] == pytest.approx(counted / full)
+    assert record["shares_of_full_step"].get("all-reduce (exposed)", 0.0) == pytest.approx(counted / full)
+    assert record["derived_ms"]["all_reduce_exposed"] == pytest.approx(counted)
+    assert ("within its noise" in output) == (exposed <= comm["exposed_noise_ms"]), comm
     # Printed once, by rank 0: the timings per process and the all-reduce's two figures.
     assert output.count("diagnosis at batch 64, each of 2 processes") == 1
     assert output.count("gradient all-reduce (2 processes on gloo") == 1
