@@ -7,6 +7,7 @@ network as they were."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -70,6 +71,10 @@ def test_resolve_is_pure_and_the_build_phase_applies_the_plan(tmp_path):
     first = resolve(spec, probe, parts)
     second = resolve(spec, probe, parts)
     assert first == second
+    # The memory the probe read bounds the prefetch depth, not a new reading (a moving figure).
+    tight = resolve(spec, dataclasses.replace(probe, available_memory=1), parts)
+    assert tight.loader.prefetch_factor == (1 if first.loader.num_workers else None)
+    assert ("0.0 GiB available" in tight.derived["data.prefetch_factor"].how) == bool(first.loader.num_workers)
     assert spec == spec_before
     assert parts.datamodule.loader is None and parts.datamodule.decode_in_use is None
     assert all(torch.equal(weights[k], v) for k, v in parts.net.state_dict().items())

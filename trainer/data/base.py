@@ -185,12 +185,13 @@ class ImageClassificationData(L.LightningDataModule):
         self.eval_batch_size = self._eval_batch_size or batch_size
 
     # -- shared ---------------------------------------------------------------------------------
-    def loader_settings(self, cuda: bool, batch_bytes: int | None = None) -> LoaderSettings:
+    def loader_settings(self, cuda: bool, batch_bytes: int | None = None,
+                        available_bytes: int | None = None) -> LoaderSettings:
         """This module's loader request (`auto` values) resolved for the device, changing nothing
-        (`apply_loader` applies it); `batch_bytes`, one batch as the loader ships it, bounds the
-        prefetch depth."""
+        (`apply_loader` applies it); `batch_bytes`, one batch as the loader ships it, and
+        `available_bytes`, the memory available (None: read now), bound the prefetch depth."""
         return resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda, batch_bytes=batch_bytes,
-                              copy_overlap=self._copy_overlap)
+                              available_bytes=available_bytes, copy_overlap=self._copy_overlap)
 
     def apply_loader(self, settings: LoaderSettings) -> None:
         """Build every loader from now on with `settings` (the plan's, applied by the build phase)."""

@@ -10,7 +10,7 @@ phase made, and returns the frozen plan. Nothing is changed here: the build phas
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from trainer.configuration.spec import RunSpec
-from trainer.data.loader import LoaderSettings
+from trainer.data.loader import LoaderSettings, available_memory
 from trainer.data.progressive_resize import ResizeSchedule, epochs_of_run
 from trainer.groups.communication import UNCOMPRESSED, Communication
 from trainer.groups.communication import decide as decide_communication
@@ -68,6 +68,10 @@ class Probe:
     #: The task's units in one sample (tokens of a packed sequence; 1 when batches count samples):
     #: the batch rules scale lr and weight decay by the global batch in the task's unit.
     units_per_sample: int = 1
+    #: Bytes of memory available when probed (None: unknown): what bounds the loader's prefetch
+    #: depth, read once here so that `resolve` stays a function of the probe. A reading of a
+    #: moving figure, so two probes of one machine are equal whatever it said.
+    available_memory: Optional[int] = field(default=None, compare=False)
 
     @property
     def accelerator(self) -> str:
@@ -118,7 +122,7 @@ def decide_probe(spec: RunSpec, devices: Devices, parts: Parts) -> Probe:
         benchmark, how = bool(configured), f"{str(bool(configured)).lower()} (trainer.benchmark, as configured)"
     derived["trainer.benchmark"] = Derived(benchmark, how)
     return Probe(devices, precision, tf32, channels_last, implementation, benchmark, progress,
-                 MappingProxyType(derived), parts.definition.units_per_sample())
+                 MappingProxyType(derived), parts.definition.units_per_sample(), available_memory())
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,8 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
             global_batch * units, f"{global_batch} samples x {units} {definition.unit} a sample: what the lr and "
             "weight-decay rules scale by")
     derived["precision"] = early["precision"]
-    loader = datamodule.loader_settings(cuda=accelerator == "cuda", batch_bytes=info.sample_bytes * batch or None)
+    loader = datamodule.loader_settings(cuda=accelerator == "cuda", batch_bytes=info.sample_bytes * batch or None,
+                                        available_bytes=probe.available_memory)
     for key, reason in loader.reasons.items():
         derived[f"data.{key}"] = Derived(getattr(loader, key), reason)
     decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
