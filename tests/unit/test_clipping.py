@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import RecordingLogger
 from trainer.callbacks.step_log import StepLog
+from trainer.infra.step_gradients import of_parameters
 from trainer.groups.clipping import (FixedNorm, GradientClipping, Off, Percentile, Value, global_grad_norm,
                                      percentile_threshold)
 
@@ -92,6 +93,21 @@ def test_calibration_clips_each_step_to_the_percentile_so_far_and_records_the_pr
     assert cb.rule.calibration_norms == pytest.approx(norms, rel=1e-12)  # pre-clip: clipping cannot drag it down
     assert cb.rule.calibrated_threshold == cb.threshold == pytest.approx(np.percentile(norms, 95), rel=1e-12)
     assert cb.steps_clipped == len(clipped_steps) and cb.summary()["clip_during_calibration"] is True
+
+
+def test_a_bound_made_afresh_at_each_step_is_never_taken_for_an_earlier_one():
+    # Calibration makes its bound afresh at every step (float64) and casts it to the gradients' float32.
+    # A cast kept by the bound's id was once reused for a later bound that took the freed one's id and
+    # version: the step was clipped to an earlier step's threshold (as the allocator happened to place it).
+    cb = GradientClipping(Percentile())
+    p = torch.zeros(3, requires_grad=True)
+    for bound_value in (0.5, 1.0, 0.25, 1.5, 0.75):
+        p.grad = torch.ones(3)  # norm sqrt(3), above every bound
+        gradients = of_parameters([p])
+        bound = torch.tensor(bound_value, dtype=torch.float64)
+        cb._scale_grads(gradients, bound, gradients.total, torch.tensor(True))
+        assert p.grad.norm().item() == pytest.approx(bound_value, rel=1e-5)
+        del bound, gradients  # freed, as a calibration step's bound is: its id is free for the next
 
 
 def test_calibration_left_unclipped_records_then_threshold_is_the_95th_percentile():

@@ -421,7 +421,10 @@ class GradientClipping(Callback):
         self._loaded_counts = (0, 0)  # (steps clipped, steps with a non-finite norm) from a checkpoint
         self._counts_base = (0, 0)
         self._counted = 0
-        self._bound_cast: tuple[Any, Any, Any] = (None, None, None)
+        # The bound last cast to the norm's dtype: (that bound, its version then, the cast, a 1 of the
+        # norm's dtype). The bound itself is held, not its id: a bound made afresh at every step
+        # (calibration's) is freed after it, and a new tensor could take its id and version 0.
+        self._bound_cast: Optional[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]] = None
         self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
         self._observing = True  # off where the gradients are out of reach (DeepSpeed's, for Lightning's rules)
         self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the last step's (norm, clipped)
@@ -498,11 +501,11 @@ class GradientClipping(Callback):
         bound, so the host never learns whether the step was clipped. A factor of exactly 1 leaves a
         gradient as it was. One multi-tensor call per device; the bound in the norm's dtype is kept
         while the rule's bound is unchanged (frozen after calibration)."""
-        key = (id(bound), bound._version, total_norm.dtype)
-        if self._bound_cast[0] != key:
-            self._bound_cast = (key, bound.to(total_norm.dtype), torch.ones((), dtype=total_norm.dtype,
-                                                                             device=total_norm.device))
-        _, cast, one = self._bound_cast
+        cached = self._bound_cast
+        if cached is None or cached[0] is not bound or cached[1] != bound._version or cached[2].dtype != total_norm.dtype:
+            cached = self._bound_cast = (bound, bound._version, bound.to(total_norm.dtype),
+                                         torch.ones((), dtype=total_norm.dtype, device=total_norm.device))
+        _, _, cast, one = cached
         factor = torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one)
         for device, grads in gradients.grads_by_device().items():
             torch._foreach_mul_(grads, factor if device == factor.device else factor.to(device))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
@@ -124,9 +125,13 @@ class NonFiniteGuard(Callback):
         # Per optimizer, until its step ends: the flag, and the undo, or (found_inf) the parameters
         # and the ids of the state tensors that existed before the step (None: none can be new).
         self._pending: dict[int, tuple[torch.Tensor, StepUndo | tuple[list[torch.Tensor], Optional[set[int]]]]] = {}
-        self._undo: dict[int, StepUndo] = {}
-        self._state_complete: dict[int, tuple[int, ...]] = {}  # per optimizer: the parameters that all had state
-        self._hooked: dict[int, bool] = {}  # per optimizer hooked: whether it takes found_inf
+        # Per optimizer, held weakly (an id could be taken by a later optimizer once this one is gone):
+        # its put-back; the parameters that all had state (their ids, and the parameters, held so that
+        # no other tensor takes those ids); whether it is hooked and takes found_inf.
+        self._undo: weakref.WeakKeyDictionary[torch.optim.Optimizer, StepUndo] = weakref.WeakKeyDictionary()
+        self._state_complete: weakref.WeakKeyDictionary[
+            torch.optim.Optimizer, tuple[tuple[int, ...], list[torch.Tensor]]] = weakref.WeakKeyDictionary()
+        self._hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
         self._warned_host_flag = False
 
     # -- the step (device only) --------------------------------------------------------------------
@@ -151,25 +156,25 @@ class NonFiniteGuard(Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             return  # the GradScaler skips overflowing steps itself
-        fused = self._hooked.get(id(optimizer))
+        fused = self._hooked.get(optimizer)
         if fused is None:  # an optimizer first seen: its hook, and whether it takes found_inf
             optimizer.register_step_post_hook(self._after_step)
-            fused = self._hooked[id(optimizer)] = takes_found_inf(optimizer)
+            fused = self._hooked[optimizer] = takes_found_inf(optimizer)
         params = gradients.params
         if fused:
             optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
             # The state before the step, looked at again only when the parameters stepped change
             # (once every one has state, the step can create none).
             key = tuple(map(id, params))
-            seen = self._state_complete.get(id(optimizer))
-            known = None if seen == key else state_before_step(optimizer, params)
+            seen = self._state_complete.get(optimizer)
+            known = None if seen is not None and seen[0] == key else state_before_step(optimizer, params)
             if known is None:
-                self._state_complete[id(optimizer)] = key
+                self._state_complete[optimizer] = (key, params)
             self._pending[id(optimizer)] = (bad, (params, known))
         else:
-            undo = self._undo.get(id(optimizer))
+            undo = self._undo.get(optimizer)
             if undo is None:
-                undo = self._undo[id(optimizer)] = StepUndo()
+                undo = self._undo[optimizer] = StepUndo()
             undo.take(optimizer, params)
             self._pending[id(optimizer)] = (bad, undo)
 

@@ -94,13 +94,14 @@ def _defining(trainer: Any, hook_name: str, monitoring_callbacks: Optional[bool]
     key = (hook_name, monitoring_callbacks)
     found = cache.get(key)
     if found is not None and found[0] == present:
-        return found[1]
+        return found[2]
     callbacks = [c for c in trainer.callbacks if overrides(type(c), hook_name) or hook_name in c.__dict__]
     if monitoring_callbacks is not None:
         # Lightning's own split, by its own rule (ModelCheckpoint and EarlyStopping are "monitoring").
         monitoring = {id(c) for c in _monitoring(trainer.callbacks)}
         callbacks = [c for c in callbacks if (id(c) in monitoring) == monitoring_callbacks]
-    cache[key] = (present, callbacks)
+    # The callbacks listed are held with their ids, so that no later callback can take one of them.
+    cache[key] = (present, tuple(trainer.callbacks), callbacks)
     return callbacks
 
 

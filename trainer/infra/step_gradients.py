@@ -50,13 +50,14 @@ class StepGradients:
 
 class _Taken:
     """An optimizer's last step gradients, and whether its parameters' gradients share one device
-    and dtype (a gradient keeps both from step to step: looked at once per set of parameters, whose
-    ids cannot be reused while the optimizer holds them)."""
+    and dtype (a gradient keeps both from step to step: looked at once per set of parameters, held
+    here with their ids so that no other tensor can take one)."""
 
     def __init__(self) -> None:
         self.step = -1
         self.gradients: Optional[StepGradients] = None
         self.params: tuple[int, ...] = ()
+        self.held: list[torch.Tensor] = []  # the parameters of `params`, held: no other tensor takes their ids
         self.uniform = False
 
 
@@ -77,7 +78,8 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
         return None
     key = tuple(map(id, params))
     if key != taken.params:
-        taken.params, taken.uniform = key, len({(p.grad.device, p.grad.dtype) for p in params}) == 1
+        taken.params, taken.held = key, params
+        taken.uniform = len({(p.grad.device, p.grad.dtype) for p in params}) == 1
     taken.step, taken.gradients = step, of_parameters(params, taken.uniform)
     return taken.gradients
 
