@@ -89,19 +89,20 @@ def lean_dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks
 
 def _defining(trainer: Any, hook_name: str, monitoring_callbacks: Optional[bool]) -> list[Callback]:
     """The trainer's callbacks that define `hook_name`, in order, found once per list of callbacks."""
-    present = tuple(map(id, trainer.callbacks))
+    # The callbacks themselves are the key, held (no later callback can take an id of theirs); tuples
+    # compare their items by identity first, and a callback defines no equality of its own.
+    present = tuple(trainer.callbacks)
     cache = trainer.__dict__.setdefault("_framework_lean_hooks", {})
     key = (hook_name, monitoring_callbacks)
     found = cache.get(key)
     if found is not None and found[0] == present:
-        return found[2]
+        return found[1]
     callbacks = [c for c in trainer.callbacks if overrides(type(c), hook_name) or hook_name in c.__dict__]
     if monitoring_callbacks is not None:
         # Lightning's own split, by its own rule (ModelCheckpoint and EarlyStopping are "monitoring").
         monitoring = {id(c) for c in _monitoring(trainer.callbacks)}
         callbacks = [c for c in callbacks if (id(c) in monitoring) == monitoring_callbacks]
-    # The callbacks listed are held with their ids, so that no later callback can take one of them.
-    cache[key] = (present, tuple(trainer.callbacks), callbacks)
+    cache[key] = (present, callbacks)
     return callbacks
 
 
