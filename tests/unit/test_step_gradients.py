@@ -43,6 +43,23 @@ def test_the_norms_are_clip_grad_norms_and_taken_once_per_step():
     assert ops.names == ["aten._foreach_norm", "aten.stack"]  # a new step: taken again, in two operations
 
 
+def test_a_step_number_seen_again_with_other_gradients_is_taken_again():
+    # The same optimizer at the same step number (a second fit) or after another backward: the
+    # gradients decide, not the number alone.
+    torch.manual_seed(0)
+    params = with_grads((4, 3), (3,))
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    first = step_gradients(optimizer, step=0)
+    for p in params:
+        p.grad = torch.randn_like(p) * 10  # new gradient tensors (zero_grad's set_to_none, then a backward)
+    second = step_gradients(optimizer, step=0)
+    assert second is not first and second.norms.tolist() == [float(p.grad.norm()) for p in params]
+    params[0].grad.mul_(2)  # added into in place (set_to_none=False, or accumulation)
+    third = step_gradients(optimizer, step=0)
+    assert third is not second and third.norms[0].item() == float(params[0].grad.norm())
+    assert step_gradients(optimizer, step=0) is third  # unchanged: shared
+
+
 def test_gradients_of_several_dtypes_are_normed_by_group_and_come_back_in_the_norms_order():
     params = with_grads((3,), (2,)) + with_grads((4,), dtype=torch.float64)
     gradients = of_parameters([params[2], params[0], params[1]])

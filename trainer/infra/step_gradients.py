@@ -59,6 +59,21 @@ class _Taken:
         self.params: tuple[int, ...] = ()
         self.held: list[torch.Tensor] = []  # the parameters of `params`, held: no other tensor takes their ids
         self.uniform = False
+        self._first: Optional[tuple[torch.Tensor, int]] = None  # the first gradient taken, and its version
+
+    def current(self, step: int) -> bool:
+        """Whether the gradients taken are still this step's: the same step number, and the first
+        gradient the same tensor, unchanged (a step number alone could come again: the same optimizer
+        in a second fit; a backward since makes new gradients or adds into them)."""
+        if self.step != step or self.gradients is None or self._first is None:
+            return False
+        grad, version = self._first
+        return self.gradients.params[0].grad is grad and grad._version == version
+
+    def keep(self, step: int, gradients: StepGradients) -> None:
+        grad = gradients.params[0].grad
+        assert grad is not None
+        self.step, self.gradients, self._first = step, gradients, (grad, grad._version)
 
 
 _TAKEN: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _Taken]" = weakref.WeakKeyDictionary()
@@ -71,7 +86,7 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
     taken = _TAKEN.get(optimizer)
     if taken is None:
         taken = _TAKEN[optimizer] = _Taken()
-    elif taken.step == step:
+    elif taken.current(step):
         return taken.gradients
     params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not params:
@@ -80,8 +95,9 @@ def step_gradients(optimizer: torch.optim.Optimizer, step: int) -> Optional[Step
     if key != taken.params:
         taken.params, taken.held = key, params
         taken.uniform = len({(p.grad.device, p.grad.dtype) for p in params}) == 1
-    taken.step, taken.gradients = step, of_parameters(params, taken.uniform)
-    return taken.gradients
+    gradients = of_parameters(params, taken.uniform)
+    taken.keep(step, gradients)
+    return gradients
 
 
 def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) -> StepGradients:
