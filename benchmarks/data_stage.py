@@ -52,7 +52,7 @@ from typing import Any, Optional
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from hand_loop import FrameworkLoop, prepare_run, steps_for, time_windows, write_results  # noqa: E402
+from hand_loop import FrameworkLoop, add_output_arguments, prepare_run, steps_for, time_windows, write_results  # noqa: E402
 from input_pipeline import _photo  # noqa: E402 - the benchmark's ImageNet-like photos
 from practices import merged  # noqa: E402
 
@@ -229,9 +229,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--windows", type=int, default=3, help="timed windows a measurement (default 3)")
     parser.add_argument("--set", action="append", default=[], metavar="OVERRIDE", help="an override for every run")
     parser.add_argument("--root", type=Path, help="write the photos here and keep them (default: a temporary folder)")
-    parser.add_argument("--runs-dir", type=Path, help="the run folders (default: under the photos' folder)")
-    parser.add_argument("--out", type=Path, help="the Markdown table")
-    parser.add_argument("--json", type=Path, help="every measurement's figures")
+    add_output_arguments(parser, "every measurement's figures", runs_dir_default="under the photos' folder")
     args = parser.parse_args(argv)
     quick = args.quick
     base = merged(QUICK_BASE if quick else GPU_BASE, args.set)

@@ -39,7 +39,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_overhead import bf16_peak, device_name, free_device_memory, model_overrides, mfu  # noqa: E402
-from hand_loop import (add_window_arguments, prepare_hand_loop, steps_for, time_windows,  # noqa: E402
+from hand_loop import (add_output_arguments, add_window_arguments, prepare_hand_loop, steps_for, time_windows,  # noqa: E402
                        window_defaults, write_results)
 from practices import merged  # noqa: E402
 
@@ -129,9 +129,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--modes", default=",".join(COMPILE_MODES), help="compile modes searched, in this order")
     add_window_arguments(parser, "a setting")
     parser.add_argument("--cache-dir", type=Path, help="the text corpus's token cache (data.cache_dir)")
-    parser.add_argument("--runs-dir", type=Path, help="the runs' folders (default: a temporary folder)")
-    parser.add_argument("--out", type=Path, help="the Markdown table")
-    parser.add_argument("--json", type=Path, help="every setting's figures")
+    add_output_arguments(parser, "every setting's figures")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if not models or any(m not in GOALS for m in models):

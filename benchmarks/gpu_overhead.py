@@ -48,7 +48,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hand_loop import (FrameworkLoop, HandLoop, add_window_arguments, compare_facts, prepare_run,  # noqa: E402
+from hand_loop import (FrameworkLoop, HandLoop, add_output_arguments, add_window_arguments, compare_facts, prepare_run,  # noqa: E402
                        steps_for, time_windows, window_defaults, write_results)
 from practices import GPU_BASE, merged  # noqa: E402 - the GPU base every ResNet-50 step uses
 
@@ -229,9 +229,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, help="interleaved repeats per row (default 3; --quick 2)")
     add_window_arguments(parser, "a run")
     parser.add_argument("--cache-dir", type=Path, help="the text corpus's token cache (data.cache_dir)")
-    parser.add_argument("--runs-dir", type=Path, help="the runs' folders (default: a temporary folder)")
-    parser.add_argument("--out", type=Path, help="the Markdown table")
-    parser.add_argument("--json", type=Path, help="every row's figures")
+    add_output_arguments(parser, "every row's figures")
     args = parser.parse_args(argv)
     quick = args.quick
     args.repeats = args.repeats or (2 if quick else 3)

@@ -327,6 +327,14 @@ def add_window_arguments(parser: Any, measured: str) -> None:
     parser.add_argument("--windows", type=int, help=f"timed windows {measured} (default 3; --quick 2)")
 
 
+def add_output_arguments(parser: Any, figures: str, runs_dir_default: str = "a temporary folder") -> None:
+    """`--runs-dir`, `--out` (the Markdown table) and `--json` (`figures`: what the record holds), as
+    `write_results` takes them."""
+    parser.add_argument("--runs-dir", type=Path, help=f"the runs' folders (default: {runs_dir_default})")
+    parser.add_argument("--out", type=Path, help="the Markdown table")
+    parser.add_argument("--json", type=Path, help=figures)
+
+
 def window_defaults(args: Any, quick: bool) -> None:
     """The window settings not given on the command line: short ones for a --quick dry run."""
     args.warmup = args.warmup if args.warmup is not None else (2 if quick else 5)
