@@ -20,13 +20,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.helpers import RecordingLogger
 from trainer.callbacks.step_log import StepLog
 from trainer.infra.step_gradients import of_parameters
-from trainer.groups.clipping import (FixedNorm, GradientClipping, Off, Percentile, Value, global_grad_norm,
-                                     percentile_threshold)
+from trainer.groups.clipping import (FIXED_ROWS, FixedNorm, GradientClipping, Off, Percentile, Value,
+                                     global_grad_norm, percentile_threshold)
 
 
 def params_with_norms(norms: list[float], seed: int = 0, shape: tuple[int, ...] = (5,)) -> list[torch.Tensor]:
@@ -148,6 +149,57 @@ def test_after_calibration_no_update_exceeds_the_threshold_and_small_ones_are_un
             coef = params[0].grad.flatten()[0] / before[0].flatten()[0]  # same direction, one factor
             assert all(torch.allclose(p.grad, b * coef) for p, b in zip(params, before))
     assert 0 < clipped_steps < 200 and cb.steps_clipped == clipped_in_calibration + clipped_steps
+
+
+def test_the_short_path_of_a_fixed_bound_clips_and_counts_as_the_general_path():
+    # Once a log step has told the rule that calibration is over, a step takes the short path (its norm
+    # written into a buffer, the counting done when the counts are read). Over more steps than the
+    # buffer holds, with infinite and NaN steps among them and a read in the middle, it leaves the same
+    # gradients, bit for bit, and the same counts as the general path; and it does 7 operations a step.
+    gen = torch.Generator().manual_seed(5)
+    short, general = (GradientClipping(Percentile(calibration_steps=10)) for _ in range(2))
+    for _ in range(10):
+        params = random_grads(gen, float(torch.rand(1, generator=gen)) * 3)
+        twin = copy.deepcopy(params)
+        short.observe_and_clip(params)
+        general.observe_and_clip(twin)
+    short.rule.settle(short.steps_seen)
+    assert short.rule.settled and not general.rule.settled
+    for index in range(3 * FIXED_ROWS + 5):
+        params = random_grads(gen, float(torch.rand(1, generator=gen)) * 6)
+        if index % 37 == 5:
+            params[1].grad[0] = float("inf")
+        if index % 41 == 7:
+            params[2].grad[0] = float("nan")
+        twin = copy.deepcopy(params)
+        record, expected = short.clip_on_device(params), general.clip_on_device(twin)
+        for ours, theirs in zip(params, twin):
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=0, equal_nan=True)
+        assert bool(record.clipped) == bool(expected.clipped)
+        assert torch.equal(record.norm, expected.norm) or math.isnan(record.norm)
+        if index == FIXED_ROWS + 3:
+            assert (short.steps_clipped, short.nonfinite_steps) == (general.steps_clipped, general.nonfinite_steps)
+    assert (short.steps_clipped, short.nonfinite_steps, short.steps_seen) == \
+        (general.steps_clipped, general.nonfinite_steps, general.steps_seen)
+    assert short.steps_clipped > 20 and short.nonfinite_steps == 11
+
+    counter = OpCounter()
+    gradients = of_parameters(random_grads(gen, 6.0))
+    with counter:
+        short._clip(gradients, sharded=False)
+    assert counter.count == 7
+
+
+class OpCounter(TorchDispatchMode):
+    """The aten operations dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def test_rolling_window_follows_the_last_pre_clip_norms():

@@ -112,8 +112,9 @@ def test_with_several_processes_all_skip_when_any_saw_a_non_finite_step(tmp_path
     seen = []
 
     def any_process(flag):
+        # The flag is a found_inf (0-d float, 1.0: bad), or-ed over processes as the all-reduce does (MAX).
         seen.append(flag.clone())
-        return flag | torch.tensor(others_bad["flag"])
+        return torch.maximum(flag, torch.tensor(float(others_bad["flag"])))
 
     monkeypatch.setattr(nonfinite, "_any_process", any_process)
     module, guard = Module(), NonFiniteGuard()
@@ -205,3 +206,31 @@ def test_off_checks_nothing(tmp_path):
     module.body[0].weight.grad.fill_(float("nan"))
     guard.on_before_optimizer_step(trainer, module, torch.optim.SGD(module.parameters(), lr=0.1))
     assert guard.skipped_steps == 0 and module.body[0].weight.grad is not None
+
+
+def test_norms_and_a_loss_summing_past_float32_are_a_bad_step_skipped_and_named(tmp_path):
+    # Each value finite, their sum past float32's range: the flag (a float32 sum) says bad, the fused
+    # optimizer skips, and the count read later agrees with the flag and says why.
+    module, guard, trainer = nn.Linear(1, 1, bias=False), NonFiniteGuard(), fake_trainer(tmp_path)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1, fused=True)
+    before = module.weight.detach().clone()
+    guard.on_before_backward(trainer, module, torch.tensor(2e38))
+    module.weight.grad = torch.tensor([[2e38]])
+    guard.on_before_optimizer_step(trainer, module, optimizer)
+    optimizer.step()
+    assert torch.equal(module.weight.detach(), before)
+    assert guard.summary()["skipped_steps"] == 1
+    assert guard.first_nonfinite["parameter"].startswith("(the norms and the loss together")
+
+
+def test_a_change_of_the_parameters_with_gradients_reads_the_rows_before_it(tmp_path):
+    # A layer unfrozen (or frozen) mid-run changes the row's width: the rows written so far are read
+    # first, so a bad step before the change is still counted.
+    module, guard = Module(), NonFiniteGuard()
+    trainer = fake_trainer(tmp_path, log_every_n_steps=100)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    step(module, optimizer, guard, trainer, poison=True)
+    module.body[0].weight.requires_grad_(False)
+    step(module, optimizer, guard, trainer)
+    assert guard.skipped_steps == 1 and guard.skipped_at == [0]
+    assert guard.summary()["skipped_steps"] == 1

@@ -49,6 +49,8 @@ from trainer.infra.step_gradients import StepGradients, of_parameters, step_grad
 # clip_grad_norm_ adds this to the norm before dividing, so a clipped update lands just under the
 # threshold rather than exactly on it.
 _EPS = 1e-6
+#: Steps whose norms the short path (a fixed bound) keeps on the device before it counts them.
+FIXED_ROWS = 64
 
 
 # --- the rules -------------------------------------------------------------------------------------
@@ -95,6 +97,12 @@ class ClippingRule:
     def exceeded(self, norm: torch.Tensor, largest: Optional[torch.Tensor]) -> torch.Tensor:
         """Whether Lightning's clipping changes a step with this global norm and largest element."""
         return torch.zeros((), dtype=torch.bool, device=norm.device)
+
+    def fixed_bound(self, device: torch.device) -> Optional[torch.Tensor]:
+        """The bound every step from now on is clipped to, where it no longer changes from step to
+        step and nothing is recorded (then a step takes the short path: `GradientClipping._clip_fixed`);
+        None while `threshold_for` must see each step."""
+        return None
 
     def settle(self, steps_seen: int) -> None:
         """Called at log steps, where a host read costs nothing extra, with the steps observed so
@@ -283,6 +291,12 @@ class Percentile(ClippingRule):
     def settled(self) -> bool:
         return self._calibration_over
 
+    def fixed_bound(self, device: torch.device) -> Optional[torch.Tensor]:
+        if self._calibration_over and self._window is None:
+            self._bind(device)
+            return self._threshold  # frozen at the calibrated threshold: nothing to record or compute
+        return None
+
     def threshold_for(self, norm: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         bounds = self._bind(norm.device)
         threshold = self._threshold
@@ -427,7 +441,16 @@ class GradientClipping(Callback):
         self._bound_cast: Optional[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]] = None
         self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
         self._observing = True  # off where the gradients are out of reach (DeepSpeed's, for Lightning's rules)
-        self._last: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # the last step's (norm, clipped)
+        # The last step's (norm, clipped); clipped None on the short path, where the fixed bound says it.
+        self._last: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
+        # The short path's norms (`_clip_fixed`): each step's pre-clip global norm is written into the
+        # next row of a buffer on the device, and the steps are counted (clipped, finite) against the
+        # bound they were clipped to when the counts are read or the buffer is full, in a few
+        # operations for all of them instead of five at every step.
+        self._fixed_norms: Optional[torch.Tensor] = None
+        self._fixed_rows: list[torch.Tensor] = []
+        self._fixed_used = 0
+        self._fixed_bound: Optional[torch.Tensor] = None
 
     @property
     def mode(self) -> str:
@@ -442,6 +465,7 @@ class GradientClipping(Callback):
 
     def _host_counts(self) -> tuple[int, int]:
         """(steps clipped, steps with a non-finite norm), in one read of the device."""
+        self._count_fixed()
         if self._counts is None:
             return self._loaded_counts
         clipped, finite = read_together({"counts": self._counts})["counts"]
@@ -465,10 +489,17 @@ class GradientClipping(Callback):
         and every process clips with the same factor."""
         params = [p for p in parameters if p.grad is not None]
         total, clipped = self._clip(of_parameters(params), sharded)
+        if clipped is None:  # the short path: a row of its buffer, which later steps write again
+            total, clipped = total.clone(), self._clipped_at_fixed_bound(total)
         return StepRecord(total.detach(), self.rule.threshold_on(total.device), clipped)
 
-    def _clip(self, gradients: StepGradients, sharded: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The work of one step on the device: (the pre-clip global norm, whether the step was clipped)."""
+    def _clip(self, gradients: StepGradients, sharded: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The work of one step on the device: (the pre-clip global norm, whether the step was
+        clipped; None on the short path, where that is `_clipped_at_fixed_bound(norm)`)."""
+        if self.rule.clips_here and not sharded:
+            bound = self.rule.fixed_bound(gradients.norms.device)
+            if bound is not None:
+                return self._clip_fixed(gradients, bound), None
         total = gradients.total
         if sharded:
             total = _combine_shares(total, 2.0)
@@ -478,10 +509,7 @@ class GradientClipping(Callback):
             if sharded:
                 largest = _combine_shares(largest, float("inf"))
         self.steps_seen += 1
-        if self._counts is None or self._counts.device != total.device:
-            self._counts_base = self._host_counts()
-            self._counts = torch.tensor([self._counts_base[0], 0], dtype=torch.long, device=total.device)
-            self._counted = 0
+        self._counter_on(total.device)
         finite = total < math.inf  # a norm is never negative, and NaN compares false
         if self.rule.clips_here:
             bound = self.rule.threshold_for(total, finite)
@@ -493,22 +521,83 @@ class GradientClipping(Callback):
         self._counted += 1
         return total, clipped
 
+    def _counter_on(self, device: torch.device) -> None:
+        """The device counter of steps clipped and steps with a finite norm, made on `device` (from
+        what the host holds) if it is not there."""
+        if self._counts is None or self._counts.device != device:
+            self._counts_base = self._host_counts()
+            self._counts = torch.tensor([self._counts_base[0], 0], dtype=torch.long, device=device)
+            self._counted = 0
+
+    def _clip_fixed(self, gradients: StepGradients, bound: torch.Tensor) -> torch.Tensor:
+        """A step once the rule's bound no longer changes: the global norm into the buffer's next row
+        and the gradients scaled, seven operations (the norm, the factor's five, one multi-tensor
+        multiply per device) where the general path takes eleven; the counting is `_count_fixed`'s.
+        Returns the pre-clip global norm (that row)."""
+        norms = gradients.norms
+        self.steps_seen += 1
+        self._counter_on(norms.device)
+        buffer = self._fixed_norms
+        fits = buffer is not None and buffer.dtype == norms.dtype and buffer.device == norms.device
+        if not fits or self._fixed_used == FIXED_ROWS or self._fixed_bound is not bound:
+            self._count_fixed()
+            if not fits:
+                self._fixed_norms = torch.empty(FIXED_ROWS, dtype=norms.dtype, device=norms.device)
+                self._fixed_rows = list(self._fixed_norms.unbind(0))
+            self._fixed_bound = bound
+        total = torch.linalg.vector_norm(norms, out=self._fixed_rows[self._fixed_used])
+        self._fixed_used += 1
+        cast, one = self._cast_bound(bound, total)
+        # clip_grads_with_norm_'s factor, reciprocal(norm + eps) * bound, capped at 1 as clip_grad_norm_
+        # caps it; a non-finite norm is made NaN (an infinite one would give 0), and fmin takes the 1
+        # over a NaN: such a step is left as it is, as on the general path.
+        nan_unless_finite = torch.nan_to_num(total, nan=math.nan, posinf=math.nan)
+        factor = torch.fmin(torch.reciprocal(nan_unless_finite + _EPS) * cast, one)
+        self._multiply(gradients, factor)
+        return total
+
+    def _clipped_at_fixed_bound(self, norm: torch.Tensor) -> torch.Tensor:
+        """Whether a short-path step with this norm was clipped, as the general path decides it."""
+        assert self._fixed_bound is not None
+        return (norm < math.inf) & (norm > self._fixed_bound)
+
+    def _count_fixed(self) -> None:
+        """The short path's buffered steps into the counter: steps clipped, steps with a finite norm."""
+        used = self._fixed_used
+        if not used:
+            return
+        assert self._fixed_norms is not None and self._counts is not None
+        norms = self._fixed_norms[:used]
+        finite = norms < math.inf
+        clipped = self._clipped_at_fixed_bound(norms)
+        self._counts.add_(torch.stack([clipped.sum(), finite.sum()]))
+        self._counted += used
+        self._fixed_used = 0
+
+    def _cast_bound(self, bound: torch.Tensor, total_norm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`bound` in the norm's dtype and a 1 of that dtype, kept while the rule's bound is unchanged
+        (the bound itself is held, not its id: a bound made afresh at every step, calibration's, is
+        freed after it, and a new tensor could take its id and version 0)."""
+        cached = self._bound_cast
+        if cached is None or cached[0] is not bound or cached[1] != bound._version or cached[2].dtype != total_norm.dtype:
+            cached = self._bound_cast = (bound, bound._version, bound.to(total_norm.dtype),
+                                         torch.ones((), dtype=total_norm.dtype, device=total_norm.device))
+        return cached[2], cached[3]
+
+    @staticmethod
+    def _multiply(gradients: StepGradients, factor: torch.Tensor) -> None:
+        for device, grads in gradients.grads_by_device().items():
+            torch._foreach_mul_(grads, factor if device == factor.device else factor.to(device))
+
     def _scale_grads(self, gradients: StepGradients, bound: torch.Tensor, total_norm: torch.Tensor,
                      clipped: torch.Tensor) -> None:
         """Multiply every gradient by `bound / (norm + eps)` where `clipped` holds (below 1 there, as
         the norm exceeds the bound), by 1 elsewhere: the factor `clip_grads_with_norm_` applies (which
         torch computes as `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device
         bound, so the host never learns whether the step was clipped. A factor of exactly 1 leaves a
-        gradient as it was. One multi-tensor call per device; the bound in the norm's dtype is kept
-        while the rule's bound is unchanged (frozen after calibration)."""
-        cached = self._bound_cast
-        if cached is None or cached[0] is not bound or cached[1] != bound._version or cached[2].dtype != total_norm.dtype:
-            cached = self._bound_cast = (bound, bound._version, bound.to(total_norm.dtype),
-                                         torch.ones((), dtype=total_norm.dtype, device=total_norm.device))
-        _, _, cast, one = cached
-        factor = torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one)
-        for device, grads in gradients.grads_by_device().items():
-            torch._foreach_mul_(grads, factor if device == factor.device else factor.to(device))
+        gradient as it was. One multi-tensor call per device."""
+        cast, one = self._cast_bound(bound, total_norm)
+        self._multiply(gradients, torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one))
 
     def observe_and_clip(self, parameters: Iterable[torch.Tensor],
                          sharded: bool = False) -> tuple[float, float | None, bool]:
@@ -577,6 +666,8 @@ class GradientClipping(Callback):
         if not self.log or self._last is None:
             return {}
         norm, clipped = self._last
+        if clipped is None:
+            clipped = self._clipped_at_fixed_bound(norm)
         values = {"clip/grad_norm": norm.float(), "clip/clipped": clipped.float()}
         threshold = self.rule.threshold_on(norm.device)
         if threshold is not None:
@@ -609,6 +700,7 @@ class GradientClipping(Callback):
         self.steps_seen = int(state_dict["steps_seen"])
         self._loaded_counts = (int(state_dict["steps_clipped"]), int(state_dict["nonfinite_steps"]))
         self._counts = None
+        self._fixed_used = 0  # steps before the checkpoint's: its counts hold them
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:

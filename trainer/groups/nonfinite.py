@@ -39,6 +39,8 @@ from trainer.infra.step_undo import StepUndo, state_before_step, zero_new_state
 RECORDED_SKIPS = 100
 #: Rows of the table when Lightning never logs (log_every_n_steps=0): a read every this many steps.
 ROWS_WITHOUT_LOGGING = 1000
+#: float32's largest value: a step's norms and loss summing past it are counted bad, as flagged.
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 class NonFiniteTraining(UserError):
@@ -68,15 +70,23 @@ class StepTable:
     def full(self) -> bool:
         return len(self.steps) >= self.capacity
 
-    def add(self, step: int, params: list[torch.Tensor], row: torch.Tensor, bad: Optional[torch.Tensor]) -> None:
-        """Keep `row` (the norms then the loss, in the norms' dtype) and, with several processes, `bad` (0-d bool:
-        any process's step was bad). One copy each: the rows are views of one table made once."""
-        if not self._rows or self._rows[0].shape != row.shape or self._rows[0].device != row.device:
-            assert not self.steps, "read the table before its rows change shape"
-            self._table = torch.empty(self.capacity, row.numel(), dtype=row.dtype, device=row.device)
-            self._rows = list(self._table.unbind(0))
-            self._bad = torch.zeros(self.capacity, dtype=torch.bool, device=row.device)
-        self._rows[len(self.steps)].copy_(row)
+    def next_row(self, width: int, dtype: torch.dtype, device: torch.device) -> Optional[torch.Tensor]:
+        """The row the next step writes (a view of one table made once: the step writes into it with
+        `out=`, no copy), or None while rows of another width, dtype or device wait to be read (the
+        parameters with a gradient changed): read them (`take`) first."""
+        if self._rows and self._rows[0].shape[0] == width and self._rows[0].dtype == dtype \
+                and self._rows[0].device == device:
+            return self._rows[len(self.steps)]
+        if self.steps:
+            return None
+        self._table = torch.empty(self.capacity, width, dtype=dtype, device=device)
+        self._rows = list(self._table.unbind(0))
+        self._bad = torch.zeros(self.capacity, dtype=torch.float32, device=device)
+        return self._rows[0]
+
+    def add(self, step: int, params: list[torch.Tensor], bad: Optional[torch.Tensor]) -> None:
+        """Count the row `next_row` gave as written for `step`, and, with several processes, keep
+        `bad` (0-d float, 1: any process's step was bad)."""
         if bad is not None:
             assert self._bad is not None
             self._bad[len(self.steps)].copy_(bad)
@@ -94,7 +104,7 @@ class StepTable:
         rows = []
         for i, (step, params) in enumerate(self.steps):
             values = got["rows"][i * width:(i + 1) * width]
-            rows.append((step, params, values, bool(got["bad"][i]) or not all(map(math.isfinite, values))))
+            rows.append((step, params, values, bool(got["bad"][i]) or _bad_row(values)))
         self._bad.zero_()
         self.steps = []
         return rows
@@ -152,7 +162,7 @@ class NonFiniteGuard(Callback):
         gradients = step_gradients(optimizer, step)
         if gradients is None:
             return  # backward was skipped: nothing to check
-        bad = self._record(trainer, pl_module, gradients, step)
+        found = self._record(trainer, pl_module, gradients, step)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and scaler.is_enabled():
             return  # the GradScaler skips overflowing steps itself
@@ -162,7 +172,7 @@ class NonFiniteGuard(Callback):
             fused = self._hooked[optimizer] = takes_found_inf(optimizer)
         params = gradients.params
         if fused:
-            optimizer.found_inf = bad.float()  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
+            optimizer.found_inf = found  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept
             # The state before the step, looked at again only when the parameters stepped change
             # (once every one has state, the step can create none).
             key = tuple(map(id, params))
@@ -170,54 +180,66 @@ class NonFiniteGuard(Callback):
             known = None if seen is not None and seen[0] == key else state_before_step(optimizer, params)
             if known is None:
                 self._state_complete[optimizer] = (key, params)
-            self._pending[id(optimizer)] = (bad, (params, known))
+            self._pending[id(optimizer)] = (found, (params, known))
         else:
             undo = self._undo.get(optimizer)
             if undo is None:
                 undo = self._undo[optimizer] = StepUndo()
             undo.take(optimizer, params)
-            self._pending[id(optimizer)] = (bad, undo)
+            self._pending[id(optimizer)] = (found, undo)
 
     def _record(self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: StepGradients,
                 step: int) -> torch.Tensor:
-        """One row of the table for this step; returns whether the step is bad (on any process)."""
+        """This step's row of the table (its gradients' norms, then the loss); returns the step's
+        flag as a GradScaler's `found_inf` is (0-d float32: 1.0 where the step is bad on any process,
+        else 0.0). Five operations (the loss's view, the row written in place, its sum, the flag's two)."""
         norms = gradients.norms
         loss = self._loss
         self._loss = None
-        if loss is not None:
-            loss = loss.view(1) if loss.dtype == norms.dtype and loss.device == norms.device else loss.view(1).to(norms)
-        row = torch.cat([norms, loss]) if loss is not None else norms
-        # Finite exactly when every gradient's norm and the loss are (summed in float64, so that no sum
-        # of finite float32 values overflows): x - x is 0 for a finite x and NaN for an infinite or NaN one.
-        total = row.sum(dtype=torch.float64)
-        bad = (total - total) != 0
-        shared = None
-        if trainer.world_size > 1:
-            # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
-            # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
-            bad = shared = _any_process(bad)
         if self._table is None:
             self.on_train_start(trainer, pl_module)
         assert self._table is not None
         if not self._names:
             self._names = {id(p): name for name, p in pl_module.named_parameters()}
-        self._table.add(step, gradients.params, row, shared)
-        return bad
+        width = norms.numel() + (loss is not None)
+        row = self._table.next_row(width, norms.dtype, norms.device)
+        if row is None:  # the parameters with a gradient changed: the rows before them are read first
+            self._stop_if_diverged(trainer, self.read_counters())
+            row = self._table.next_row(width, norms.dtype, norms.device)
+            assert row is not None
+        if loss is not None:
+            loss = loss.view(1) if loss.dtype == norms.dtype and loss.device == norms.device else loss.view(1).to(norms)
+            torch.cat([norms, loss], out=row)
+        else:
+            row.copy_(norms)
+        # Finite exactly when every gradient's norm and the loss are: x - x is 0 for a finite x and NaN for
+        # an infinite or NaN one, which nan_to_num makes 1. Summed in float32 (also a half-precision row,
+        # which could overflow its own range): a sum past float32's range, norms and a loss far beyond
+        # anything trainable, counts as bad too (the clipping's global norm is infinite long before).
+        found = row.sum(dtype=torch.float32)
+        found.sub_(found).nan_to_num_(nan=1.0)
+        shared = None
+        if trainer.world_size > 1:
+            # Every process skips (or stops) together: DDP's gradients agree after their all-reduce, but
+            # a loss is each process's own, and a process that stepped alone would leave the replicas apart.
+            found = shared = _any_process(found)
+        self._table.add(step, gradients.params, shared)
+        return found
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         pending = self._pending.pop(id(optimizer), None)
         if pending is None:
             return
-        bad, undo = pending
+        found, undo = pending
         if not isinstance(undo, StepUndo):
             del optimizer.found_inf  # type: ignore[attr-defined]  # a later step (or a GradScaler) must not see this one's flag
             # State the skipped step created is left as the kernel allocated it (fused SGD's momentum
             # buffers uninitialized): zeroed, it is the fresh state.
             params, known = undo
             if known is not None:
-                zero_new_state(optimizer, params, known, lambda device: bad.to(device))
+                zero_new_state(optimizer, params, known, lambda device: found.bool().to(device))
             return
-        undo.undo_where(bad)
+        undo.undo_where(found.bool())
         if undo.host_flag_reason and not self._warned_host_flag:
             self._warned_host_flag = True
             warnings.warn(f"nonfinite=skip: {undo.host_flag_reason}, so each step waits for the device once; "
@@ -270,6 +292,8 @@ class NonFiniteGuard(Callback):
             return min(bad, key=lambda name: order.get(name, len(order)))
         if len(values) > len(params) and not math.isfinite(values[len(params)]):
             return "(the loss; every gradient was finite)"
+        if _bad_row(values):
+            return "(the norms and the loss together: each finite, their sum past float32's range)"
         return "(another process's loss or gradient shard; this process's were finite)"
 
     def _stop_if_diverged(self, trainer: L.Trainer, longest: int) -> None:
@@ -319,14 +343,19 @@ class NonFiniteGuard(Callback):
             self._table.steps = []  # rows of a step the checkpoint came after: already counted in it
 
 
+def _bad_row(values: list[float]) -> bool:
+    """Whether a step with this row was bad, as its flag said (`NonFiniteGuard._record`): a value not
+    finite, or values that sum past float32's range."""
+    return not all(map(math.isfinite, values)) or math.fsum(values) > FLOAT32_MAX
+
+
 def _any_process(flag: torch.Tensor) -> torch.Tensor:
-    """`flag` or-ed over every process, on the device (an all-reduce the step's stream waits on; the
-    host does not)."""
+    """`flag` (0-d float, 1.0 or 0.0) or-ed over every process, in place, on the device (an all-reduce
+    the step's stream waits on; the host does not)."""
     if not (dist.is_available() and dist.is_initialized()):
         return flag
-    joined = flag.to(torch.int32)
-    dist.all_reduce(joined, op=dist.ReduceOp.MAX)
-    return joined.bool()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag
 
 
 GROUP = ConfigGroup("nonfinite", __name__, "the guard that skips NaN/Inf steps", lambda values: check_target("nonfinite", values), target=True)
