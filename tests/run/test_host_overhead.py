@@ -38,7 +38,9 @@ def test_the_framework_step_adds_a_fixed_handful_of_operations_and_calls(record)
     ops = record[0]["ops"]
     small, deep = ops.values()
     assert (small["parameter_tensors"], deep["parameter_tensors"]) == (8, 38)
-    assert small["added"] == deep["added"] and small["added_beyond_lightning"] == deep["added_beyond_lightning"]
+    # Flat: the same per-step average for both networks (counts over the same steps, to float rounding).
+    assert small["added"] == pytest.approx(deep["added"], abs=1e-6)
+    assert small["added_beyond_lightning"] == pytest.approx(deep["added_beyond_lightning"], abs=1e-6)
     assert 0 < small["added_beyond_lightning"] <= MAX_OPS_BEYOND_LIGHTNING
     beyond = [o["calls"]["framework"] - o["calls"]["lightning"] for o in (small, deep)]
     assert beyond[0] == beyond[1] and 0 < beyond[0] <= MAX_CALLS_BEYOND_LIGHTNING
