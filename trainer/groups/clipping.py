@@ -509,7 +509,7 @@ class GradientClipping(Callback):
             if sharded:
                 largest = _combine_shares(largest, float("inf"))
         self.steps_seen += 1
-        self._counter_on(total.device)
+        counts = self._counter_on(total.device)
         finite = total < math.inf  # a norm is never negative, and NaN compares false
         if self.rule.clips_here:
             bound = self.rule.threshold_for(total, finite)
@@ -517,17 +517,18 @@ class GradientClipping(Callback):
             self._scale_grads(gradients, bound, total, clipped)
         else:
             clipped = finite & self.rule.exceeded(total, largest)
-        self._counts.add_(torch.stack([clipped, finite]))
+        counts.add_(torch.stack([clipped, finite]))
         self._counted += 1
         return total, clipped
 
-    def _counter_on(self, device: torch.device) -> None:
+    def _counter_on(self, device: torch.device) -> torch.Tensor:
         """The device counter of steps clipped and steps with a finite norm, made on `device` (from
         what the host holds) if it is not there."""
         if self._counts is None or self._counts.device != device:
             self._counts_base = self._host_counts()
             self._counts = torch.tensor([self._counts_base[0], 0], dtype=torch.long, device=device)
             self._counted = 0
+        return self._counts
 
     def _clip_fixed(self, gradients: StepGradients, bound: torch.Tensor) -> torch.Tensor:
         """A step once the rule's bound no longer changes: the global norm into the buffer's next row
