@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.models.small_cnn import SmallCNN
 
@@ -661,3 +662,15 @@ class RecordingLogger(Logger):
 
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+class Ops(TorchDispatchMode):
+    """The aten operations dispatched while active (forward, backward and optimizer alike), by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))

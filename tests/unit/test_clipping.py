@@ -20,10 +20,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.helpers import RecordingLogger
+from tests.helpers import Ops, RecordingLogger
 from trainer.callbacks.step_log import StepLog
 from trainer.infra.step_gradients import of_parameters
 from trainer.groups.clipping import (FIXED_ROWS, FixedNorm, GradientClipping, Off, Percentile, Value,
@@ -183,23 +182,10 @@ def test_the_short_path_of_a_fixed_bound_clips_and_counts_as_the_general_path():
         (general.steps_clipped, general.nonfinite_steps, general.steps_seen)
     assert short.steps_clipped > 20 and short.nonfinite_steps == 11
 
-    counter = OpCounter()
     gradients = of_parameters(random_grads(gen, 6.0))
-    with counter:
+    with Ops() as ops:
         short._clip(gradients, sharded=False)
-    assert counter.count == 7
-
-
-class OpCounter(TorchDispatchMode):
-    """The aten operations dispatched while active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
+    assert len(ops.names) == 7
 
 
 def test_rolling_window_follows_the_last_pre_clip_norms():

@@ -6,20 +6,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers import Ops
 from trainer.infra.step_gradients import of_parameters, step_gradients
 from trainer.infra.step_undo import StepUndo
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
 
 
 def with_grads(*shapes: tuple[int, ...], dtype: torch.dtype = torch.float32) -> list[nn.Parameter]:
