@@ -102,7 +102,7 @@ TINY = ["data=synthetic", "data.shape=[3,16,16]", "data.batch_size=4", "data.tra
 
 
 class Result:
-    def __init__(self, proc: subprocess.CompletedProcess[str], run_dir: Path) -> None:
+    def __init__(self, proc: subprocess.CompletedProcess[str], run_dir: Path | None) -> None:
         self.returncode = proc.returncode
         self.stdout = proc.stdout
         self.stderr = proc.stderr
@@ -110,6 +110,7 @@ class Result:
 
     @property
     def summary(self) -> dict[str, Any]:
+        assert self.run_dir is not None, "a run of train.py has a run folder; python_forked's commands do not"
         return json.loads((self.run_dir / "summary.json").read_text())
 
     def __repr__(self) -> str:
@@ -149,17 +150,38 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
         return child.wait(timeout)
 
 
-class ForkedRun:
-    """`train_forked` started without waiting for it: the child leads a process group of its own
-    (with its loader workers), so `kill` ends all of it at once, as a lost node would."""
+def python_forked(python_args: Sequence[str], cwd: Path = REPO, env: dict[str, str] | None = None,
+                  timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python PYTHON_ARGS` (a script and its arguments, or `-m MODULE ...`) run as `train_forked`
+    runs train.py: in a forked child, in `cwd`, with `env` as its whole environment (this process's,
+    less HYDRA_FULL_ERROR, by default), on the CPU; returns what `subprocess.run(...,
+    capture_output=True, text=True)` would. For commands whose claim is not about a fresh
+    interpreter: what the environment does at interpreter start (PYTHONPATH, PYTHONWARNINGS, an
+    extra hidden from imports) needs `subprocess`."""
+    with ForkedRun(None, None, python_args=python_args, cwd=cwd, env=env) as child:
+        done = child.wait(timeout)
+    return subprocess.CompletedProcess(list(python_args), done.returncode, done.stdout, done.stderr)
 
-    def __init__(self, args: Sequence[str], run_dir: Path, setup: Callable[[], None] | None = None) -> None:
+
+class ForkedRun:
+    """`train_forked` (or, given `python_args`, `python_forked`) started without waiting for it: the
+    child leads a process group of its own (with its loader workers), so `kill` ends all of it at
+    once, as a lost node would."""
+
+    def __init__(self, args: Sequence[str] | None, run_dir: Path | None, setup: Callable[[], None] | None = None,
+                 python_args: Sequence[str] | None = None, cwd: Path = REPO,
+                 env: dict[str, str] | None = None) -> None:
         import tempfile
 
         import hydra  # noqa: F401
         import lightning  # noqa: F401 - imported once here, inherited by every child
 
-        self.args = [*args, *ON_CPU] if not _pins_accelerator(args) else list(args)
+        if python_args is None:
+            assert args is not None and run_dir is not None
+            self.args = [*args, *ON_CPU] if not _pins_accelerator(args) else list(args)
+            python_args = [str(REPO / "train.py"), *self.args, f"hydra.run.dir={run_dir}"]
+        else:
+            self.args = list(python_args)
         self.run_dir = run_dir
         self._tmp = tempfile.TemporaryDirectory()
         self._out, self._err = Path(self._tmp.name) / "stdout", Path(self._tmp.name) / "stderr"
@@ -168,11 +190,14 @@ class ForkedRun:
         sys.stderr.flush()
         self.pid = os.fork()
         if self.pid == 0:
-            self._become_train_py(setup)
+            self._become_python(list(python_args), cwd, env, setup)
 
-    def _become_train_py(self, setup: Callable[[], None] | None) -> None:
-        """In the child: `python train.py ARGS`, then exit with its status."""
+    def _become_python(self, python_args: list[str], cwd: Path, env: dict[str, str] | None,
+                       setup: Callable[[], None] | None) -> None:
+        """In the child: `python PYTHON_ARGS` (train.py's, or another script or module), then exit
+        with its status."""
         import runpy
+        import warnings
 
         code = 1
         try:
@@ -184,20 +209,33 @@ class ForkedRun:
             # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
             sys.stdout = open(1, "w", buffering=1, closefd=False)
             sys.stderr = open(2, "w", buffering=1, closefd=False)
+            if env is not None:
+                os.environ.clear()
+                os.environ.update(env)
             os.environ.pop("HYDRA_FULL_ERROR", None)
+            os.chdir(cwd)
             # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
             # DataLoader workers) and enough for a run that is meant to stop early.
             torch.set_num_threads(1)
             # No CUDA in a forked child (see train_forked): report none, so nothing touches it.
             torch.cuda.is_available = lambda: False  # type: ignore[assignment]
             torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
-            sys.argv = [str(REPO / "train.py"), *self.args, f"hydra.run.dir={self.run_dir}"]
+            # runpy's note that the module ran is already imported here (this process's tests import it).
+            warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package",
+                                    category=RuntimeWarning)
             if setup is not None:
                 setup()
             try:
-                runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+                if python_args[0] == "-m":
+                    sys.argv = [python_args[1], *python_args[2:]]
+                    runpy.run_module(python_args[1], run_name="__main__", alter_sys=True)
+                else:
+                    sys.argv = list(python_args)
+                    runpy.run_path(python_args[0], run_name="__main__")
                 code = 0
             except SystemExit as ex:
+                if ex.code is not None and not isinstance(ex.code, int):
+                    print(ex.code, file=sys.stderr)  # as Python prints sys.exit("message")
                 code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
             except BaseException:  # noqa: BLE001 - an uncaught error prints its traceback, as Python would
                 import traceback
@@ -231,7 +269,7 @@ class ForkedRun:
             if time.monotonic() > deadline:
                 self.kill()
                 os.waitpid(self.pid, 0)
-                raise TimeoutError(f"train.py {' '.join(self.args)} did not finish in {timeout} s")
+                raise TimeoutError(f"{' '.join(self.args)} did not finish in {timeout} s")
             time.sleep(0.02)
         assert self._status is not None
         proc = subprocess.CompletedProcess(self.args, os.waitstatus_to_exitcode(self._status),

@@ -7,14 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from tests.helpers import REPO
+from tests.helpers import python_forked
 from trainer.deploy.export import TOLERANCE, checked_eval, export_run, onnx_logits, program_logits
 from trainer.infra.errors import UserError
 
@@ -74,8 +73,7 @@ def test_a_network_not_ready_for_inference_is_refused_naming_the_module(net, say
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.deploy", "export", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return python_forked(["-m", "trainer.deploy", "export", *args])
 
 
 def test_what_is_not_a_run_or_not_this_models_checkpoint_is_one_line(digits_run, tmp_path, capsys):

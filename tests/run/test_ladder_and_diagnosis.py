@@ -7,13 +7,11 @@ worker sweep (skipped with a note for data made on the device) and no summary.js
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.helpers import REPO, run_in_process, write_digit_pngs
+from tests.helpers import REPO, python_forked, run_in_process, train_forked, write_digit_pngs
 
 pytestmark = pytest.mark.run
 
@@ -24,11 +22,10 @@ STAGES = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channe
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
     sweep = tmp_path_factory.mktemp("ladder")
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "-m", "+ladder=resnet18_cpu", "model=small_cnn", "data=synthetic",
+    proc = python_forked(
+        [str(REPO / "train.py"), "-m", "+ladder=resnet18_cpu", "model=small_cnn", "data=synthetic",
          "data.shape=[3,8,8]", "data.batch_size=4", "data.train_samples=64", "data.val_samples=8", "trainer.max_steps=16",
-         "progress=off", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+         "progress=off", f"hydra.sweep.dir={sweep}"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sweep, proc
 
@@ -57,8 +54,7 @@ def test_the_comparison_is_printed_and_saved_as_markdown_and_png(ladder):
 def test_the_report_command_rewrites_the_comparison(ladder):
     sweep, _ = ladder
     (sweep / "comparison.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(sweep)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = python_forked(["-m", "trainer.measure.comparison", str(sweep)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (sweep / "comparison.md").is_file() and "resnet50_compile" in proc.stdout
 
@@ -139,8 +135,7 @@ def test_profile_records_steps_of_the_real_loop_and_writes_its_tables(tmp_path):
 
 
 def test_profile_and_diagnose_together_are_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "train.py", "profile=true", "diagnose=true",
-                             f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = train_forked(["profile=true", "diagnose=true"], tmp_path)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
         "error: profile: diagnose=true and profile=true both replace training; allowed: one of them")
 
@@ -181,7 +176,6 @@ def test_batch_size_auto_on_the_cpu_fits_the_budget_and_rederives_lr_and_weight_
 
 
 def test_batch_size_auto_on_the_cpu_without_a_budget_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "train.py", "data.batch_size=auto", "trainer.accelerator=cpu",
-                             f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = train_forked(["data.batch_size=auto", "trainer.accelerator=cpu"], tmp_path)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1].startswith(
         "error: data.memory_budget_gb: missing: data.batch_size=auto on a CPU sizes the batch to a memory budget")

@@ -9,7 +9,6 @@ import asyncio
 import base64
 import http.client
 import json
-import os
 import shutil
 import signal
 import socket
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, python_forked
 from trainer.data.digits import DigitsDataModule
 from trainer.deploy.export import onnx_logits
 from trainer.deploy.load import ServerProcess, client_samples, load_run
@@ -307,8 +306,7 @@ def test_a_tiny_load_run_measures_both_servers(digits_run):
 def test_serve_and_load_mistakes_are_one_line(digits_run, tmp_path, args, says):
     run_dir, _ = digits_run
     argv = [a.format(tmp=tmp_path, run=run_dir) for a in args]
-    result = subprocess.run([sys.executable, "-m", "trainer.deploy", *argv], cwd=REPO, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    result = python_forked(["-m", "trainer.deploy", *argv])
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and says in lines[0], result.stderr
 
@@ -326,6 +324,8 @@ def test_a_port_in_use_and_a_model_that_does_not_load_end_in_one_line(digits_run
         port = str(taken.getsockname()[1])
         for argv, says in (([str(run_dir), "--port", port], f"127.0.0.1:{port} cannot be listened on"),
                            ([str(broken), "--port", str(free_port())], "could not load and warm up the model")):
+            # A new interpreter, not python_forked: the server starts LitServe's processes, and a fork of
+            # a fork of this multi-threaded pytest can hang in a lock it inherited (seen: a process left over).
             result = subprocess.run([sys.executable, "-m", "trainer.deploy", "serve", *argv], cwd=REPO,
                                     capture_output=True, text=True, timeout=300)
             last = result.stderr.strip().splitlines()[-1]

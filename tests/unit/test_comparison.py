@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from tests.helpers import python_forked
 from trainer.measure.comparison import (
     ComparisonCallback,
     SweepJob,
@@ -227,8 +226,7 @@ def test_empty_or_missing_folder_is_a_user_error(tmp_path: Path):
 
 
 def test_cli_writes_and_prints(sweep: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(sweep)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = python_forked(["-m", "trainer.measure.comparison", str(sweep)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "| resnet50_bf16 | precision.name=bf16_mixed | 200 | 2.00x |" in proc.stdout
     assert str(sweep / "comparison.png") in proc.stdout
@@ -236,8 +234,7 @@ def test_cli_writes_and_prints(sweep: Path):
 
 
 def test_cli_on_an_empty_folder_exits_2_with_one_line(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "trainer.measure.comparison", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = python_forked(["-m", "trainer.measure.comparison", str(tmp_path)], timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
     assert str(tmp_path) in proc.stderr and "Traceback" not in proc.stderr

@@ -10,14 +10,13 @@ a corpus and its tokenization, too slow for a unit test (a real run folder was c
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tests.helpers import python_forked
 from trainer.deploy.export import NET_PREFIX
 from trainer.generate import main
 from trainer.groups.checkpointing import load_checkpoint
@@ -145,7 +144,6 @@ def test_bad_options_are_one_line(run_dir, fake_loader, capsys, argv, fragment):
 
 def test_the_module_runs_from_the_command_line(tmp_path):
     """`python -m trainer.generate` is the entry point: a missing folder is exit code 2, one line, no traceback."""
-    done = subprocess.run([sys.executable, "-m", "trainer.generate", str(tmp_path / "nowhere"), "--prompt", "hi"],
-                          capture_output=True, text=True, timeout=120)
+    done = python_forked(["-m", "trainer.generate", str(tmp_path / "nowhere"), "--prompt", "hi"], timeout=120)
     assert done.returncode == EXIT_USER_ERROR and done.stdout == ""
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
