@@ -6,8 +6,9 @@ and crashed in step 43, it leaves one folder, a failed summary and a mid-epoch l
 which a resumed run ends with weights equal, tensor for tensor, to the uninterrupted run's.
 Preempted with USR2 reaching only one of them, both stop at the same step, and the run carries on
 from there exactly. Killed outright (both processes at once, as a lost node) at three seeded
-moments, during training, during the test and halfway through the completed summary, it completes
-with resume=if_any to the uninterrupted run's weights and metrics. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
+moments one after the other, during training, during the resumed run's test and halfway through the
+next resume's completed summary, it completes with resume=if_any to the uninterrupted run's weights
+and metrics. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
 
 These start real processes (each imports torch and Lightning), so they are marked slow; CI runs them.
 """
@@ -196,10 +197,12 @@ def test_lr_find_gives_both_processes_rank_zeros_lr(tmp_path, launcher):
 
 def test_killed_at_three_moments_resumes_to_the_uninterrupted_result(reference, tmp_path):
     """Both processes killed at once (SIGKILL to the job's process group from rank 0) at a drawn
-    training step, as a drawn test batch ends, and halfway through writing the completed summary;
-    each time `resume=if_any` completes the run with the uninterrupted run's final weights and
-    train, validation and test metrics. Checkpoints every 4 steps, so a resume inside an epoch also
-    restores each process's running training metrics."""
+    training step, then, resumed with `resume=if_any`, as a drawn test batch ends, then, resumed
+    again, halfway through writing the completed summary; the last resume completes the run with the
+    uninterrupted run's final weights and train, validation and test metrics. One chain of four
+    launches, not three pairs: each resume but the last must carry its run on to the next moment (a
+    resume after a resume), and two launches of two processes are saved. Checkpoints every 4 steps,
+    so a resume inside an epoch also restores each process's running training metrics."""
     seed = int(os.environ.get("KILL_SEED") or random.SystemRandom().randrange(10**6))
     draw = random.Random(seed)
     expected = json.loads((reference / "summary.json").read_text())
@@ -209,19 +212,21 @@ def test_killed_at_three_moments_resumes_to_the_uninterrupted_result(reference, 
     step, batch = draw.randint(4, expected["steps"] - 1), draw.randint(1, 3)  # 135 test samples a process: 3 batches
     print(f"\nDDP kill draw: KILL_SEED={seed}: step {step}, test batch {batch}, the summary")
     expected_weights = _weights(Path(expected["final_checkpoint"]))
-    for moment, number in (("step", step), ("test_batch", batch), ("summary", 0)):
-        root = tmp_path / moment
-        args = [sys.executable, str(REPO / "train.py"), *REFERENCE, "run.name=killed", "checkpointing.every_n_steps=4"]
-        killed = _launch([*args, "+callbacks.kill._target_=tests.helpers.KillJobAt", f"+callbacks.kill.moment={moment}",
-                          f"+callbacks.kill.number={number}"], root)
+    root = tmp_path / "killed"
+    args = [sys.executable, str(REPO / "train.py"), *REFERENCE, "run.name=killed", "checkpointing.every_n_steps=4"]
+    for launch, (moment, number) in enumerate((("step", step), ("test_batch", batch), ("summary", 0))):
+        killed = _launch([*args, *(["resume=if_any"] if launch else []), "+callbacks.kill._target_=tests.helpers.KillJobAt",
+                          f"+callbacks.kill.moment={moment}", f"+callbacks.kill.number={number}"], root)
         assert killed.returncode == -9, (moment, killed.stderr[-3000:])
-        resumed = _launch([*args, "resume=if_any"], root)
-        assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, (moment, resumed.stderr[-3000:])
-        summaries = sorted(root.glob("runs/*/*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
-        summary = json.loads(summaries[-1].read_text())
-        assert summary["status"] == "completed" and summary["steps"] == expected["steps"], moment
-        assert summary["attempts"][0]["status"] == "killed", summary["attempts"]
-        assert {k: v for k, v in summary["metrics"].items() if k != "perf"} == \
-            {k: v for k, v in expected["metrics"].items() if k != "perf"}, moment
-        got = _weights(Path(summary["final_checkpoint"]))
-        assert all(torch.equal(expected_weights[k], got[k]) for k in expected_weights), moment
+    resumed = _launch([*args, "resume=if_any"], root)
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    summaries = sorted(root.glob("runs/*/*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
+    summary = json.loads(summaries[-1].read_text())
+    assert summary["status"] == "completed" and summary["steps"] == expected["steps"]
+    # The launches killed in training and in the test are killed attempts; the third was killed after
+    # its run had completed (writing the completed summary), which the last launch finds and keeps.
+    assert [a["status"] for a in summary["attempts"]][:2] == ["killed", "killed"], summary["attempts"]
+    assert {k: v for k, v in summary["metrics"].items() if k != "perf"} == \
+        {k: v for k, v in expected["metrics"].items() if k != "perf"}
+    got = _weights(Path(summary["final_checkpoint"]))
+    assert all(torch.equal(expected_weights[k], got[k]) for k in expected_weights)
