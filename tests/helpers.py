@@ -146,8 +146,15 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
     `args` unless they name an accelerator themselves, and the child's torch reports no CUDA device,
     so that nothing in the run (the environment fingerprint, Lightning's device report) tries to
     initialize it. GPU behaviour is tested through `run_in_process`, `train` and tests/gpu/."""
-    with ForkedRun(args, run_dir, setup) as child:
+    with ForkedRun(train_py_argv(args, run_dir), run_dir, setup) as child:
         return child.wait(timeout)
+
+
+def train_py_argv(args: Sequence[str], run_dir: Path) -> list[str]:
+    """What follows `python` for `train_forked`'s run: train.py, `args` pinned to the CPU unless they
+    name an accelerator, and the run folder."""
+    pinned = list(args) if _pins_accelerator(args) else [*args, *ON_CPU]
+    return [str(REPO / "train.py"), *pinned, f"hydra.run.dir={run_dir}"]
 
 
 def python_forked(python_args: Sequence[str], cwd: Path = REPO, env: dict[str, str] | None = None,
@@ -158,30 +165,24 @@ def python_forked(python_args: Sequence[str], cwd: Path = REPO, env: dict[str, s
     capture_output=True, text=True)` would. For commands whose claim is not about a fresh
     interpreter: what the environment does at interpreter start (PYTHONPATH, PYTHONWARNINGS, an
     extra hidden from imports) needs `subprocess`."""
-    with ForkedRun(None, None, python_args=python_args, cwd=cwd, env=env) as child:
+    with ForkedRun(python_args, cwd=cwd, env=env) as child:
         done = child.wait(timeout)
     return subprocess.CompletedProcess(list(python_args), done.returncode, done.stdout, done.stderr)
 
 
 class ForkedRun:
-    """`train_forked` (or, given `python_args`, `python_forked`) started without waiting for it: the
-    child leads a process group of its own (with its loader workers), so `kill` ends all of it at
-    once, as a lost node would."""
+    """`python_forked` (for train.py: `train_py_argv` and its `run_dir`, as `train_forked`) started
+    without waiting for it: the child leads a process group of its own (with its loader workers), so
+    `kill` ends all of it at once, as a lost node would."""
 
-    def __init__(self, args: Sequence[str] | None, run_dir: Path | None, setup: Callable[[], None] | None = None,
-                 python_args: Sequence[str] | None = None, cwd: Path = REPO,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, python_args: Sequence[str], run_dir: Path | None = None,
+                 setup: Callable[[], None] | None = None, cwd: Path = REPO, env: dict[str, str] | None = None) -> None:
         import tempfile
 
         import hydra  # noqa: F401
         import lightning  # noqa: F401 - imported once here, inherited by every child
 
-        if python_args is None:
-            assert args is not None and run_dir is not None
-            self.args = [*args, *ON_CPU] if not _pins_accelerator(args) else list(args)
-            python_args = [str(REPO / "train.py"), *self.args, f"hydra.run.dir={run_dir}"]
-        else:
-            self.args = list(python_args)
+        self.args = list(python_args)
         self.run_dir = run_dir
         self._tmp = tempfile.TemporaryDirectory()
         self._out, self._err = Path(self._tmp.name) / "stdout", Path(self._tmp.name) / "stderr"
@@ -190,7 +191,7 @@ class ForkedRun:
         sys.stderr.flush()
         self.pid = os.fork()
         if self.pid == 0:
-            self._become_python(list(python_args), cwd, env, setup)
+            self._become_python(self.args, cwd, env, setup)
 
     def _become_python(self, python_args: list[str], cwd: Path, env: dict[str, str] | None,
                        setup: Callable[[], None] | None) -> None:

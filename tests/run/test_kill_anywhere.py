@@ -28,7 +28,8 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, ForkedRun, Result, kill_during_save, kill_writing_completed_summary, train_forked
+from tests.helpers import (ON_CPU, ForkedRun, Result, kill_during_save, kill_writing_completed_summary,
+                           train_forked, train_py_argv)
 
 pytestmark = pytest.mark.run
 
@@ -131,7 +132,7 @@ def test_killed_at_any_moment_resumes_to_the_uninterrupted_result(tmp_path, refe
         root = tmp_path / f"moment{number}"
         args = [*RUN, f"run.root={root}", "run.name=killed"]
         first = root / "first"
-        with ForkedRun([*args, *faulty], first, setup=fault) as child:
+        with ForkedRun(train_py_argv([*args, *faulty], first), first, setup=fault) as child:
             if at is not None:
                 deadline = time.monotonic() + at
                 while time.monotonic() < deadline and not child.done():
