@@ -92,13 +92,15 @@ def test_diagnose_under_ddp_times_the_all_reduce_and_rank_zero_alone_writes(tmp_
     assert comm["processes"] == 2 and comm["backend"] == "gloo" and comm["dtype"] == "float32"
     # Every gradient of the default small CNN, in fp32, once per step.
     assert comm["gradient_bytes"] == 4 * record["context"]["parameters"]
-    assert 0 < comm["alone_ms"] < full, comm
-    # Exposed is a difference of two timed medians: on two loaded cores the backward can hide the whole
-    # all-reduce and the difference fall below zero (CI once saw -1.39 ms). Below zero counts as none, and the
-    # diagnosis says so when the figure is within its noise; no assertion here hangs on the sign.
+    # The three figures are separately timed medians on two cores the two processes share: no assertion here
+    # orders them. CI once saw exposed at -1.39 ms (the backward hid the whole all-reduce) and once at 70 ms
+    # against a 51 ms full step (the no_sync steps ran faster than the full ones by more than a step).
+    # What is checked is that each is a finite measurement and that every figure derived from them agrees.
+    assert comm["alone_ms"] > 0 and math.isfinite(comm["alone_ms"]), comm
+    assert comm["alone_share_of_full_step"] == pytest.approx(comm["alone_ms"] / full)
     exposed = comm["exposed_ms"]
-    counted = max(0.0, exposed)
-    assert math.isfinite(exposed) and exposed < full, comm
+    counted = max(0.0, exposed)  # below zero counts as none; the diagnosis says so when within its noise
+    assert math.isfinite(exposed), comm
     assert comm["exposed_share_of_full_step"] == pytest.approx(counted / full)
     assert record["shares_of_full_step"].get("all-reduce (exposed)", 0.0) == pytest.approx(counted / full)
     assert record["derived_ms"]["all_reduce_exposed"] == pytest.approx(counted)

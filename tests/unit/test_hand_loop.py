@@ -69,26 +69,30 @@ def test_its_loss_falls_and_the_framework_ran_the_same_work(run):
 
 
 class _Steps:
-    """A loop whose step i takes (i + 1) ms: what `time_windows` must cut into windows."""
+    """A loop whose step i takes (i + 1) ms of a fake clock: what `time_windows` must cut into windows.
+    The clock is fake so that the windows' lengths are exact, not at the mercy of sleep on a loaded machine."""
 
     def __init__(self) -> None:
         self.started: list[int] = []
+        self.now = 0.0
 
     def run(self, steps, on_step_start=None):
-        import time
-
         for index in range(steps):
             on_step_start(index)
             self.started.append(index)
-            time.sleep((index + 1) / 1000)
+            self.now += (index + 1) / 1000
 
 
-def test_time_windows_cuts_full_windows_from_step_starts():
+def test_time_windows_cuts_full_windows_from_step_starts(monkeypatch):
     """warm-up 2, windows of 3 steps: steps 2-4 and 5-7 timed, from step starts; step 8 only ends the last."""
+    import types
+
+    import hand_loop
+
     loop = _Steps()
+    monkeypatch.setattr(hand_loop, "time", types.SimpleNamespace(perf_counter=lambda: loop.now))
     seconds = time_windows(loop, steps_for(2, warmup=2, window=3), 2, 3, torch.device("cpu"))
     assert loop.started == list(range(9)) and len(seconds) == 2
-    assert seconds[0] == pytest.approx(0.012, abs=0.01) and seconds[1] == pytest.approx(0.021, abs=0.01)
-    assert seconds[1] > seconds[0]
+    assert seconds == pytest.approx([0.003 + 0.004 + 0.005, 0.006 + 0.007 + 0.008])
     with pytest.raises(ValueError, match="no full window"):
         time_windows(loop, 5, 2, 3, torch.device("cpu"))
