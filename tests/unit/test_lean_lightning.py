@@ -119,3 +119,54 @@ def test_a_logged_state_already_on_the_device_is_not_walked_again_and_one_elsewh
 def test_lightnings_logged_state_is_moved_with_the_call_the_fast_path_expects():
     source = inspect.getsource(result._ResultCollection.log)
     assert "self[key].to(value.device)" in source
+
+
+class LogStepProbe(Callback):
+    """At every point a callback can ask, `at_log_step` beside Lightning's own `should_update_logs`;
+    tells the fit to stop at the start of batch `stop_at` (Lightning counts a step that ends a fit
+    as a log step too)."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at, self.seen = stop_at, []
+
+    def _compare(self, trainer: L.Trainer, where: str) -> None:
+        from trainer.callbacks.steps import at_log_step
+
+        self.seen.append((where, trainer.global_step, at_log_step(trainer),
+                          bool(trainer._logger_connector.should_update_logs)))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._compare(trainer, "train start")
+        if batch_idx == self.stop_at:
+            trainer.should_stop = True
+            self._compare(trainer, "told to stop")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._compare(trainer, "train end")
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self._compare(trainer, "validation end")
+
+
+class TinyWithValidation(Tiny):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.log("val/loss", self.net(batch[0]).square().mean())
+
+
+@pytest.mark.parametrize("every, accumulate", [(3, 1), (2, 2), (0, 1)])
+def test_at_log_step_answers_as_lightnings_own_rule_in_training_validation_accumulation_and_a_stop(every, accumulate):
+    """trainer/callbacks/steps.py reads the fit loop's case of Lightning's `should_update_logs`
+    directly (Lightning's property finds the running loop at 3.5 us a call): at each batch's start
+    and end, under gradient accumulation, in validation, with logging off, and at the batch where
+    the fit is told to stop, both say the same."""
+    probe = LogStepProbe(stop_at=10)
+    data = DataLoader(TensorDataset(torch.randn(24, 3)), batch_size=2)
+    L.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False, log_every_n_steps=every, accumulate_grad_batches=accumulate,
+              val_check_interval=4, callbacks=[probe]).fit(TinyWithValidation(), train_dataloaders=data,
+                                                           val_dataloaders=DataLoader(TensorDataset(torch.randn(4, 3)),
+                                                                                      batch_size=2))
+    assert {where for where, *_ in probe.seen} == {"train start", "told to stop", "train end", "validation end"}
+    assert [row for row in probe.seen if row[2] != row[3]] == []
+    if every:  # both answers were True somewhere and False somewhere: the comparison compared something
+        assert {answer for *_, answer, _ in probe.seen} == {True, False}
