@@ -1,7 +1,7 @@
 """A crash mid-run keeps what was saved and records what happened: a crash (exit 1) leaves a
 loadable last.ckpt of the epoch before and a summary.json with status failed; an injected CUDA
 out-of-memory error ends in one line naming the batch size and the switches that need less
-memory, with last.ckpt intact."""
+memory, with last.ckpt intact, also where data.batch_size=auto chose the batch."""
 
 import pytest
 import torch
@@ -44,3 +44,30 @@ def test_out_of_memory_is_one_line_naming_the_batch_size_and_earlier_checkpoints
     assert summary["status"] == "failed" and "OutOfMemoryError" in summary["error"]
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 19
+
+
+#: Past the forward calls of the finder's memory measurement (an out-of-memory there is the finder's
+#: own case); the finder takes the whole training split as the batch here, so an epoch is one step.
+FAIL_AT_UNDER_AUTO = 6
+
+
+def test_out_of_memory_under_batch_size_auto_names_the_batch_the_finder_chose(tmp_path, capsys):
+    """With data.batch_size=auto the config holds "auto", not a number: the line names the batch the
+    finder chose and halves that (the failure handler once did int("auto") and ended in a traceback)."""
+    import json
+
+    from tests.helpers import run_in_process
+
+    with pytest.raises(SystemExit) as stopped:
+        run_in_process(["model=custom", "model._target_=tests.helpers.MemoryHungryMLP",
+                        f"+model.fail_at={FAIL_AT_UNDER_AUTO}", "data.batch_size=auto", "data.memory_budget_gb=0.02",
+                        "trainer.accelerator=cpu", "trainer.max_epochs=8", "trainer.num_sanity_val_steps=0",
+                        "progress=off"], tmp_path)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    batch = json.loads((tmp_path / "batch_size_auto.json").read_text())["batch_size"]
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: data.batch_size: out of device memory at batch size {batch} "
+                             "(what data.batch_size=auto found)"), err[0]
+    assert f"data.batch_size={batch // 2} with trainer.accumulate_grad_batches=2" in err[0]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"

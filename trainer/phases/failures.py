@@ -31,8 +31,10 @@ def was_interrupted(ex: BaseException) -> bool:
     return isinstance(ex, (KeyboardInterrupt, StoppedBySignal, SIGTERMException))
 
 
-def ending_for(ex: BaseException, spec: RunSpec, last_checkpoint: str | None) -> BaseException | None:
+def ending_for(ex: BaseException, spec: RunSpec, batch_size: int, last_checkpoint: str | None) -> BaseException | None:
     """The exception a failed fit should end the process with, or None to re-raise `ex` as it is.
+    `batch_size`: the per-device batch the run trained with (the plan's: what data.batch_size=auto
+    found, where it was asked to find one).
 
     The summary and the checkpoints are already written when this is asked: nothing is lost.
     """
@@ -51,19 +53,19 @@ def ending_for(ex: BaseException, spec: RunSpec, last_checkpoint: str | None) ->
             ex.hand_over()
         return SystemExit(128 + ex.signum)
     if isinstance(ex, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError in newer torch
-        return out_of_memory(ex, spec, last_checkpoint)
+        return out_of_memory(ex, spec, batch_size, last_checkpoint)
     failure = loader_failure(ex)  # a loader worker that raised or died: one line
     return failure if failure is not None and failure is not ex else None
 
 
-def out_of_memory(ex: BaseException, spec: RunSpec, last_checkpoint: str | None) -> UserError:
+def out_of_memory(ex: BaseException, spec: RunSpec, batch: int, last_checkpoint: str | None) -> UserError:
     """Device memory ran out: one line with the batch size and the switches that need less memory
     (what was saved before stays as it was: checkpoints are only ever replaced atomically)."""
-    batch = int(spec.data["batch_size"])
     saved = f"; the last checkpoint is intact: {last_checkpoint}" if last_checkpoint and Path(
         last_checkpoint).is_file() else ""
     reason = first_line(ex, 160) or "out of memory"
-    return UserError("data.batch_size", f"out of device memory at batch size {batch} ({reason}){saved}",
+    found = " (what data.batch_size=auto found)" if spec.data.get("batch_size") == "auto" else ""
+    return UserError("data.batch_size", f"out of device memory at batch size {batch}{found} ({reason}){saved}",
                      f"data.batch_size={max(1, batch // 2)} with trainer.accumulate_grad_batches="
                      f"{2 * int(spec.trainer.get('accumulate_grad_batches', 1))} (same global batch), "
                      "precision=bf16_mixed, model.activation_checkpointing=[STAGE,...], a smaller data.image_size")

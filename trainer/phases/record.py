@@ -118,7 +118,7 @@ def record_failure(run: Run, ex: BaseException) -> BaseException | None:
                **attempts.totals([*identity.earlier_attempts,
                                   attempts.ended(identity.attempt, status, steps, signum, record.working)]))
     last = built.checkpoint.last_model_path if built.checkpoint is not None else None
-    return ending_for(ex, run.spec, last)
+    return ending_for(ex, run.spec, run.plan.batch_size, last)
 
 
 def _ending_status(ex: BaseException) -> str:
