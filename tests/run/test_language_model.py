@@ -5,7 +5,7 @@ corpus's unigram baseline, with tokens/s, the FLOPs per token and the batch in t
 folder of the person's own text trains with bucketed sequences and the run's model writes text
 through `python -m trainer.generate`; the trained model exports (torch.export and ONNX checked
 against PyTorch) and the image server refuses it in one line; what cannot apply to a language model
-refuses in one line before anything trains.
+refuses in one line before anything trains; optimizer.lr=find moves its lr by the batch in tokens.
 """
 
 from __future__ import annotations
@@ -140,3 +140,21 @@ def test_bucketed_batches_compile_with_dynamic_shapes_and_the_summary_records_th
     compiled = summary["compiled"]
     assert compiled["dynamic"] is True and compiled["graph_breaks"] == 0
     assert 1 <= compiled["graphs"] <= 3, compiled  # train and evaluation graphs, not one per padded length
+
+
+def test_lr_find_with_a_language_model_moves_the_found_lr_by_the_batch_in_tokens(tmp_path):
+    """The range test records its batch in sequences; the language model's rules scale by tokens. The
+    found lr moves by the ratio of the run's batch to the test's, both in tokens: with 2 batches
+    accumulated, sqrt(2) under AdamW's sqrt rule (it once moved by sqrt(2 x 128), the tokens per
+    sequence counted on one side only)."""
+    import math
+
+    run_dir = tmp_path / "run"
+    summary = run_in_process([*SHORT_RECIPE, "optimizer.lr=find", "optimizer.find_steps=20", "trainer.max_steps=2",
+                              "trainer.accumulate_grad_batches=2", "trainer.val_check_interval=1.0",
+                              "trainer.limit_val_batches=1", "checkpointing=off"], run_dir)
+    record = json.loads((run_dir / "lr_find.json").read_text())
+    assert record["batch_size"] == 32  # sequences of 128 tokens: 4,096 tokens
+    derived = summary["derived"]["optimizer.lr"]
+    assert derived["value"] == pytest.approx(record["lr"] * math.sqrt(2), abs=1e-10)
+    assert " at batch 4096 tokens -> " in derived["how"] and " at batch 8192 tokens (sqrt rule, x1.414)" in derived["how"]

@@ -234,7 +234,10 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     decode, how = datamodule.resolve_decode(cuda=accelerator == "cuda")
     derived["data.decode"] = Derived(decode, how)
     resize = _progressive_resize(spec, parts, global_batch, derived)
-    recipe = _optimizer(spec, probe, net, global_batch * units, lr, derived)
+    # The rules scale by the batch in the task's unit (tokens for a language model); the range test's
+    # batch is in samples: counted in the same unit first, or the found lr moves by units-per-sample too.
+    found = lr.in_units(definition.unit, units) if lr is not None else None
+    recipe = _optimizer(spec, probe, net, global_batch * units, found, derived)
     tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
     flops, (peak, peak_note), (bf16_peak, bf16_note) = _flops(net, parts, accelerator, probe.precision, tf32, derived)

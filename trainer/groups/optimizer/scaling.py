@@ -12,7 +12,7 @@ moved to the run's global batch B = per-device batch x devices x nodes x accumul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from trainer.groups.optimizer.schema import OptimizerConfig
@@ -55,13 +55,21 @@ class FoundLr:
     """An lr found by the range test (optimizer.lr=find, trainer/modes/lr_finder.py) at `batch`, the
     per-device batch it trained with, and `how` it was found. `shipped` is the lr the optimizer
     choice ships at ref_batch_size (`shipped_from` names the choice): what the batch rule would
-    have started from, for comparison."""
+    have started from, for comparison. `unit`: what `batch` counts (the range test records samples;
+    `in_units` counts them in the task's unit, tokens for a language model, where its batch rules scale)."""
 
     value: float
     batch: int
     how: str
     shipped: float | None = None
     shipped_from: str = ""
+    unit: str = "samples"
+
+    def in_units(self, unit: str, units_per_sample: int) -> "FoundLr":
+        """The same lr with its batch counted in `unit` (`units_per_sample` of them a sample)."""
+        if unit == self.unit:
+            return self
+        return replace(self, batch=self.batch * units_per_sample, unit=unit)
 
 
 def scale_found(found: FoundLr, rule: str, global_batch: int, ref_batch: int) -> Scaled:
@@ -69,10 +77,11 @@ def scale_found(found: FoundLr, rule: str, global_batch: int, ref_batch: int) ->
     process and no accumulation it is used as found), compared with what `rule` gives from the
     shipped lr at `ref_batch`."""
     moved = scale("lr", found.value, rule, global_batch, found.batch)
-    how = f"{found.how} at batch {found.batch}"
+    unit = "" if found.unit == "samples" else f" {found.unit}"  # a batch in the task's unit says so
+    how = f"{found.how} at batch {found.batch}{unit}"
     if global_batch != found.batch:
-        how += (f" -> {moved.value:.6g} at batch {global_batch} ({rule} rule, x{moved.value / found.value:.4g})"
-                if rule != "none" else f", used as found at batch {global_batch} (no batch scaling; rule none)")
+        how += (f" -> {moved.value:.6g} at batch {global_batch}{unit} ({rule} rule, x{moved.value / found.value:.4g})"
+                if rule != "none" else f", used as found at batch {global_batch}{unit} (no batch scaling; rule none)")
     if found.shipped is not None:
         by_rule = scale("lr", found.shipped, rule, global_batch, ref_batch).value
         start = (f"the {rule} rule from {found.shipped_from}'s {found.shipped:g} at batch {ref_batch}" if rule != "none"
