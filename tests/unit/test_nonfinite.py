@@ -234,3 +234,38 @@ def test_a_change_of_the_parameters_with_gradients_reads_the_rows_before_it(tmp_
     step(module, optimizer, guard, trainer)
     assert guard.skipped_steps == 1 and guard.skipped_at == [0]
     assert guard.summary()["skipped_steps"] == 1
+
+
+def test_an_epoch_with_skipped_steps_says_so_in_one_line_and_the_record_keeps_the_first_and_the_latest(
+        tmp_path, caplog):
+    """A NaN in train/loss's epoch mean is explained on screen at the epoch's end (how many steps of
+    the epoch, of the run, the first with its parameter and the latest); an epoch without skips says
+    nothing; the latest skipped step survives a checkpoint."""
+    import logging
+
+    module, guard = Module(), NonFiniteGuard()
+    trainer = fake_trainer(tmp_path, step=0)
+    trainer.is_global_zero, trainer.current_epoch = True, 0
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        for epoch, poisoned in enumerate(((1,), (), (6, 8))):
+            trainer.current_epoch = epoch
+            guard.on_train_epoch_start(trainer, module)
+            for index in range(3):
+                step(module, optimizer, guard, trainer, poison=3 * epoch + index in poisoned)
+            guard.on_train_epoch_end(trainer, module)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("nonfinite: 1 step of epoch 1 skipped (a NaN/Inf loss or gradient;")
+    assert lines[0].endswith("1 in the run, the first at step 1 in body.0.weight")
+    assert lines[1].startswith("nonfinite: 2 steps of epoch 3 skipped")
+    assert lines[1].endswith("3 in the run, the first at step 1 in body.0.weight, the latest at step 8")
+    summary = guard.summary()
+    assert summary["skipped_at"] == [1, 6, 8] and summary["last_skipped"] == 8
+    assert summary["first_nonfinite"] == {"step": 1, "parameter": "body.0.weight"}
+    resumed = NonFiniteGuard()
+    resumed.load_state_dict(guard.state_dict())
+    assert resumed.summary() == summary
+    older = {k: v for k, v in guard.state_dict().items() if k != "last_skipped"}  # written before it was kept
+    resumed.load_state_dict(older)
+    assert resumed.last_skipped == 8

@@ -17,6 +17,7 @@ scaling can cure."""
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 import weakref
@@ -34,6 +35,8 @@ from trainer.infra.on_device import read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
 from trainer.infra.step_gradients import StepGradients, step_gradients
 from trainer.infra.step_undo import StepUndo, state_before_step, zero_new_state
+
+log = logging.getLogger("trainer")
 
 #: Steps recorded in `skipped_at`.
 RECORDED_SKIPS = 100
@@ -127,6 +130,8 @@ class NonFiniteGuard(Callback):
         #: The first skipped step of the run, and the parameter whose gradient was not finite there.
         self.first_nonfinite: dict[str, Any] | None = None
         self.skipped_at: list[int] = []  # the first RECORDED_SKIPS skipped steps, for the record
+        self.last_skipped: int | None = None  # the latest skipped step (skipped_at stops growing)
+        self._skipped_before_epoch = 0  # skipped_steps when the epoch began: what its line counts from
         self.diagnostic_checkpoint: str | None = None
         self._run_start: Optional[dict[str, Any]] = None  # where the current run of bad steps began
         self._loss: torch.Tensor | None = None
@@ -254,9 +259,25 @@ class NonFiniteGuard(Callback):
             return
         self._stop_if_diverged(trainer, self.read_counters())
 
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._skipped_before_epoch = self.skipped_steps
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._table is not None and self._table.steps:
             self._stop_if_diverged(trainer, self.read_counters())
+        skipped = self.skipped_steps - self._skipped_before_epoch
+        if skipped and trainer.is_global_zero:
+            log.warning(self.epoch_line(skipped, int(trainer.current_epoch) + 1))
+
+    def epoch_line(self, skipped: int, epoch: int) -> str:
+        """What the screen says at the end of an epoch with skipped steps: a NaN in its train/loss
+        is explained there, not left to summary.json."""
+        first = self.first_nonfinite or {}
+        steps = "1 step" if skipped == 1 else f"{skipped} steps"
+        latest = f", the latest at step {self.last_skipped}" if self.skipped_steps > 1 else ""
+        return (f"nonfinite: {steps} of epoch {epoch} skipped (a NaN/Inf loss or gradient; the weights left as they "
+                f"were, train/loss's epoch mean includes it); {self.skipped_steps} in the run, the first at step "
+                f"{first.get('step')} in {first.get('parameter')}{latest}")
 
     def logged_values(self) -> dict[str, float]:
         """For the loggers at log steps (trainer/callbacks/step_log.py): the steps skipped so far, as
@@ -272,6 +293,7 @@ class NonFiniteGuard(Callback):
                 self.consecutive, self._run_start = 0, None
                 continue
             self.skipped_steps += 1
+            self.last_skipped = step
             if len(self.skipped_at) < RECORDED_SKIPS:
                 self.skipped_at.append(step)
             if self.consecutive == 0:
@@ -325,19 +347,22 @@ class NonFiniteGuard(Callback):
         self.read_counters()
         return {"mode": self.mode, "max_consecutive": self.max_consecutive, "skipped_steps": self.skipped_steps,
                 "skipped_at": list(self.skipped_at), "first_nonfinite": self.first_nonfinite,
-                "diagnostic_checkpoint": self.diagnostic_checkpoint}
+                "last_skipped": self.last_skipped, "diagnostic_checkpoint": self.diagnostic_checkpoint}
 
     def state_dict(self) -> dict[str, Any]:
         self.read_counters()
         return {"skipped_steps": self.skipped_steps, "consecutive": self.consecutive,
                 "first_nonfinite": self.first_nonfinite, "skipped_at": list(self.skipped_at),
-                "run_start": self._run_start}
+                "last_skipped": self.last_skipped, "run_start": self._run_start}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps = int(state_dict["skipped_steps"])
         self.consecutive = int(state_dict["consecutive"])
         self.first_nonfinite = state_dict["first_nonfinite"]
         self.skipped_at = [int(s) for s in state_dict["skipped_at"]]
+        # (checkpoints written before it was kept: the last recorded skip)
+        last = state_dict.get("last_skipped", self.skipped_at[-1] if self.skipped_at else None)
+        self.last_skipped = None if last is None else int(last)
         self._run_start = state_dict.get("run_start", self.first_nonfinite if self.consecutive else None)
         if self._table is not None:
             self._table.steps = []  # rows of a step the checkpoint came after: already counted in it
