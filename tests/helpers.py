@@ -11,16 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
+import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.models.small_cnn import SmallCNN
+from trainer.tasks.protocol import TaskDefinition
 
 REPO = Path(__file__).resolve().parent.parent
 CONF = REPO / "conf"
@@ -713,3 +715,31 @@ class Ops(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.names.append(str(func.overloadpacket))
         return func(*args, **(kwargs or {}))
+
+
+class DigitIsLarge(TaskDefinition):
+    """A team's own task on the digits: is the digit 5 or more? One logit (the network's first
+    output) under BCEWithLogitsLoss, validation and test AUROC: a metric the framework does not know."""
+
+    unit: ClassVar[str] = "samples"
+    data_kinds: ClassVar[tuple[str, ...]] = ("images",)
+    model_inputs: ClassVar[tuple[str, ...]] = ("num_classes",)
+    objective: ClassVar[str] = "val/auroc"
+
+    def targets(self, batch: Any) -> Any:
+        return (batch[1] >= 5).float()
+
+    def loss(self, outputs: Any, targets: Any, training: bool) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(outputs[:, 0].float(), targets.float())
+
+    def metrics(self, split: str) -> Mapping[str, Any]:
+        from torchmetrics.classification import BinaryAUROC
+
+        return {} if split == "train" else {"auroc": BinaryAUROC()}
+
+    def update_metrics(self, metrics: Mapping[str, Any], outputs: Any, targets: Any) -> None:
+        for metric in metrics.values():
+            metric.update(outputs[:, 0].detach().float(), targets.long())
+
+    def example_batch(self, size: int, device: torch.device) -> tuple[Any, Any]:
+        return torch.randn(size, *self.info.input_shape(), device=device), torch.randint(0, 2, (size,), device=device)

@@ -77,7 +77,7 @@ def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_pat
     assert derived["precision"] == summary["derived"]["precision"]["value"]
 
     # tensorboard: the lr scalars, and the HParams tab's hyper-parameters
-    scalars, session = {}, None
+    scalars, session, shown = {}, None, None
     for events in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
         accumulator = EventAccumulator(str(events))
         accumulator.Reload()
@@ -91,6 +91,8 @@ def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_pat
             data = plugin_data_pb2.HParamsPluginData.FromString(content)
             if data.HasField("session_start_info"):
                 session = data.session_start_info.hparams
+            if data.HasField("experiment"):
+                shown = [info.name.tag for info in data.experiment.metric_infos]
     assert [s for s, _ in scalars["train/lr/pg1"]] == [0, 1, 2, 3]
     assert [v for _, v in scalars["train/lr/pg1"]] == expected
     assert session is not None
@@ -98,6 +100,9 @@ def test_csv_and_tensorboard_get_the_lr_per_step_and_the_resolved_config(tmp_pat
     assert session["derived/optimizer.lr"].number_value == pytest.approx(lr)
     assert session["data/batch_size"].number_value == 4
     assert session["choices/scheduler"].string_value == "warmup_cosine"
+    # beside them, the task's metrics as the run logs them (a team's task names its own)
+    assert shown == ["train/loss_epoch", "train/acc", "val/loss", "val/acc", "val/acc5", "test/loss", "test/acc",
+                     "test/acc5"]
 
 
 def test_the_lr_curves_have_the_same_names_with_a_constant_lr(tmp_path):

@@ -22,6 +22,7 @@ import trainer.callbacks
 from tests.helpers import ON_CPU, compose
 from trainer.callbacks.steps import StepBoundary
 from trainer.configuration.spec import validate
+from trainer.groups.task import logged_metrics
 from trainer.groups.callbacks import ADDED_BY_CONFIG, AveragedWeightsUnderTest, EMAHorizonCheck, build_callbacks
 from trainer.groups.clipping import GradientClipping
 from trainer.infra.errors import UserError
@@ -123,8 +124,18 @@ def test_a_wrong_key_ema_would_hand_on_to_averaged_model_is_one_line_at_validati
 
 
 def test_early_stopping_on_a_metric_the_task_does_not_log_is_refused_before_training():
-    error = refusal("callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy")
-    assert error.where == "callbacks.early_stopping.monitor" and "val/acc" in error.problem
+    """Checked against the task once it is built (trainer/phases/build.py), with the metrics it logs."""
+    from trainer.phases.build import check_metric_names
+    from trainer.tasks.classification import Classification
+
+    spec = validate(compose([*ON_CPU, "callbacks=early_stopping", "callbacks.early_stopping.monitor=val/accuracy"]))
+    task = Classification()
+    task.num_classes = 3
+    with pytest.raises(UserError) as caught:
+        check_metric_names(spec, logged_metrics(task))
+    assert caught.value.where == "callbacks.early_stopping.monitor"
+    assert caught.value.line() == ("callbacks.early_stopping.monitor: 'val/accuracy' is not a metric this task logs; "
+                                   "allowed: train/loss, train/acc, val/loss, val/acc")
 
 
 def test_a_callback_switched_off_with_null_is_left_out():

@@ -41,7 +41,6 @@ def test_default_config_validates_to_the_documented_defaults():
         (["+trainer.precision=16"], "trainer.precision", "precision group"),
         (["+trainer.max_epoch=3"], "trainer.max_epoch", "unknown key for lightning.Trainer"),
         (["trainer.max_epochs=many"], "trainer.max_epochs", "is not an integer"),
-        (["checkpointing.monitor=val/f1"], "checkpointing.monitor", "one of 'val/acc'"),
         (["progress=loud"], "progress", "one of 'auto'"),
         (["+logger.csv.colour=1"], "logger.csv.colour", "unknown key"),
         (["+extra=1"], "extra", "unknown top-level key"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Sequence
 
 import lightning as L
 import numpy as np
@@ -24,8 +25,11 @@ log = logging.getLogger("trainer")
 
 
 class Curves(Callback):
-    def __init__(self, record: LossRecord) -> None:
+    def __init__(self, record: LossRecord, metrics: Sequence[str] = ("val/acc", "train/acc")) -> None:
+        """`metrics`: what the middle panel draws per epoch (the task's headline metric, validation
+        then training: the run gives them; none: the panel says the task logs only losses)."""
         self.record = record
+        self.metrics = tuple(metrics)
         #: One entry per validation: {"epoch", "step", "val/loss", "val/acc", ...}
         self.validations: list[dict[str, float]] = []
         #: One entry per training epoch: {"epoch", "step", "train/acc", "train/loss"} where logged
@@ -90,11 +94,13 @@ class Curves(Callback):
         loss_axes.legend(fontsize=8)
         loss_axes.grid(alpha=0.3)
 
-        for source, name, colour in ((self.validations, "val/acc", "#e6550d"), (self.epochs, "train/acc", "#08519c")):
+        for name in self.metrics:
+            source, colour = (self.validations, "#e6550d") if name.startswith("val/") else (self.epochs, "#08519c")
             points = [(entry["epoch"] + 1, entry[name]) for entry in source if name in entry]
             if points:
                 metric_axes.plot(*zip(*points), "o-", color=colour, markersize=3, label=name)
-        metric_axes.set(title="accuracy per epoch", xlabel="epoch")
+        shown = self.metrics[0].split("/", 1)[1] if self.metrics else "no metric besides the loss"
+        metric_axes.set(title=f"{shown} per epoch", xlabel="epoch")
         metric_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         if metric_axes.lines:
             metric_axes.legend(fontsize=8)

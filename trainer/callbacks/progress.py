@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, RichProgressBar
@@ -29,9 +29,12 @@ class PlainProgress(Callback):
 
     KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
 
-    def __init__(self, every_s: float = 30.0, latest_loss: Callable[[], float | None] | None = None) -> None:
+    def __init__(self, every_s: float = 30.0, latest_loss: Callable[[], float | None] | None = None,
+                 keys: Sequence[str] = KEYS) -> None:
         """`latest_loss`: the newest step's loss (trainer/callbacks/loss_record.py), asked at most
-        every `every_s` seconds."""
+        every `every_s` seconds; `keys`: the metrics an epoch's line shows (the task's: the run
+        gives them)."""
+        self.keys = tuple(keys)
         self.every_s = every_s
         self.latest_loss = latest_loss
         self._last_print = 0.0
@@ -57,7 +60,7 @@ class PlainProgress(Callback):
         metrics = {k.replace("_epoch", ""): v for k, v in trainer.callback_metrics.items()}
         epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else "?"
         log.info(f"epoch {trainer.current_epoch + 1}/{epochs}  step {trainer.global_step}  "
-                 f"{format_metrics(metrics, self.KEYS)}  {now - self._fit_start:.1f}s")
+                 f"{format_metrics(metrics, self.keys)}  {now - self._fit_start:.1f}s")
 
 
 class LogStepRichProgressBar(RichProgressBar):

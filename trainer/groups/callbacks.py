@@ -17,15 +17,14 @@ from typing import Any, Mapping
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import (Callback, DeviceStatsMonitor, EarlyStopping, EMAWeightAveraging,
+from lightning.pytorch.callbacks import (Callback, DeviceStatsMonitor, EMAWeightAveraging,
                                          GradientAccumulationScheduler, LearningRateMonitor, ModelCheckpoint,
                                          ProgressBar, WeightAveraging)
 from torch.optim.swa_utils import AveragedModel
 
-from trainer.groups.checkpointing import MonitoredMetric
 from trainer.infra.errors import UserError
 from trainer.infra.instantiation import construct
-from trainer.infra.schema import (ConfigGroup, Schema, check_mapping, check_target, check_value, locate_target,
+from trainer.infra.schema import (ConfigGroup, Schema, check_mapping, check_target, locate_target,
                                   schema_of_callable)
 
 log = logging.getLogger("trainer")
@@ -186,9 +185,6 @@ def validate(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
         target = locate_target(key, spec["_target_"])
         check_callback(key, target, {k: v for k, v in spec.items() if not (k.startswith("_") and k.endswith("_"))})
         checked = check_target(key, spec)
-        if inspect.isclass(target) and issubclass(target, EarlyStopping) and "monitor" in checked:
-            # Lightning looks the metric up only after the first validation, and stops the run there.
-            check_value(f"{key}.monitor", checked["monitor"], MonitoredMetric)
         callbacks[name] = checked
     return callbacks
 

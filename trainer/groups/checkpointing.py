@@ -31,7 +31,6 @@ COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
 
 
-MonitoredMetric = Literal["val/acc", "val/loss", "train/loss", "train/acc"]
 
 
 @dataclass
@@ -39,7 +38,8 @@ class CheckpointingConfig:
     """Keep the last checkpoint and the best ones by a validation metric."""
 
     enabled: Annotated[bool, Doc("write checkpoints at all (false: none, and the test uses the final weights)")]
-    monitor: Annotated[MonitoredMetric, Doc("the metric that picks the best checkpoint, which the test uses")]
+    monitor: Annotated[str, Doc("the metric that picks the best checkpoint, which the test uses: val/loss, train/loss, "
+                                "or any val/ or train/ metric the task logs (checked at start)")]
     mode: Annotated[Literal["max", "min"], Doc("whether a larger or a smaller monitor value is better")]
     save_last: Annotated[bool, Doc("keep checkpoints/last.ckpt, which resume carries on from")]
     save_top_k: Annotated[int, Range(ge=-1), Doc("best checkpoints kept (-1: all, 0: none)")]

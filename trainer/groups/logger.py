@@ -13,7 +13,7 @@ import secrets
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import lightning as L
 from hydra.errors import InstantiationException
@@ -287,16 +287,18 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def logger_callbacks(hyperparameters: Mapping[str, Any]) -> list[Callback]:
+def logger_callbacks(hyperparameters: Mapping[str, Any], metrics: Sequence[str]) -> list[Callback]:
     """The callbacks a run with at least one logger gets: the lr of every parameter group at every
     logged step (``train/lr/pg1``, ...: the scheduler is named ``train/lr`` in trainer/task.py), and
-    the hyper-parameters once as training starts."""
-    return [LearningRateMonitor(logging_interval="step"), HyperparameterRecord(hyperparameters)]
+    the hyper-parameters once as training starts, with `metrics` (the task's, as logged) beside them."""
+    return [LearningRateMonitor(logging_interval="step"), HyperparameterRecord(hyperparameters, metrics)]
 
 
-#: The metrics TensorBoard's HParams tab shows beside each run's hyper-parameters (their values are
-#: read from the run's own scalars).
-HPARAMS_METRICS = ("val/acc", "val/loss", "test/acc", "test/loss", "train/acc", "train/loss_epoch")
+def hparams_metrics(task_metrics: Sequence[str]) -> tuple[str, ...]:
+    """The scalars TensorBoard's HParams tab shows beside each run's hyper-parameters (their values are
+    read from the run's own scalars): the task's metrics as logged, the training loss by its epoch
+    mean (it is logged per step too)."""
+    return tuple("train/loss_epoch" if name == "train/loss" else name for name in task_metrics)
 
 
 class HyperparameterRecord(Callback):
@@ -304,18 +306,19 @@ class HyperparameterRecord(Callback):
     rank is known by then, and every logger records them on rank 0 only. (Lightning logs the
     module's own `save_hyperparameters` right after; the task keeps those out of the loggers.)"""
 
-    def __init__(self, hyperparameters: Mapping[str, Any]) -> None:
+    def __init__(self, hyperparameters: Mapping[str, Any], metrics: Sequence[str] = ()) -> None:
         self.hyperparameters = dict(hyperparameters)
+        self.metrics = hparams_metrics(metrics)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for logger in trainer.loggers:
             logger.log_hyperparams(self.hyperparameters)
             if isinstance(logger, TensorBoardLogger):
-                _tensorboard_hparams(logger, self.hyperparameters)
+                _tensorboard_hparams(logger, self.hyperparameters, self.metrics)
 
 
 @rank_zero_only
-def _tensorboard_hparams(logger: TensorBoardLogger, hyperparameters: Mapping[str, Any]) -> None:
+def _tensorboard_hparams(logger: TensorBoardLogger, hyperparameters: Mapping[str, Any], metrics: Sequence[str]) -> None:
     """The HParams tab. Lightning's TensorBoardLogger writes it only together with metric values
     (an ``hp_metric`` of -1 unless `default_hp_metric` is off, as in conf/logger/tensorboard.yaml);
     this names the metrics the run will log instead, so no made-up value enters their curves."""
@@ -323,7 +326,7 @@ def _tensorboard_hparams(logger: TensorBoardLogger, hyperparameters: Mapping[str
 
     flat = {key: value if isinstance(value, (bool, int, float, str)) else str(value)
             for key, value in _flatten(hyperparameters).items()}
-    for summary in hparams(flat, dict.fromkeys(HPARAMS_METRICS, 0.0)):
+    for summary in hparams(flat, dict.fromkeys(metrics, 0.0)):
         logger.experiment.file_writer.add_summary(summary)
 
 

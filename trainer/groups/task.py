@@ -4,12 +4,14 @@ task=language_model, or a team's own `_target_` (a `trainer.tasks.protocol.TaskD
 `build_definition` makes the definition, tells it what the data say and gives it the
 `regularization` group's practices it takes; `check_task` refuses, one line each, what cannot
 apply to the task: data of another kind, a network that does not take what the task needs, a
-regularization the task has no use for, and the task's own refusals."""
+regularization the task has no use for, and the task's own refusals. `logged_metrics` names every
+metric a run of the task logs, with its direction; `check_metric` holds a key that names one (the
+best checkpoint's monitor, early stopping's, the target, the objective) to them."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 from hydra.utils import instantiate
 
@@ -19,6 +21,9 @@ from trainer.infra.errors import UserError
 from trainer.infra.instantiation import construct
 from trainer.infra.schema import ConfigGroup, check_target, locate_target
 from trainer.tasks.protocol import UNITS, TaskDefinition
+
+#: The splits a run logs metrics of, as "{split}/{name}".
+SPLITS = ("train", "val", "test")
 
 #: The default task, and what a config without a `task` group (one saved before it existed) means.
 CLASSIFICATION = "trainer.tasks.classification.Classification"
@@ -75,6 +80,60 @@ def check_task(definition: TaskDefinition, settings: Mapping[str, Any]) -> None:
     """The task's own refusals of the run's settings, one line for the first."""
     for key, problem, allowed in definition.refusals(settings):
         raise UserError(key, problem, allowed)
+
+
+def logged_metrics(definition: TaskDefinition) -> dict[str, Optional[bool]]:
+    """Every metric a run of the task logs ("val/acc"), with whether a higher value is better (None:
+    the metric does not say; torchmetrics' `higher_is_better`): each split's loss, the task's
+    metrics of the split, and for validation and test those computed from the loss."""
+    logged: dict[str, Optional[bool]] = {}
+    for split in SPLITS:
+        logged[f"{split}/loss"] = False
+        metrics = {**definition.metrics(split), **(definition.metrics_from_loss() if split != "train" else {})}
+        for name, metric in metrics.items():
+            logged[f"{split}/{name}"] = getattr(metric, "higher_is_better", None)
+    return logged
+
+
+def check_metric(key: str, name: str, logged: Mapping[str, Optional[bool]], splits: Sequence[str],
+                 mode_key: Optional[str] = None, mode: Optional[str] = None) -> None:
+    """`name` (given at `key`) must be a metric the task logs, of one of `splits`; with a mode
+    ("max" or "min", given at `mode_key`), one that agrees with the metric's direction where it has one."""
+    allowed = [metric for metric in logged if metric.split("/", 1)[0] in splits]
+    if name not in allowed:
+        raise UserError(key, f"'{name}' is not a metric this task logs" + (
+            f" in {' or '.join(splits)}" if name in logged else ""), ", ".join(allowed))
+    higher = logged[name]
+    if mode_key is None or mode not in ("max", "min") or higher is None or (mode == "max") == higher:
+        return
+    raise UserError(mode_key, f"{mode} takes the {'highest' if mode == 'max' else 'lowest'} {name} as the best, "
+                    f"but a {'higher' if higher else 'lower'} {name} is better", "max" if higher else "min")
+
+
+def shown_metrics(logged: Mapping[str, Optional[bool]]) -> tuple[str, ...]:
+    """What the per-epoch lines show: the training and validation metrics the task logs, losses first."""
+    return tuple(name for split in ("train", "val") for name in logged if name.startswith(f"{split}/"))
+
+
+def headline_metrics(logged: Mapping[str, Optional[bool]], objective: str) -> tuple[str, ...]:
+    """The validation metric the curves draw beside the loss, and its training counterpart where the
+    task logs one: the run's objective when it is a validation metric other than the loss, else the
+    task's first validation metric; none when the task logs only losses."""
+    candidates = [name for name in logged if name.startswith("val/") and name != "val/loss"]
+    if not candidates:
+        return ()
+    shown = objective if objective in candidates else candidates[0]
+    train = "train/" + shown.split("/", 1)[1]
+    return (shown, train) if train in logged else (shown,)
+
+
+def mode_of(mode: str, name: str, logged: Mapping[str, Optional[bool]]) -> str:
+    """`mode` ("max", "min", or "auto"); auto: the direction the metric `name` has, "auto" where it has
+    none (the caller's own rule then)."""
+    higher = logged.get(name)
+    if mode != "auto" or higher is None:
+        return mode
+    return "max" if higher else "min"
 
 
 def objective_of(task: Mapping[str, Any], objective: str) -> str:

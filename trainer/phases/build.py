@@ -12,11 +12,12 @@ decides a setting: that is the resolve phase's (trainer/phases/plan.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+import inspect
+from typing import Any, Mapping, Optional, Sequence
 
 from hydra.utils import instantiate
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.callbacks import Callback, ModelSummary
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelSummary
 
 from trainer.callbacks.curves import Curves
 from trainer.callbacks.graceful import GracefulStop
@@ -38,9 +39,11 @@ from trainer.groups.communication import strategy_target
 from trainer.groups.compile import allow_recompiles, apply_compile
 from trainer.groups.logger import build_loggers, logger_callbacks, run_hyperparameters, run_labels, start_loggers
 from trainer.groups.precision import apply_tf32, lightning_precision
-from trainer.groups.task import build_definition, check_task
+from trainer.groups.task import (SPLITS, build_definition, check_metric, check_task, headline_metrics, logged_metrics,
+                                 mode_of, objective_of, shown_metrics)
 from trainer.groups.trainer import make_trainer
 from trainer.infra.instantiation import construct
+from trainer.infra.schema import locate_target
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
 from trainer.models.group import build_model
 from trainer.phases.plan import Plan
@@ -57,10 +60,31 @@ def build_parts(run: Run) -> None:
     datamodule, info = build_data(spec.data, run.job.run_dir, spec.top.seed)
     definition = build_definition(spec.task, info, spec.regularization)
     check_task(definition, task_settings(spec))
+    check_metric_names(spec, logged_metrics(definition))
     net = build_model(spec.model, info.model_inputs(), required=definition.model_inputs)
     run.parts = Parts(datamodule, info, net,
                       GradientClipping(construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))),
                       construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")), definition)
+
+
+def check_metric_names(spec: RunSpec, logged: Mapping[str, Optional[bool]]) -> None:
+    """Every key that names a metric names one the task logs (the best checkpoint's monitor, early
+    stopping's, the target, the objective), with a mode that agrees with its direction: one line for
+    the first that does not, before anything trains (Lightning would find out after the first
+    validation, or never: a best checkpoint picked by the wrong end)."""
+    during = ("train", "val")  # the test split is evaluated once, at the end
+    if spec.checkpointing.enabled:
+        check_metric("checkpointing.monitor", spec.checkpointing.monitor, logged, during, "checkpointing.mode",
+                     spec.checkpointing.mode)
+    if spec.target.metric is not None:
+        check_metric("target.metric", spec.target.metric, logged, during, "target.mode", spec.target.mode)
+    if spec.top.objective != "auto":
+        check_metric("objective", spec.top.objective, logged, SPLITS)
+    for name, values in spec.callbacks.items():
+        target = locate_target(f"callbacks.{name}", values["_target_"])
+        if inspect.isclass(target) and issubclass(target, EarlyStopping) and "monitor" in values:
+            check_metric(f"callbacks.{name}.monitor", values["monitor"], logged, during, f"callbacks.{name}.mode",
+                         values.get("mode", "min"))  # (Lightning's default mode)
 
 
 def task_settings(spec: RunSpec) -> dict[str, Any]:
@@ -107,9 +131,10 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
                             mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=run.parts.definition.units_in,
                             bf16_peak_flops=plan.bf16_peak_flops)
     losses, logged = LossRecord(), LoggedMetrics()
-    curves = Curves(losses)
-    stopper = GracefulStop(run.latch if measuring_steps is None else None)
     parts = run.parts
+    task_metrics = logged_metrics(parts.definition)
+    curves = Curves(losses, headline_metrics(task_metrics, objective_of(spec.task, spec.top.objective)))
+    stopper = GracefulStop(run.latch if measuring_steps is None else None)
     # The guard goes first: it flags a step from the gradients as backward left them (clipping then
     # sees a skipped step's non-finite norm, counts it and records nothing).
     # RNGState and LoggedMetrics: the random generators' states and the logged metrics go into
@@ -122,7 +147,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     if plan.progress == "rich":
         callbacks.append(LogStepRichProgressBar(latest_loss=losses.latest))
     elif plan.progress == "plain":
-        callbacks.append(PlainProgress(every_s=spec.top.progress_every_s, latest_loss=losses.latest))
+        callbacks.append(PlainProgress(every_s=spec.top.progress_every_s, latest_loss=losses.latest,
+                                       keys=shown_metrics(task_metrics)))
     loggers = []
     if spec.loggers:
         # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
@@ -135,7 +161,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     if loggers:
         # Every logger gets the lr per step and the resolved config with the plan's derived values.
         callbacks += logger_callbacks(run_hyperparameters(
-            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}, spec.choices))
+            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}, spec.choices), list(task_metrics))
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
@@ -146,7 +172,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     target = None
     if spec.target.metric is not None:
         assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value
-        target = TargetWatch(spec.target.metric, spec.target.value, spec.target.mode, plan.global_batch_size,
+        mode = mode_of(spec.target.mode, spec.target.metric, task_metrics)
+        target = TargetWatch(spec.target.metric, spec.target.value, mode, plan.global_batch_size,
                              plan.unit, plan.units_per_sample)
         callbacks.append(target)
     trainer = make_trainer(  # what Lightning refuses here ends as one line naming trainer.<key>

@@ -24,6 +24,7 @@ IGNORE_INDEX = -100
 class TokenAccuracy(Metric):
     """The share of target tokens whose most likely next token is right (padding excluded)."""
 
+    higher_is_better = True
     correct: torch.Tensor
     total: torch.Tensor
 

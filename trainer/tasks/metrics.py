@@ -64,6 +64,8 @@ class Perplexity(WeightedMean):
     """exp of the mean loss per token, weighted by the tokens of each batch (not a mean of
     per-batch perplexities)."""
 
+    higher_is_better = False
+
     def compute(self) -> torch.Tensor:
         return torch.exp(super().compute())
 
@@ -75,6 +77,7 @@ class Accuracy(StepUpdate, Metric):
     torchmetrics' argument checks and stat-score bookkeeping)."""
 
     full_state_update = False
+    higher_is_better = True
     correct: torch.Tensor
     total: torch.Tensor
 
