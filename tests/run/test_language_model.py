@@ -152,7 +152,7 @@ def test_lr_find_with_a_language_model_moves_the_found_lr_by_the_batch_in_tokens
     run_dir = tmp_path / "run"
     summary = run_in_process([*SHORT_RECIPE, "optimizer.lr=find", "optimizer.find_steps=20", "trainer.max_steps=2",
                               "trainer.accumulate_grad_batches=2", "trainer.val_check_interval=1.0",
-                              "trainer.limit_val_batches=1", "checkpointing=off"], run_dir)
+                              "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "checkpointing=off"], run_dir)
     record = json.loads((run_dir / "lr_find.json").read_text())
     assert record["batch_size"] == 32  # sequences of 128 tokens: 4,096 tokens
     derived = summary["derived"]["optimizer.lr"]
