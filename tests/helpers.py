@@ -675,10 +675,11 @@ class LogSteps:
 
 
 def fake_trainer_with_log_steps(**fields: Any) -> Any:
-    """A SimpleNamespace trainer with `fields` and Lightning's log-step rule (`LogSteps`)."""
+    """A SimpleNamespace trainer with `fields` and Lightning's log-step rule (`LogSteps`); its state is
+    no running stage (unless given), so `at_log_step` asks that rule rather than read a fit loop."""
     from types import SimpleNamespace
 
-    trainer = SimpleNamespace(**fields)
+    trainer = SimpleNamespace(**{"state": SimpleNamespace(stage=None), "log_every_n_steps": 0, **fields})
     trainer._logger_connector = LogSteps(trainer)
     return trainer
 

@@ -19,7 +19,7 @@ from torchmetrics import Metric
 from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.groups.regularization import RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
-from trainer.groups.task import give_regularization
+from trainer.groups.task import SPLITS, give_regularization
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
 from trainer.tasks.classification import TOP5_MIN_CLASSES, Classification, classification_loss
 from trainer.tasks.metrics import WeightedMean
@@ -28,8 +28,6 @@ from trainer.tasks.protocol import TaskDefinition
 __all__ = ["TrainingTask", "ClassificationTask", "classification_loss", "TOP5_MIN_CLASSES"]
 
 log = logging.getLogger("trainer")
-
-SPLITS = ("train", "val", "test")
 
 
 class TrainingTask(L.LightningModule):

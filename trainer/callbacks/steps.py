@@ -28,9 +28,8 @@ def at_log_step(trainer: L.Trainer) -> bool:
     `trainer.training` (a string-folding enum comparison) and `_active_loop`, about 3.5 us of host
     time, and several callbacks ask at every step. The fit loop's case is the same rule read directly
     (tests/unit/test_lean_lightning.py holds the two equal); every other case is Lightning's property."""
-    every = getattr(trainer, "log_every_n_steps", 0)  # set by its logger connector (absent on a stand-in)
-    state = getattr(trainer, "state", None)
-    if every and state is not None and state.stage is RunningStage.TRAINING:
+    every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by its logger connector
+    if every and trainer.state.stage is RunningStage.TRAINING:
         # `+ 1` as Lightning has it: a step is counted as stepped from its start
         return (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % every == 0 or trainer.should_stop
     return bool(trainer._logger_connector.should_update_logs)

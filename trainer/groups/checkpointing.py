@@ -31,8 +31,6 @@ COMPILE_PREFIX = "_orig_mod."
 WRAPPER_PREFIX = "module."
 
 
-
-
 @dataclass
 class CheckpointingConfig:
     """Keep the last checkpoint and the best ones by a validation metric."""

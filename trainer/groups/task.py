@@ -22,7 +22,7 @@ from trainer.infra.instantiation import construct
 from trainer.infra.schema import ConfigGroup, check_target, locate_target
 from trainer.tasks.protocol import UNITS, TaskDefinition
 
-#: The splits a run logs metrics of, as "{split}/{name}".
+#: The splits a run logs metrics of, as "{split}/{name}" (trainer/task.py logs them).
 SPLITS = ("train", "val", "test")
 
 #: The default task, and what a config without a `task` group (one saved before it existed) means.

@@ -60,11 +60,13 @@ def build_parts(run: Run) -> None:
     datamodule, info = build_data(spec.data, run.job.run_dir, spec.top.seed)
     definition = build_definition(spec.task, info, spec.regularization)
     check_task(definition, task_settings(spec))
-    check_metric_names(spec, logged_metrics(definition))
+    metrics = logged_metrics(definition)
+    check_metric_names(spec, metrics)
     net = build_model(spec.model, info.model_inputs(), required=definition.model_inputs)
     run.parts = Parts(datamodule, info, net,
                       GradientClipping(construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))),
-                      construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")), definition)
+                      construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")), definition,
+                      metrics)
 
 
 def check_metric_names(spec: RunSpec, logged: Mapping[str, Optional[bool]]) -> None:
@@ -132,7 +134,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
                             bf16_peak_flops=plan.bf16_peak_flops)
     losses, logged = LossRecord(), LoggedMetrics()
     parts = run.parts
-    task_metrics = logged_metrics(parts.definition)
+    task_metrics = parts.metrics
     curves = Curves(losses, headline_metrics(task_metrics, objective_of(spec.task, spec.top.objective)))
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
     # The guard goes first: it flags a step from the gradients as backward left them (clipping then

@@ -4,7 +4,7 @@ back (`Built`)."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple, Optional
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -42,6 +42,8 @@ class Parts(NamedTuple):
     guard: NonFiniteGuard
     #: The task: the batch, the loss, the metrics and the unit (trainer/tasks/), bound to the data.
     definition: TaskDefinition
+    #: Every metric the task logs, with whether higher is better (trainer.groups.task.logged_metrics).
+    metrics: Mapping[str, Optional[bool]]
 
 
 class Built(NamedTuple):
