@@ -471,7 +471,7 @@ def kill_during_save(number: int) -> Callable[[], None]:
     def setup() -> None:
         import io
 
-        import trainer.groups.checkpointing
+        import trainer.infra.checkpoint_files
 
         real_save = torch.save
         calls = {"n": 0}
@@ -489,7 +489,7 @@ def kill_during_save(number: int) -> Callable[[], None]:
                     kill_job()
             return real_save(obj, f, *args, **kwargs)
 
-        trainer.groups.checkpointing.torch.save = torn_save  # type: ignore[attr-defined]
+        trainer.infra.checkpoint_files.torch.save = torn_save  # type: ignore[attr-defined]
     return setup
 
 

@@ -49,8 +49,8 @@ _PUBLIC = {
     "NonFiniteGuard": "trainer.groups.nonfinite",
     "ThroughputMeter": "trainer.callbacks.throughput",
     # checkpoints, reports, measurement
-    "load_checkpoint": "trainer.groups.checkpointing",
-    "export_safetensors": "trainer.groups.checkpointing",
+    "load_checkpoint": "trainer.infra.checkpoint_files",
+    "export_safetensors": "trainer.deploy.export",
     "write_comparison": "trainer.measure.comparison",
     "fingerprint": "trainer.infra.fingerprint",
     "training_flops_per_sample": "trainer.measure.mfu",

@@ -24,7 +24,7 @@ from trainer.measure import comparison
 
 #: Each layer: the folders (or top-level modules) of `trainer/` it holds, and what lives there.
 LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("infra",), "what every module stands on: one-line errors, atomic files, the schema checker and "
+    (("infra",), "what every module stands on: one-line errors, atomic and checkpoint files, the schema checker and "
                  "`_target_` building, signals, processes and devices, figures"),
     (("data", "models", "callbacks"), "the parts a run is made of: data modules, networks, Lightning callbacks"),
     (("tasks",), "task definitions: what a batch is, the loss, the metrics, the unit a batch is counted in "

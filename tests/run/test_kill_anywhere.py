@@ -56,7 +56,7 @@ def compared(metrics: dict[str, dict[str, float]]) -> dict[str, dict[str, float]
 def count_saves(counter: Path) -> Callable[[], None]:
     """Append a line to `counter` for every checkpoint file the run writes."""
     def setup() -> None:
-        import trainer.groups.checkpointing
+        import trainer.infra.checkpoint_files
 
         real_save = torch.save
 
@@ -66,7 +66,7 @@ def count_saves(counter: Path) -> Callable[[], None]:
                     out.write(f"{f}\n")
             return real_save(obj, f, *args, **kwargs)
 
-        trainer.groups.checkpointing.torch.save = counting_save  # type: ignore[attr-defined]
+        trainer.infra.checkpoint_files.torch.save = counting_save  # type: ignore[attr-defined]
     return setup
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.groups.checkpointing import (SafeCheckpointIO, clean_state_dict, export_safetensors, load_checkpoint,
-                                          load_weights)
+from trainer.deploy.export import export_safetensors
+from trainer.infra.checkpoint_files import SafeCheckpointIO, clean_state_dict, load_checkpoint, load_weights
 from trainer.infra.errors import UserError
 
 
@@ -119,10 +119,10 @@ def test_export_safetensors_holds_the_network_weights_alone(tmp_path):
 
 
 def test_the_export_command_reports_a_missing_checkpoint_in_one_line(tmp_path, capsys):
-    from trainer.groups.checkpointing import main
+    from trainer.deploy.__main__ import main
 
     with pytest.raises(SystemExit) as ended:
-        main(["export", str(tmp_path / "none.ckpt"), str(tmp_path / "out.safetensors")])
+        main(["weights", str(tmp_path / "none.ckpt"), str(tmp_path / "out.safetensors")])
     assert ended.value.code == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path / 'none.ckpt'}: checkpoint not found; allowed: the path of a .ckpt file")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tests.helpers import python_forked
 from trainer.deploy.export import NET_PREFIX
 from trainer.generate import main
-from trainer.groups.checkpointing import load_checkpoint
+from trainer.infra.checkpoint_files import load_checkpoint
 from trainer.infra.errors import EXIT_USER_ERROR
 from trainer.models.gpt import GPT
 from trainer.models.small_cnn import SmallCNN

@@ -1,4 +1,4 @@
-"""The deployment layer: export, bench, serve and load (``python -m trainer.deploy --help``)."""
+"""The deployment layer: export, bench, serve, load and weights (``python -m trainer.deploy --help``)."""
 
 #: Dynamic batching's defaults, for ``serve`` and ``load`` alike. A batch is what queued while the
 #: previous one ran, no wait for more by default: measured on the digits run (docs/deploy.md), a

@@ -1,4 +1,5 @@
-"""``python -m trainer.deploy {export,bench,serve,load} RUN_DIR|CKPT [options]``: the deployment layer's commands."""
+"""``python -m trainer.deploy {export,bench,serve,load} RUN_DIR|CKPT [options]`` and
+``python -m trainer.deploy weights CKPT OUT.safetensors``: the deployment layer's commands."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy
     load.add_argument("--requests", type=int, default=2000, help="at most this many requests per measurement")
     load.add_argument("--budget-s", type=float, default=10.0, help="at most this long per measurement")
     load.add_argument("--rounds", type=int, default=2, help="each measurement this many times, servers taking turns")
+    weights = commands.add_parser("weights", help="a checkpoint's model weights alone, as safetensors (no run "
+                                                  "folder needed, no extra installed)")
+    weights.add_argument("checkpoint", type=Path, help="a training checkpoint (.ckpt)")
+    weights.add_argument("out", type=Path, help="the safetensors file to write")
     args = parser.parse_args(argv)
     with one_line_on_user_error():
         for line in _run(args):
@@ -63,6 +68,10 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy
 
 def _run(args: argparse.Namespace) -> list[str]:
     # torch and the exporters are imported only once the arguments are known (fast --help and errors)
+    if args.command == "weights":  # torch and safetensors alone: the core installs them
+        from trainer.deploy.export import export_safetensors
+
+        return [f"wrote {export_safetensors(args.checkpoint, args.out)}"]
     require("deploy", f"python -m trainer.deploy {args.command}")
     if args.command == "export":
         from trainer.deploy.export import export_run

@@ -4,7 +4,9 @@ From the run folder alone (its ``config_resolved.yaml``, its best or last checkp
 ``summary.json``): the network rebuilt and loaded, eval mode checked module by module, Conv-BN pairs
 folded (`trainer.models.fuse.fuse_for_inference`), and ``model.onnx``, ``model.pt2``,
 ``weights.safetensors`` (unfolded, for `build_model`) and ``model.json`` written into
-``RUN_DIR/export/``, each checked against PyTorch; docs/deploy.md ("export") gives the details."""
+``RUN_DIR/export/``, each checked against PyTorch; docs/deploy.md ("export") gives the details.
+``python -m trainer.deploy weights CKPT OUT.safetensors`` writes a checkpoint's weights alone
+(`export_safetensors`), from any checkpoint, with no run folder needed."""
 
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ from torch import nn
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folders
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
-from trainer.groups.checkpointing import load_checkpoint, write_safetensors
 from trainer.infra.atomic import remove_empty_folders, replace_atomic, write_text_atomic
+from trainer.infra.checkpoint_files import load_checkpoint, write_safetensors
 from trainer.infra.errors import UserError
 from trainer.models.fuse import fuse_for_inference
 from trainer.models.group import build_model
@@ -379,3 +381,19 @@ def _first_missing(folder: Path) -> Optional[Path]:
             break
         missing = path
     return missing
+
+
+# -- the weights alone ---------------------------------------------------------------------------------
+def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str = NET_PREFIX) -> Path:
+    """The model's weights from a training checkpoint as a safetensors file (`prefix` stripped, so
+    the keys are the network's own); returns the written path."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, Mapping) or not state:
+        raise UserError(str(checkpoint_path), "has no state_dict", "a training checkpoint (.ckpt)")
+    weights = {k[len(prefix):] if k.startswith(prefix) else k: v
+               for k, v in state.items() if isinstance(v, torch.Tensor)}
+    out = Path(out)
+    write_safetensors(weights, out, {"source": str(checkpoint_path),
+                                     "global_step": str(checkpoint.get("global_step", ""))})
+    return out

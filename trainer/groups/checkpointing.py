@@ -1,34 +1,19 @@
-"""The `checkpointing` group, and checkpoints that cannot be half-written or poisoned.
-
-Atomic writes, ``torch.load(weights_only=True)`` reads and keys of the plain model (no
-``_orig_mod.`` or ``module.``, on saving and loading) are described in docs/reliability.md
-("Checkpoints"). Lightning's own writer streams into the target path, so a kill mid-write leaves a
-truncated file under the real name. `export_safetensors` writes the weights alone, for sharing."""
+"""The `checkpointing` group: when checkpoints are written and which are kept (the last one, the best
+ones by a metric, periodic ones inside epochs). How a checkpoint file is written and read (atomic,
+weights-only, keyed like the plain model) is trainer/infra/checkpoint_files.py's."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import pickle
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import lightning as L
-import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
-from safetensors.torch import save_file
 
 from trainer.callbacks.steps import StepBoundary
-from trainer.infra.atomic import replace_atomic
-from trainer.infra.errors import UserError, first_line, one_line_on_user_error
 from trainer.infra.schema import AT_LEAST_ONE, POSITIVE, ConfigGroup, Doc, Range, check_keys
-
-COMPILE_PREFIX = "_orig_mod."
-WRAPPER_PREFIX = "module."
 
 
 @dataclass
@@ -168,130 +153,6 @@ class PeriodicCheckpoint(StepBoundary):
         if trainer.strategy.broadcast(due):
             trainer.save_checkpoint(str(self.path), weights_only=False)  # full: resumable (Lightning logs the default)
             self._last_save = time.monotonic()
-
-
-def clean_key(key: str) -> str:
-    """The key as the plain model names it."""
-    if key.startswith(WRAPPER_PREFIX):
-        key = key[len(WRAPPER_PREFIX):]
-    if key.startswith(COMPILE_PREFIX):
-        key = key[len(COMPILE_PREFIX):]
-    return key.replace("." + COMPILE_PREFIX, ".")
-
-
-def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
-    cleaned = {clean_key(k): v for k, v in state_dict.items()}
-    if len(cleaned) != len(state_dict):
-        raise ValueError("state dict has keys that differ only by _orig_mod./module. prefixes")
-    return cleaned
-
-
-def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
-    """Load a (clean or prefixed) state dict into `module`, which may itself be compiled or wrapped."""
-    inner = module
-    while True:
-        if isinstance(inner, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
-            inner = inner.module
-        elif hasattr(inner, "_orig_mod") and isinstance(inner._orig_mod, torch.nn.Module):
-            inner = inner._orig_mod  # torch.compile(module) wraps it in an OptimizedModule
-        else:
-            break
-    return inner.load_state_dict(clean_state_dict(state_dict), strict=strict)
-
-
-def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """Read a checkpoint safely; a refused, truncated or missing file is a one-line `UserError`.
-    `mmap` maps the tensors instead of reading them (for a look at the other fields)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(str(path), "checkpoint not found", "the path of a .ckpt file")
-    try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except pickle.UnpicklingError as ex:
-        reason = first_line(ex) or type(ex).__name__
-        raise UserError(str(path), f"refused: its pickle asks for more than tensors and plain data ({reason[:200]})",
-                        "a checkpoint of tensors and plain containers, as this framework writes them") from None
-    except (EOFError, zipfile.BadZipFile, RuntimeError) as ex:
-        raise UserError(str(path), f"not a readable checkpoint (truncated or not written by torch.save): "
-                        f"{first_line(ex, 200) or type(ex).__name__}",
-                        "a complete .ckpt file") from None
-    if not isinstance(checkpoint, dict):
-        raise UserError(str(path), f"holds a {type(checkpoint).__name__}, not a checkpoint dictionary",
-                        "a .ckpt file written by this framework")
-    if isinstance(checkpoint.get("state_dict"), Mapping):
-        checkpoint["state_dict"] = clean_state_dict(checkpoint["state_dict"])
-    return checkpoint
-
-
-class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint reader and writer, made atomic, weights-only and prefix-free.
-    Replaces `TorchCheckpointIO` deliberately (see the module docstring): every checkpoint the
-    Trainer writes or reads, `last.ckpt`, the best ones and `ckpt_path=` loads, goes through here."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
-            raise TypeError("SafeCheckpointIO takes no storage_options")
-        if isinstance(checkpoint.get("state_dict"), Mapping):
-            checkpoint = {**checkpoint, "state_dict": clean_state_dict(checkpoint["state_dict"])}
-        replace_atomic(Path(path), lambda tmp: torch.save(checkpoint, tmp))
-
-    def load_checkpoint(self, path: Any, map_location: Optional[Callable[..., Any]] = None,
-                        weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if weights_only is False:
-            raise UserError(str(path), "asked to load with weights_only=False", "weights-only loading")
-        return load_checkpoint(path, map_location if map_location is not None else "cpu")
-
-
-def write_safetensors(weights: Mapping[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:
-    """`weights` as a safetensors file, atomically. Tensors that share memory (a language model's
-    tied embedding and output head) are stored once, under the first name; the metadata's "tied"
-    maps each other name to it (safetensors refuses shared tensors; loading with
-    `load_state_dict(strict=False)` and re-tying is what transformers' `tie_weights` does too)."""
-    kept: dict[str, torch.Tensor] = {}
-    tied: dict[str, str] = {}
-    first_of: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    for name, tensor in weights.items():
-        tensor = tensor.detach().contiguous().cpu()
-        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
-        if key in first_of:
-            tied[name] = first_of[key]
-            continue
-        first_of[key] = name
-        kept[name] = tensor
-    if tied:
-        metadata = {**metadata, "tied": json.dumps(tied)}
-    replace_atomic(out, lambda tmp: save_file(kept, str(tmp), metadata=metadata))
-
-
-def export_safetensors(checkpoint_path: str | Path, out: str | Path, prefix: str = "net.") -> Path:
-    """The model's weights from a training checkpoint as a safetensors file (`prefix` stripped, so
-    the keys are the network's own); returns the written path."""
-    checkpoint = load_checkpoint(checkpoint_path)
-    state = checkpoint.get("state_dict")
-    if not isinstance(state, Mapping) or not state:
-        raise UserError(str(checkpoint_path), "has no state_dict", "a training checkpoint (.ckpt)")
-    weights = {k[len(prefix):] if k.startswith(prefix) else k: v
-               for k, v in state.items() if isinstance(v, torch.Tensor)}
-    out = Path(out)
-    write_safetensors(weights, out, {"source": str(checkpoint_path), "global_step": str(checkpoint.get("global_step", ""))})
-    return out
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m trainer.groups.checkpointing export CKPT OUT.safetensors``"""
-    parser = argparse.ArgumentParser(prog="python -m trainer.groups.checkpointing")
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="write a checkpoint's model weights as safetensors")
-    export.add_argument("checkpoint", type=Path)
-    export.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    with one_line_on_user_error():
-        written = export_safetensors(args.checkpoint, args.out)
-    print(f"wrote {written}")
-
-
-if __name__ == "__main__":
-    main()
 
 
 GROUP = ConfigGroup("checkpointing", __name__, "last and best checkpoints, periodic ones inside epochs",

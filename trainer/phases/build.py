@@ -33,7 +33,7 @@ from trainer.configuration.spec import RunSpec
 from trainer.data.base import ImageClassificationData
 from trainer.data.group import build_data
 from trainer.groups.callbacks import build_callbacks
-from trainer.groups.checkpointing import SafeCheckpointIO, build_checkpointing, build_periodic
+from trainer.groups.checkpointing import build_checkpointing, build_periodic
 from trainer.groups.clipping import GradientClipping
 from trainer.groups.communication import strategy_target
 from trainer.groups.compile import allow_recompiles, apply_compile
@@ -42,6 +42,7 @@ from trainer.groups.precision import apply_tf32, lightning_precision
 from trainer.groups.task import (SPLITS, build_definition, check_metric, check_task, headline_metrics, logged_metrics,
                                  mode_of, objective_of, shown_metrics)
 from trainer.groups.trainer import make_trainer
+from trainer.infra.checkpoint_files import SafeCheckpointIO
 from trainer.infra.instantiation import construct
 from trainer.infra.schema import locate_target
 from trainer.models.activation_checkpointing import apply_activation_checkpointing

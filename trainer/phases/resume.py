@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, cast
 
 from trainer.configuration.diff import result_overrides
-from trainer.groups.checkpointing import clean_state_dict, load_checkpoint
 from trainer.infra.atomic import write_text_atomic
+from trainer.infra.checkpoint_files import clean_state_dict, load_checkpoint
 from trainer.infra.errors import UserError
 
 log = logging.getLogger("trainer")
