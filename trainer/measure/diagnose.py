@@ -71,6 +71,19 @@ class Timings:
         return max(0.0, self.full_ms - self.step_ms - self.communication_ms)
 
 
+@dataclass(frozen=True)
+class ModelStep:
+    """What one training step of the model is made of, for timing and profiling it on a resident
+    batch: the task (the network and its loss), the optimizer, the precision's forward context and
+    fp16 GradScaler (None without one), and the device."""
+
+    task: Any
+    optimizer: torch.optim.Optimizer
+    forward_context: Callable[[], Any]
+    scaler: Any
+    device: torch.device
+
+
 @dataclass
 class Verdict:
     kind: str  # input-bound | communication-bound | compute-bound | optimizer-bound | host-overhead-bound
@@ -165,11 +178,13 @@ def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, st
     return results
 
 
-def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
-                   scaler: Any) -> tuple[Callable[[], Any], Callable[[], None], Callable[[], None]]:
+def step_functions(model_step: ModelStep, batch: Any) -> tuple[Callable[[], Any], Callable[[], None],
+                                                              Callable[[], None]]:
     """(forward, forward + backward, full step) on one resident batch, the forward and the backward
     inside the ranges the profile tells apart (trainer/measure/profile.py). The batch is split as the
     task's definition says (inputs, targets)."""
+    task, optimizer, scaler = model_step.task, model_step.optimizer, model_step.scaler
+    forward_context = model_step.forward_context
     definition = getattr(task, "definition", None)
     inputs, targets = (definition.inputs(batch), definition.targets(batch)) if definition is not None else batch
 
@@ -194,12 +209,12 @@ def step_functions(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forw
     return forward, forward_backward, full_step
 
 
-def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
-               scaler: Any, device: torch.device, steps: int, warmup: int) -> dict[str, tuple[float, float]]:
+def time_model(model_step: ModelStep, batch: Any, steps: int, warmup: int) -> dict[str, tuple[float, float]]:
     """(median, noise) in ms of forward, forward + backward and forward + backward + optimizer step
     on one resident batch."""
-    task.train()
-    forward, forward_backward, full_step = step_functions(task, optimizer, batch, forward_context, scaler)
+    optimizer, device = model_step.optimizer, model_step.device
+    model_step.task.train()
+    forward, forward_backward, full_step = step_functions(model_step, batch)
     try:
         # Warm the whole path once first: a compiled model compiles here, not inside a timing.
         median_ms(full_step, device, warmup, 1)
@@ -212,15 +227,15 @@ def time_model(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_
     return timed
 
 
-def profile_step(task: Any, optimizer: torch.optim.Optimizer, batch: Any, forward_context: Callable[[], Any],
-                 scaler: Any, device: torch.device, precision: str, steps: int = 3) -> Breakdown:
+def profile_step(model_step: ModelStep, batch: Any, precision: str, steps: int = 3) -> Breakdown:
     """The model's step (forward, backward, optimizer) by operator category, from a short torch.profiler
     record of `steps` steps on the resident batch (shares of the profiled step, whose operators the
     profiler slows alike)."""
     from torch.profiler import ProfilerActivity, profile
 
-    task.train()
-    full_step = step_functions(task, optimizer, batch, forward_context, scaler)[2]
+    optimizer, device = model_step.optimizer, model_step.device
+    model_step.task.train()
+    full_step = step_functions(model_step, batch)[2]
     on_device = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
     try:
@@ -485,7 +500,42 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     of it, the full step first: every process then exists (Lightning's launcher starts the others
     inside fit) and has the threads training gives it, so the one-process timings after it are
     measured as each process trains. Only where `write` (rank 0) are the files written."""
+    model_step = ModelStep(task, optimizer, forward_context, scaler, device)
+    measured = time_parts(datamodule, model_step, full_step_samples_per_s, steps, communication)
+    operators = profile_step(model_step, measured.resident, str(context.get("precision", "32-true")))
+    workers, decoders = sweep_input(datamodule, device, steps, sweep, measured.timings.notes, context)
+    input_side = input_side_of(workers, measured.rate, context)
+    findings = Findings(measured.timings, verdict(measured.timings, context), operators, workers, decoders,
+                        input_side, measured.communication)
+    for line in findings.lines(context):
+        log.info(line)
+    record = findings.record(context, steps)
+    if not write:
+        return record
+    write_json_atomic(run_dir / "diagnosis.json", record)
+    plot(findings.timings, findings.verdict, workers, run_dir / "diagnosis.png")
+    log.info("diagnosis written: %s, %s", run_dir / "diagnosis.json", run_dir / "diagnosis.png")
+    return record
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The four timings, the batch they were timed on (resident on the device) and the full step's
+    samples/s of one process; under DDP, the all-reduce the full step timed."""
+
+    timings: Timings
+    resident: Any
+    rate: float
+    communication: CommunicationTiming | None
+
+
+def time_parts(datamodule: ImageClassificationData, model_step: ModelStep,
+               full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], steps: int,
+               communication: CommunicationTimer | None) -> Measured:
+    """The data pipeline alone, the model's step in its three parts on a resident batch, and the full
+    step (under DDP run first, `diagnose` says why), each with its noise."""
     notes: list[str] = []
+    task, device = model_step.task, model_step.device
     datamodule.setup("fit")
     batch_size = datamodule.batch_size
     early = full_step_samples_per_s() if communication is not None else None
@@ -497,7 +547,7 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         resident = next(batches)
     finally:
         batches.close()
-    model = time_model(task, optimizer, resident, forward_context, scaler, device, steps, warmup=3)
+    model = time_model(model_step, resident, steps, warmup=3)
     (forward_ms, _), (fb_ms, _), (step_ms, step_noise) = model["forward"], model["forward_backward"], model["step"]
     rate, window_rates = early if early is not None else full_step_samples_per_s()
     task.to(device)  # the same, after the fit just run (profile_step times the model on the device)
@@ -519,9 +569,14 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         noise["communication"] = reduced.exposed_noise_ms
     timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes, noise,
                       communication_ms=reduced.exposed_or_zero_ms if reduced is not None else 0.0)
-    operators = profile_step(task, optimizer, resident, forward_context, scaler, device,
-                             str(context.get("precision", "32-true")))
+    return Measured(timings, resident, rate, reduced)
 
+
+def sweep_input(datamodule: ImageClassificationData, device: torch.device, steps: int, sweep: bool,
+                notes: list[str], context: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(worker sweep, decode sweep) of the loader; neither for data made on the device (`sweep` false,
+    said in `notes`). The best worker count and the decode sweep go into `context`, which the verdict
+    reads."""
     workers: list[dict[str, Any]] = []
     if not sweep:
         notes.append("worker sweep skipped: the data is made on the device, there is no loader to tune")
@@ -530,45 +585,58 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
         context["best_workers"] = max(workers, key=lambda w: w["samples_per_s"])["num_workers"]
     decoders = sweep_decoders(datamodule, device, steps) if sweep else []
     context["decode_sweep"] = decoders
-    input_side = input_side_of(workers, rate, context)
-    result_verdict = verdict(timings, context)
-    for line in (report_lines(timings, result_verdict, workers, decoders, reduced) + input_side_lines(input_side)
-                 + operator_lines(operators, context)):
-        log.info(line)
-    record: dict[str, Any] = {
-        "batch_size": batch_size,
-        "steps_timed": steps,
-        "method": "median of timed repeats after warm-up, device synchronized before each clock read; "
-                  "the full step is the training meter's median window",
-        "ms_per_step": {"data_pipeline": data_ms, "forward": forward_ms, "forward_backward": fb_ms,
-                        "forward_backward_optimizer": step_ms, "full_step": full_ms},
-        "derived_ms": {"backward": timings.backward_ms, "optimizer": timings.optimizer_ms,
-                       "data_wait_and_host_overhead": timings.remainder_ms},
-        "shares_of_full_step": shares(timings),
-        "noise_ms": noise,
-        "verdict": result_verdict.kind,
-        "borderline": result_verdict.borderline,
-        "reason": result_verdict.reason,
-        "operators": {"step_ms_profiled": operators.step_ms,
-                      "shares": {r.category: r.share for r in operators.rows},
-                      "outside_operators": operators.outside_share,
-                      "memory_bound_share": operators.memory_bound_share(),
-                      "backward_over_forward": {r.category: r.backward_over_forward for r in operators.rows
-                                                if r.backward_over_forward is not None},
-                      "unusual": unusual(operators), "would_help": memory_bound_help(operators, context)},
-        "try_next": result_verdict.try_next,
-        "worker_sweep": workers,
-        "decode_sweep": decoders,
-        "input_side": input_side,
-        "context": context,
-        "notes": notes,
-    }
-    if reduced is not None:
-        record["communication"] = reduced.record(full_ms)
-        record["derived_ms"]["all_reduce_exposed"] = timings.communication_ms
-    if not write:
+    return workers, decoders
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the diagnosis measured and its verdict, to be printed and recorded."""
+
+    timings: Timings
+    verdict: Verdict
+    operators: Breakdown
+    workers: list[dict[str, Any]]
+    decoders: list[dict[str, Any]]
+    input_side: dict[str, Any] | None
+    communication: CommunicationTiming | None
+
+    def lines(self, context: dict[str, Any]) -> list[str]:
+        return (report_lines(self.timings, self.verdict, self.workers, self.decoders, self.communication)
+                + input_side_lines(self.input_side) + operator_lines(self.operators, context))
+
+    def record(self, context: dict[str, Any], steps: int) -> dict[str, Any]:
+        """diagnosis.json's content."""
+        t, judged, operators = self.timings, self.verdict, self.operators
+        record: dict[str, Any] = {
+            "batch_size": t.batch_size,
+            "steps_timed": steps,
+            "method": "median of timed repeats after warm-up, device synchronized before each clock read; "
+                      "the full step is the training meter's median window",
+            "ms_per_step": {"data_pipeline": t.data_ms, "forward": t.forward_ms,
+                            "forward_backward": t.forward_backward_ms, "forward_backward_optimizer": t.step_ms,
+                            "full_step": t.full_ms},
+            "derived_ms": {"backward": t.backward_ms, "optimizer": t.optimizer_ms,
+                           "data_wait_and_host_overhead": t.remainder_ms},
+            "shares_of_full_step": shares(t),
+            "noise_ms": t.noise_ms,
+            "verdict": judged.kind,
+            "borderline": judged.borderline,
+            "reason": judged.reason,
+            "operators": {"step_ms_profiled": operators.step_ms,
+                          "shares": {r.category: r.share for r in operators.rows},
+                          "outside_operators": operators.outside_share,
+                          "memory_bound_share": operators.memory_bound_share(),
+                          "backward_over_forward": {r.category: r.backward_over_forward for r in operators.rows
+                                                    if r.backward_over_forward is not None},
+                          "unusual": unusual(operators), "would_help": memory_bound_help(operators, context)},
+            "try_next": judged.try_next,
+            "worker_sweep": self.workers,
+            "decode_sweep": self.decoders,
+            "input_side": self.input_side,
+            "context": context,
+            "notes": t.notes,
+        }
+        if self.communication is not None:
+            record["communication"] = self.communication.record(t.full_ms)
+            record["derived_ms"]["all_reduce_exposed"] = t.communication_ms
         return record
-    write_json_atomic(run_dir / "diagnosis.json", record)
-    plot(timings, result_verdict, workers, run_dir / "diagnosis.png")
-    log.info("diagnosis written: %s, %s", run_dir / "diagnosis.json", run_dir / "diagnosis.png")
-    return record
