@@ -5,8 +5,9 @@ the module that owns it. docs/architecture.md shows both tables, written from he
     python -m trainer.architecture --write   # rewrite its tables
 
 A module may import from its own folder and from the layers below it, never from a layer above or a
-neighbour in its own (tests/unit/test_import_layers.py checks every import, and that none goes round
-in a circle).
+neighbour in its own; each folder sits just above the highest layer it imports from
+(tests/unit/test_import_layers.py checks every import, that none goes round in a circle, and that no
+folder is declared higher than its imports need).
 """
 
 from __future__ import annotations
@@ -26,22 +27,24 @@ from trainer.measure import comparison
 LAYERS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("infra",), "what every module stands on: one-line errors, atomic and checkpoint files, the schema checker and "
                  "`_target_` building, signals, processes and devices, figures"),
-    (("data", "models", "callbacks"), "the parts a run is made of: data modules, networks, Lightning callbacks"),
+    (("data", "models", "callbacks", "scaffold"), "the parts a run is made of: data modules, networks, Lightning "
+                                                  "callbacks; and a team's starter folder, written from templates"),
     (("tasks",), "task definitions: what a batch is, the loss, the metrics, the unit a batch is counted in "
                  "(told what the data say)"),
     (("groups",), "one room per config group: its schema, its rules and its builder"),
     (("configuration",), "the whole config: every group validated into a frozen spec, Hydra's set-up, recipes, "
                          "key docs, --help"),
-    (("measure",), "what measures: diagnosis, profile, memory plan, MFU, the sweep comparison"),
-    (("task",), "the LightningModule: loss, metrics, the optimizer and schedule from the plan"),
+    (("measure", "deploy", "testing"), "what works from a validated config without a run: what measures "
+                                       "(diagnosis, profile, memory plan, MFU, the sweep comparison), a trained "
+                                       "run's export and serving, the public helpers for a team's tests"),
+    (("task", "architecture", "generate"), "the LightningModule (loss, metrics, the optimizer and schedule from the "
+                                           "plan); this declaration; text from a trained language model"),
     (("phases",), "the run's phases, each a function of one job, and the run record they pass on"),
     (("modes",), "the measurement modes entered instead of (or before) training"),
     (("run",), "the wiring: the one module that calls the phases in order"),
-    (("deploy", "scaffold", "architecture"), "what stands beside a run: export and serving, a team's folder, "
-                                             "this declaration"),
-    (("cli", "generate", "testing"), "the command lines (training, text from a trained language model) and the "
-     "public helpers for a team's tests"),
-    (("__main__", "__init__"), "`python -m trainer`, and the package's public names"),
+    (("cli",), "the command line: training, and the subcommands beside it (scaffold, deploy)"),
+    (("__main__", "__init__"), "`python -m trainer`, and the package's public names (imported on first use, "
+                               "from every layer)"),
 )
 
 #: Every config group of conf/ (and +recipe=): those a run's config holds, then Hydra's own.

@@ -1,5 +1,6 @@
 """Every import inside the package goes down the layers of trainer/architecture.py, and none goes round
-in a circle: a module may import from its own folder and from lower layers only."""
+in a circle: a module may import from its own folder and from lower layers only. Each folder sits as
+low as its imports allow, so that the layers forbid what they should."""
 
 from __future__ import annotations
 
@@ -93,3 +94,22 @@ def test_no_circles() -> None:
 def test_every_layer_names_something_that_exists(members: tuple[str, ...]) -> None:
     for member in members:
         assert (PACKAGE / member).is_dir() or (PACKAGE / f"{member}.py").is_file(), member
+
+
+#: Members whose imports the graph cannot see: the package's public names are imported on first use,
+#: by name (trainer/__init__.py), from every layer.
+IMPORTS_BY_NAME = {"__init__"}
+
+
+def test_every_member_sits_as_low_as_its_imports_allow() -> None:
+    """A member declared higher than its imports need would let it import what it must not (deploy/
+    the run, say): each sits just above the highest layer it imports from."""
+    highest: dict[str, int] = {}
+    for module, targets in GRAPH.items():
+        for target in targets:
+            if _folder(target) != _folder(module):
+                highest[_folder(module)] = max(highest.get(_folder(module), -1), layer_of(target))
+    too_high = [f"trainer.{member}: layer {index}, its imports allow layer {highest.get(member, -1) + 1}"
+                for index, (members, _) in enumerate(LAYERS) for member in members
+                if member not in IMPORTS_BY_NAME and index > highest.get(member, -1) + 1]
+    assert not too_high, "\n".join(too_high)
