@@ -47,7 +47,8 @@ from trainer.infra.instantiation import construct
 from trainer.infra.schema import locate_target
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
 from trainer.models.group import build_model
-from trainer.phases.plan import Plan
+from trainer.phases.first_batch import check_first_batch
+from trainer.phases.plan import Plan, device_of
 from trainer.phases.products import Built, Parts
 from trainer.phases.resume import check_fits
 from trainer.phases.state import Run
@@ -56,7 +57,8 @@ from trainer.task import TrainingTask
 
 def build_parts(run: Run) -> None:
     """The data module (told the run's folder and seed), the task bound to what the data say, the
-    network for both, and the clipping and non-finite callbacks; `run.parts`."""
+    network for both, one batch through the three (trainer/phases/first_batch.py), and the clipping
+    and non-finite callbacks; `run.parts`."""
     spec = run.spec
     datamodule, info = build_data(spec.data, run.job.run_dir, spec.top.seed)
     definition = build_definition(spec.task, info, spec.regularization)
@@ -64,6 +66,7 @@ def build_parts(run: Run) -> None:
     metrics = logged_metrics(definition)
     check_metric_names(spec, metrics)
     net = build_model(spec.model, info.model_inputs(), required=definition.model_inputs)
+    check_first_batch(datamodule, info, net, definition, device_of(run.devices.accelerator))
     run.parts = Parts(datamodule, info, net,
                       GradientClipping(construct("clipping", lambda: instantiate(spec.clipping, _convert_="all"))),
                       construct("nonfinite", lambda: instantiate(spec.nonfinite, _convert_="all")), definition,

@@ -63,6 +63,12 @@ class Classification(TaskDefinition):
     def loss(self, outputs: Any, targets: Any, training: bool) -> torch.Tensor:
         return classification_loss(outputs, targets, self.label_smoothing if training else 0.0)
 
+    def check_outputs(self, outputs: Any, targets: Any) -> str | None:
+        if isinstance(outputs, torch.Tensor) and outputs.ndim == 2 and outputs.shape[1] != self.num_classes:
+            return (f"its head gives {outputs.shape[1]} outputs a sample (outputs {' x '.join(map(str, outputs.shape))}), "
+                    f"the data have {self.num_classes} classes; allowed: one output a class (the model's num_classes)")
+        return None
+
     def metrics(self, split: str) -> Mapping[str, Metric]:
         if split == "train":  # updated every training step: the lean one (the same value)
             return {"acc": Accuracy()}

@@ -96,6 +96,12 @@ class TaskDefinition:
         the like apply); the evaluation loss is the plain one, comparable between runs."""
         raise NotImplementedError(f"{type(self).__name__} must define loss()")
 
+    def check_outputs(self, outputs: Any, targets: Any) -> str | None:
+        """What is wrong with a batch's outputs for these targets, in words (None: nothing): asked once,
+        on the first batch before training (trainer/phases/first_batch.py), e.g. a head of the wrong
+        width. The loss, the metrics and their shapes are checked there anyway."""
+        return None
+
     def metrics(self, split: str) -> Mapping[str, Metric]:
         """The metrics logged as ``{split}/{name}`` beside ``{split}/loss`` ("train", "val", "test"),
         new objects on each call. Epoch-level: updated every step, computed at the epoch's end."""
