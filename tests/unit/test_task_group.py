@@ -23,6 +23,9 @@ class CountsPixels(TaskDefinition):
 
 
 class Picky(TaskDefinition):
+    def loss(self, outputs: Any, targets: Any, training: bool) -> Any:
+        return outputs.mean()
+
     def refusals(self, settings: Any) -> list[tuple[str, str, str]]:
         return [("compile.mode", "not with me", "off")] if settings["compile"]["mode"] != "off" else []
 

@@ -77,14 +77,14 @@ def _check_regularization(definition: TaskDefinition, cfg: RegularizationConfig)
 
 
 def check_task(definition: TaskDefinition, settings: Mapping[str, Any]) -> None:
-    """The task's own refusals of the run's settings, one line for the first; a task that does not
-    define its loss is refused first."""
+    """The task's own refusals of the run's settings, one line for the first; then a task that
+    does not define its loss."""
+    for key, problem, allowed in definition.refusals(settings):
+        raise UserError(key, problem, allowed)
     if type(definition).loss is TaskDefinition.loss:
         name = f"{type(definition).__module__}.{type(definition).__qualname__}"
         raise UserError("task._target_", f"{name} does not define loss(outputs, targets, training)",
                         "a TaskDefinition that defines its loss (docs/tasks.md)")
-    for key, problem, allowed in definition.refusals(settings):
-        raise UserError(key, problem, allowed)
 
 
 def logged_metrics(definition: TaskDefinition) -> dict[str, Optional[bool]]:

@@ -487,8 +487,7 @@ def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> N
     save_png(figure, path)
 
 
-def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.optim.Optimizer,
-             forward_context: Callable[[], Any], scaler: Any, device: torch.device,
+def diagnose(datamodule: ImageClassificationData, model_step: ModelStep,
              full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], context: dict[str, Any],
              run_dir: Path, steps: int = 20, sweep: bool = True, communication: CommunicationTimer | None = None,
              write: bool = True) -> dict[str, Any]:
@@ -500,7 +499,7 @@ def diagnose(datamodule: ImageClassificationData, task: Any, optimizer: torch.op
     of it, the full step first: every process then exists (Lightning's launcher starts the others
     inside fit) and has the threads training gives it, so the one-process timings after it are
     measured as each process trains. Only where `write` (rank 0) are the files written."""
-    model_step = ModelStep(task, optimizer, forward_context, scaler, device)
+    device = model_step.device
     measured = time_parts(datamodule, model_step, full_step_samples_per_s, steps, communication)
     operators = profile_step(model_step, measured.resident, str(context.get("precision", "32-true")))
     workers, decoders = sweep_input(datamodule, device, steps, sweep, measured.timings.notes, context)

@@ -9,7 +9,7 @@ from trainer.callbacks.throughput import ThroughputMeter
 from trainer.data.synthetic import SyntheticDataModule
 from trainer.infra.library_logs import quiet_library_warnings
 from trainer.measure.communication import CommunicationTimer
-from trainer.measure.diagnose import diagnose
+from trainer.measure.diagnose import ModelStep, diagnose
 from trainer.phases.build import build_trainer
 from trainer.phases.state import Run
 
@@ -50,7 +50,7 @@ def run_diagnosis(run: Run) -> None:
                "processes": run.devices.processes, "gradient_compression": plan.communication.gradient_compression,
                "parameters": sum(p.numel() for p in task.parameters() if p.requires_grad)}
     precision = built.trainer.precision_plugin
-    diagnose(parts.datamodule, task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
-             device, full_step, context, run.job.run_dir, steps=steps,
+    diagnose(parts.datamodule, ModelStep(task, optimizer, precision.forward_context, getattr(precision, "scaler", None),
+                                         device), full_step, context, run.job.run_dir, steps=steps,
              sweep=not isinstance(parts.datamodule, SyntheticDataModule), communication=communication,
              write=run.rank_zero)

@@ -63,7 +63,7 @@ def check_first_batch(datamodule: ImageClassificationData, info: DataInfo, net: 
         metrics = {name: metric.to(device) for name, metric in definition.metrics(split).items()}
         with torch.no_grad():
             _call("task", definition, "update_metrics",
-                  lambda: definition.update_metrics(metrics, outputs.detach() if isinstance(outputs, torch.Tensor)
+                  lambda metrics=metrics: definition.update_metrics(metrics, outputs.detach() if isinstance(outputs, torch.Tensor)
                                                     else outputs, targets), f" for {split}'s metrics{shapes}")
 
 
@@ -71,7 +71,7 @@ def take_batch(datamodule: ImageClassificationData, device: torch.device) -> Any
     """The first training batch of `CHECK_SAMPLES` samples as a step receives it, read in this
     process (no loader workers), through Lightning's hooks of the data module; the module is left
     as it was (batch size, loader settings, splits not set up), so the run sets it up as planned."""
-    kept = (datamodule.batch_size, datamodule.loader, datamodule.train_set, datamodule.val_set, datamodule.test_set)
+    kept = dict(vars(datamodule))  # every attribute, put back after (the splits, the decode mode, the sampler)
     name = type(datamodule).__name__
     datamodule.set_batch_size(min(CHECK_SAMPLES, datamodule.batch_size))
     datamodule.apply_loader(_ONE_PROCESS)
@@ -83,10 +83,10 @@ def take_batch(datamodule: ImageClassificationData, device: torch.device) -> Any
         batch = datamodule.transfer_batch_to_device(batch, device, 0)
         return _call("data", datamodule, "on_after_batch_transfer", lambda: datamodule.on_after_batch_transfer(batch, 0))
     except StopIteration:
-        raise UserError("data", f"{name}.train_dataloader() gives no batch", "a training split of at least one batch")
+        raise UserError("data", f"{name}.train_dataloader() gives no batch", "a training split of at least one batch") from None
     finally:
-        datamodule.set_batch_size(kept[0])
-        datamodule.loader, datamodule.train_set, datamodule.val_set, datamodule.test_set = kept[1:]
+        vars(datamodule).clear()
+        vars(datamodule).update(kept)
 
 
 def _check_inputs(data: str, inputs: Any, info: DataInfo, net: nn.Module) -> None:
