@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import warnings
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Iterator
 
 import torch
@@ -59,12 +60,12 @@ def check_first_batch(datamodule: ImageClassificationData, info: DataInfo, net: 
             raise UserError("model", f"{type(net).__name__}: {wrong}")
         loss = _loss(definition, outputs, targets, shapes)
         _call("task", definition, "loss", loss.backward, f" (its backward){shapes}")
+    detached = outputs.detach() if isinstance(outputs, torch.Tensor) else outputs
     for split in ("train", "val"):
         metrics = {name: metric.to(device) for name, metric in definition.metrics(split).items()}
         with torch.no_grad():
-            _call("task", definition, "update_metrics",
-                  lambda metrics=metrics: definition.update_metrics(metrics, outputs.detach() if isinstance(outputs, torch.Tensor)
-                                                    else outputs, targets), f" for {split}'s metrics{shapes}")
+            _call("task", definition, "update_metrics", partial(definition.update_metrics, metrics, detached, targets),
+                  f" for {split}'s metrics{shapes}")
 
 
 def take_batch(datamodule: ImageClassificationData, device: torch.device) -> Any:
