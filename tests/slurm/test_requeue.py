@@ -8,11 +8,15 @@ the run is testing) stops at the end of that test batch, is requeued, finds its 
 tests again and completes with the uninterrupted run's test metrics.
 A two-job SLURM multirun ends with its comparison table.
 
-SLURM's signal timing is coarse: slurmctld looks at time limits every 30 s, so the signal comes
-anywhere from `signal_delay_s` to `signal_delay_s` + 30 s before the limit. The run is therefore made to outlast
-the limit by a margin (a test callback sleeps a second per step of the first attempt: wall time,
-not CPU), and nothing here depends on when exactly the signal arrives, only that at least one
-does."""
+SLURM's signal timing is coarse: slurmctld looks at time limits every 30 s, and a job was seen
+signalled 42 s before a one-minute limit with `signal_delay_s` 30, so the signal comes anywhere in the
+last `signal_delay_s` + 60 s. Each attempt must have started training before it: a requeued attempt
+spends 15-30 s in imports and set-up on a loaded two-core machine, and with a one-minute limit (signal
+0-30 s in) a CI run was requeued 8 times, 2 steps an attempt, and never finished. So the limit is two
+minutes with the signal 10 s before it (signal 50-110 s into each attempt), and the first attempt is
+made to outlast that (a test callback sleeps 2 s per step of it: wall time, not CPU). Nothing here
+depends on when exactly the signal arrives, only that at least one does and that every attempt gets
+past its set-up."""
 
 from __future__ import annotations
 
@@ -28,17 +32,17 @@ from tests.helpers import ON_CPU, REPO, train_forked
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# Digits, 5 steps an epoch, 14 epochs: 70 steps of a second each in the first attempt, which
-# outlasts the first signal (it comes 30 to 60 s into the job: a 60 s limit, the signal 30 s before
-# it, looked at every 30 s) by a margin. Deterministic CPU on one thread, as in the SIGKILL test (tests/run/test_resume.py),
+# Digits, 5 steps an epoch, 14 epochs: 70 steps of 2 s each in the first attempt (140 s of training
+# after 15-30 s of set-up), which outlasts the first signal (50 to 110 s into the job: a 120 s limit,
+# the signal 10 s before it, looked at every 30 s) by a margin. Deterministic CPU on one thread, as in the SIGKILL test (tests/run/test_resume.py),
 # so that an interrupted run can equal an uninterrupted one.
 RUN = [*ON_CPU, "trainer.max_epochs=14", "trainer.limit_train_batches=5", "trainer.limit_val_batches=2",
        "trainer.num_sanity_val_steps=1", "trainer.deterministic=true", "progress=plain", "logger=csv"]
 FINAL_STEP = 70
-SECONDS_PER_STEP = 1.0
-#: What the README's requeue recipe sets, with a one-minute limit and the signal 30 s before it.
+SECONDS_PER_STEP = 2.0
+#: What the README's requeue recipe sets, with a two-minute limit and the signal 10 s before it.
 SLURM_LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.gpus_per_node=0",
-                  "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=30"]
+                  "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=10"]
 
 
 def submit(slurm, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -89,7 +93,7 @@ def test_a_run_that_outlasts_its_time_limit_is_requeued_and_equals_an_uninterrup
     assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
 
     # The figures docs/scale-out.md quotes, from this test's run (pytest -s shows them).
-    figures = {"time_limit_min": 1, "signal_delay_s": 30, "steps": FINAL_STEP, "seconds_per_step": SECONDS_PER_STEP,
+    figures = {"time_limit_min": 2, "signal_delay_s": 10, "steps": FINAL_STEP, "seconds_per_step": SECONDS_PER_STEP,
                "requeues": summary["requeues"], "steps_lost": summary["steps_lost"],
                "stopped_at_steps": [a["steps"] for a in attempts[:-1]], "wall_time_s": round(wall, 1)}
     (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
