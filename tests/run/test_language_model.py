@@ -1,6 +1,6 @@
 """A language model trains through the framework with the practices applied, for real, on text.
 
-The tiny GPT recipe, shortened, learns the built-in corpus to a validation perplexity far below the
+The tiny GPT recipe, shortened, learns the built-in corpus to a validation perplexity well below the
 corpus's unigram baseline, with tokens/s, the FLOPs per token and the batch in tokens recorded; a
 folder of the person's own text trains with bucketed sequences and the run's model writes text
 through `python -m trainer.generate`; the trained model exports (torch.export and ONNX checked
@@ -20,17 +20,18 @@ from tests.helpers import ON_CPU, python_forked, run_in_process, train, train_fo
 
 pytestmark = pytest.mark.run
 
-#: The recipe shortened to 160 of its 427 steps (the schedule with them; about 50 s on 2 cores): val
-#: perplexity 257 measured against the corpus's unigram baseline of 565, so the test's bound (half of it)
-#: has a 9% margin (the whole recipe: 91, 2 min, docs/measured.md).
-SHORT_RECIPE = ["+recipe=gpt_tiny_text", *ON_CPU, "trainer.max_steps=160", "trainer.val_check_interval=80",
+#: The recipe shortened to 80 of its 427 steps (the schedule with them; 117 s on one thread, as under
+#: make test's workers): val perplexity 376 measured against the corpus's unigram baseline of 565, so the
+#: test's bound (three quarters of it, 424) has an 11% margin. 160 steps reached 257 but took 223 s, the
+#: longest fixture of the suite; the whole recipe reaches 91 (2 min on 2 threads, docs/measured.md).
+SHORT_RECIPE = ["+recipe=gpt_tiny_text", *ON_CPU, "trainer.max_steps=80", "trainer.val_check_interval=40",
                 "progress=off"]
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The shortened recipe, with a target perplexity; its summary (the run folder: run_dir)."""
-    summary = run_in_process([*SHORT_RECIPE, "target.metric=val/perplexity", "target.value=400"],
+    summary = run_in_process([*SHORT_RECIPE, "target.metric=val/perplexity", "target.value=450"],
                              tmp_path_factory.mktemp("gpt_tiny_text"))
     assert summary is not None and summary["status"] == "completed"
     return summary
@@ -47,11 +48,11 @@ def stdlib_folder(root: Path, modules: tuple[str, ...] = ("json", "email", "http
     return root
 
 
-def test_the_tiny_gpt_recipe_learns_far_below_the_unigram_baseline(short_run):
+def test_the_tiny_gpt_recipe_learns_well_below_the_unigram_baseline(short_run):
     summary = short_run
     baseline = summary["data"]["baselines"]["val/perplexity"]
     perplexity = summary["metrics"]["val"]["perplexity"]
-    assert perplexity < baseline / 2, (perplexity, baseline)
+    assert perplexity < 0.75 * baseline, (perplexity, baseline)
     # perplexity is exp of the token-weighted mean loss, not a mean of per-batch perplexities
     assert perplexity == pytest.approx(2.718281828 ** summary["metrics"]["val"]["loss"], rel=1e-4)
     # the batch is counted in tokens: the lr rule scaled by 4,096 tokens, the throughput in tokens
@@ -150,11 +151,12 @@ def test_lr_find_with_a_language_model_moves_the_found_lr_by_the_batch_in_tokens
     import math
 
     run_dir = tmp_path / "run"
-    summary = run_in_process([*SHORT_RECIPE, "optimizer.lr=find", "optimizer.find_steps=20", "trainer.max_steps=2",
+    # The recipe at 8 sequences a batch (a quarter of its own): what is tested is the units, not the model.
+    summary = run_in_process([*SHORT_RECIPE, "data.batch_size=8", "optimizer.lr=find", "optimizer.find_steps=20", "trainer.max_steps=2",
                               "trainer.accumulate_grad_batches=2", "trainer.val_check_interval=1.0",
                               "trainer.limit_val_batches=1", "trainer.limit_test_batches=1", "checkpointing=off"], run_dir)
     record = json.loads((run_dir / "lr_find.json").read_text())
-    assert record["batch_size"] == 32  # sequences of 128 tokens: 4,096 tokens
+    assert record["batch_size"] == 8  # sequences of 128 tokens: 1,024 tokens
     derived = summary["derived"]["optimizer.lr"]
     assert derived["value"] == pytest.approx(record["lr"] * math.sqrt(2), abs=1e-10)
-    assert " at batch 4096 tokens -> " in derived["how"] and " at batch 8192 tokens (sqrt rule, x1.414)" in derived["how"]
+    assert " at batch 1024 tokens -> " in derived["how"] and " at batch 2048 tokens (sqrt rule, x1.414)" in derived["how"]
