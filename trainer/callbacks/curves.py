@@ -74,7 +74,10 @@ class Curves(Callback):
         # matplotlib only when drawing (about 0.5 s to import): a diagnosis never draws curves.
         from matplotlib.ticker import MaxNLocator
 
-        figure = new_figure(figsize=(13, 3.8), layout="constrained")
+        # Fixed margins, not layout="constrained": every run draws this figure, and the constrained
+        # layout's measuring pass doubled its cost (0.54 s against 0.30 s a figure, warm, on 2 cores).
+        figure = new_figure(figsize=(13, 3.8))
+        figure.subplots_adjust(left=0.05, right=0.985, bottom=0.13, top=0.84 if title else 0.9, wspace=0.2)
         loss_axes, metric_axes, lr_axes = figure.subplots(1, 3)
 
         loss_axes.plot(steps, losses, color="#9ecae1", linewidth=0.8, label="per step")
