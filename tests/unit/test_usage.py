@@ -42,3 +42,18 @@ def test_the_header_lists_scaffold_and_deploy():
     text = usage(SCRIPT)
     assert "gpu-practice-train scaffold " in text
     assert "gpu-practice-train deploy export " in text and "gpu-practice-train deploy serve " in text
+
+
+def test_the_header_names_every_deploy_subcommand(capsys):
+    """Every subcommand `python -m trainer.deploy` takes is in the header (weights once was not)."""
+    import re
+
+    from trainer.deploy.__main__ import main as deploy_main
+
+    with pytest.raises(SystemExit):
+        deploy_main(["--help"])
+    subcommands = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
+    assert len(subcommands) >= 5
+    text = usage(SCRIPT)
+    listed = {name for names in re.findall(r"deploy ([\w|]+)", text) for name in names.split("|")}
+    assert set(subcommands) <= listed, (subcommands, listed)

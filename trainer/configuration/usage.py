@@ -24,6 +24,7 @@ SUBCOMMANDS = (
     ("scaffold vision-team", "a team's own repository: recipes, configs, code, tests, pyproject"),
     ("deploy export RUN_DIR", "the trained model as ONNX, torch.export and safetensors"),
     ("deploy serve RUN_DIR", "behind a batching HTTP server; also deploy bench|load (--help)"),
+    ("deploy weights CKPT OUT.safetensors", "a checkpoint's model weights alone, as safetensors"),
 )
 COMMENT_COLUMN = 52
 
