@@ -499,10 +499,9 @@ def diagnose(datamodule: ImageClassificationData, model_step: ModelStep,
     of it, the full step first: every process then exists (Lightning's launcher starts the others
     inside fit) and has the threads training gives it, so the one-process timings after it are
     measured as each process trains. Only where `write` (rank 0) are the files written."""
-    device = model_step.device
     measured = time_parts(datamodule, model_step, full_step_samples_per_s, steps, communication)
     operators = profile_step(model_step, measured.resident, str(context.get("precision", "32-true")))
-    workers, decoders = sweep_input(datamodule, device, steps, sweep, measured.timings.notes, context)
+    workers, decoders = sweep_input(datamodule, model_step.device, steps, sweep, measured.timings.notes, context)
     input_side = input_side_of(workers, measured.rate, context)
     findings = Findings(measured.timings, verdict(measured.timings, context), operators, workers, decoders,
                         input_side, measured.communication)
