@@ -597,6 +597,7 @@ def in_forked_child(check: Callable[[], None], timeout: float = 300) -> None:
     starts autograd's device threads, and every later fork of this pytest worker (`train_forked`)
     dies with "Unable to handle autograd's threading in combination with fork-based
     multiprocessing". In a child, the trace leaves the worker as it was."""
+    import select
     import time
     import traceback
 
@@ -614,15 +615,30 @@ def in_forked_child(check: Callable[[], None], timeout: float = 300) -> None:
         os._exit(1 if report else 0)
     os.close(write_end)
     deadline = time.monotonic() + timeout
-    with os.fdopen(read_end, "rb") as source:
-        report = source.read()
+
+    def past_deadline() -> None:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise TimeoutError(f"the forked check ran past {timeout} s")
+
+    # The report is read as it comes, the deadline checked between reads: a child that hangs
+    # (holding the pipe open) fails this test instead of hanging the worker.
+    chunks: list[bytes] = []
+    with os.fdopen(read_end, "rb", buffering=0) as source:
+        while True:
+            past_deadline()
+            if select.select([source], [], [], 0.5)[0]:
+                chunk = source.read(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    report = b"".join(chunks)
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            raise TimeoutError(f"the forked check ran past {timeout} s")
+        past_deadline()
         time.sleep(0.01)
     if report or os.waitstatus_to_exitcode(status) != 0:
         raise AssertionError("in the forked child:\n" + (report.decode() or f"exit status {status}"))
