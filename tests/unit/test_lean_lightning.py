@@ -1,6 +1,7 @@
-"""The two fast paths the framework puts in Lightning's per-step host work (trainer/infra/lean_lightning.py)
+"""The fast paths the framework puts in Lightning's per-step host work (trainer/infra/lean_lightning.py)
 do the same work as Lightning's own: every hook a callback defines is called, in the same order with
-the same arguments, and a logged value's state lands on the value's device; what Lightning they rely
+the same arguments, every module and strategy hook is called with the hook's name where `self.log`
+reads it, and a logged value's state lands on the value's device; what Lightning they rely
 on is pinned here, so that an upgrade shows here first."""
 
 from __future__ import annotations
@@ -60,7 +61,28 @@ class Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(lean_dispatch: bool, **kwargs: Any) -> tuple[list, L.Trainer]:
+MODULE_HOOKS = ("on_train_batch_start", "on_before_backward", "backward", "on_after_backward", "optimizer_step",
+                "on_before_optimizer_step", "optimizer_zero_grad", "on_before_zero_grad", "on_train_batch_end",
+                "on_train_epoch_end", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+class NamedHooks(Tiny):
+    """Records each module hook it is called at, with the hook name Lightning's bookkeeping says is
+    running (what `self.log` checks), then does what LightningModule's own hook does."""
+
+    def __init__(self, calls: list) -> None:
+        super().__init__()
+        self.calls = calls
+
+
+for _hook in MODULE_HOOKS:
+    def _recording(self: Any, *args: Any, _hook: str = _hook, **kwargs: Any) -> Any:
+        self.calls.append(("module", _hook, self._current_fx_name))
+        return getattr(L.LightningModule, _hook)(self, *args, **kwargs)
+    setattr(NamedHooks, _hook, _recording)
+
+
+def fit(lean_dispatch: bool, module: Any = None, **kwargs: Any) -> tuple[list, L.Trainer]:
     torch.manual_seed(0)
     calls: list = []
     trainer = L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_checkpointing=False,
@@ -70,7 +92,7 @@ def fit(lean_dispatch: bool, **kwargs: Any) -> tuple[list, L.Trainer]:
     if lean_dispatch:
         lean.mark_lean(trainer)
     data = DataLoader(TensorDataset(torch.randn(8, 3)), batch_size=2)
-    trainer.fit(Tiny(), train_dataloaders=data)
+    trainer.fit(NamedHooks(calls) if module is None else module, train_dataloaders=data)
     return calls, trainer
 
 
@@ -79,6 +101,10 @@ def test_every_defined_hook_is_called_in_lightnings_order_with_its_arguments():
     lean_calls, marked = fit(lean_dispatch=True)
     assert lean_calls == lightning_calls
     assert sum(1 for c in lean_calls if c[:2] == ("a", "on_before_optimizer_step")) == 8  # 2 epochs of 4 steps
+    # Each module hook ran, with its own name as the hook running (backward and optimizer_step run
+    # inside the strategy's hook of the same name).
+    assert {c[1] for c in lean_calls if c[0] == "module"} == set(MODULE_HOOKS)
+    assert all(name == hook for kind, hook, name in lean_calls if kind == "module")
     # And what the steps logged is the same.
     assert float(marked.callback_metrics["train/loss_epoch"]) == float(plain.callback_metrics["train/loss_epoch"])
 
@@ -90,11 +116,24 @@ def test_a_profiler_gets_lightnings_own_dispatch_so_its_report_names_every_hook(
     assert calls == fit(lean_dispatch=False)[0]
 
 
-def test_the_dispatch_lightning_calls_through_is_the_one_replaced():
+def test_the_calls_lightning_goes_through_are_the_ones_replaced():
     lean.install()
     assert call._call_callback_hooks is lean.lean_dispatch
+    assert call._call_lightning_module_hook is lean.lean_module_hook
+    assert call._call_strategy_hook is lean.lean_strategy_hook
     parameters = list(inspect.signature(lean._lightning_dispatch).parameters)
     assert parameters == ["trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"]
+    assert list(inspect.signature(lean._lightning_module_hook).parameters) == ["trainer", "hook_name", "args",
+                                                                               "pl_module", "kwargs"]
+    assert list(inspect.signature(lean._lightning_strategy_hook).parameters) == ["trainer", "hook_name", "args",
+                                                                                 "kwargs"]
+
+
+def test_a_marked_trainer_with_a_profiler_times_every_module_and_strategy_hook():
+    calls, trainer = fit(lean_dispatch=True, profiler=SimpleProfiler())
+    names = set(trainer.profiler.recorded_durations)
+    assert {"[LightningModule]NamedHooks.on_train_batch_start", "[Strategy]SingleDeviceStrategy.training_step",
+            "[LightningModule]NamedHooks.optimizer_step"} <= names
 
 
 def test_a_logged_state_already_on_the_device_is_not_walked_again_and_one_elsewhere_is():

@@ -1,9 +1,9 @@
-"""Two fast paths in Lightning's per-step host work, for the Trainers the framework builds.
+"""Three fast paths in Lightning's per-step host work, for the Trainers the framework builds.
 
 A GPU hides the host's work only while the device is busier than the host; a small model or a fast
 GPU exposes every microsecond (docs/diagnosis.md, "Host time per step"). Measured with
 benchmarks/host_overhead.py, two parts of Lightning 2.6's step loop cost far more than the work
-they do, and both are replaced here, deliberately, with code that does the same work:
+they do, and they are replaced here, deliberately, with code that does the same work:
 
 - **Callback dispatch.** Lightning calls every hook of every callback at every step, whether the
   callback overrides it or not, each call inside a profiler context and with the callback's state
@@ -13,13 +13,20 @@ they do, and both are replaced here, deliberately, with code that does the same 
   `Callback`'s no-ops, in the same order with the same arguments; with a profiler other than
   Lightning's pass-through one, Lightning's own dispatch runs, so the profile names every hook.
   Only Trainers marked by `mark_lean` (the framework's, trainer/groups/trainer.py) take it.
+- **Calling a LightningModule or strategy hook.** Lightning runs each of the step's dozen and a
+  half module and strategy hooks (`training_step`, `backward`, `optimizer_step`, the batch hooks)
+  through `call._call_lightning_module_hook` / `_call_strategy_hook`: a debug line formatted
+  whether logged or not, a profiler context, and `pl_module._current_fx_name` set and put back
+  through `nn.Module.__setattr__` (4 us a set, its parameter and buffer checks, for a string).
+  `lean_module_hook` and `lean_strategy_hook` call the same hook with the same bookkeeping, set as
+  a plain attribute, for marked Trainers under the pass-through profiler (about 0.1 ms a step).
 - **Moving a logged value's state.** Every `LightningModule.log` call moves the value's
   `_ResultMetric` to the value's device (`_ResultCollection.log`: `self[key].to(value.device)`),
   which walks its whole `__dict__` and deep-copies its metadata even when everything is already
   there: about 0.7 ms a call. `_ResultMetric.to` returns at once when every tensor (and metric) it
   holds is already on that device, which is what the walk would have found.
 
-Both are pinned against the Lightning we admit by tests/unit/test_lean_lightning.py (the functions
+All are pinned against the Lightning we admit by tests/unit/test_lean_lightning.py (the functions
 and attributes they rely on, and that a run's hooks and logged values are the same with and without
 them)."""
 
@@ -38,6 +45,8 @@ from torchmetrics import Metric
 LEAN_MARK = "_framework_lean_dispatch"
 
 _lightning_dispatch = call._call_callback_hooks
+_lightning_module_hook = call._call_lightning_module_hook
+_lightning_strategy_hook = call._call_strategy_hook
 _lightning_result_to = result._ResultMetric.to
 
 
@@ -48,9 +57,13 @@ def mark_lean(trainer: Any) -> None:
 
 
 def install() -> None:
-    """Put both fast paths in place (idempotent; a Trainer without the mark keeps Lightning's dispatch)."""
+    """Put the fast paths in place (idempotent; a Trainer without the mark keeps Lightning's calls)."""
     if call._call_callback_hooks is not lean_dispatch:
         call._call_callback_hooks = lean_dispatch
+    if call._call_lightning_module_hook is not lean_module_hook:
+        call._call_lightning_module_hook = lean_module_hook
+    if call._call_strategy_hook is not lean_strategy_hook:
+        call._call_strategy_hook = lean_strategy_hook
     if result._ResultMetric.to is not _result_to:
         result._ResultMetric.to = _result_to  # type: ignore[method-assign]
 
@@ -69,7 +82,7 @@ def overrides(cls: type, hook: str) -> bool:
 def lean_dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks: Optional[bool] = None,
                   **kwargs: Any) -> None:
     """`call._call_callback_hooks` less the calls of hooks a callback does not define."""
-    if not getattr(trainer, LEAN_MARK, False) or not isinstance(trainer.profiler, PassThroughProfiler):
+    if not _lean(trainer):
         _lightning_dispatch(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
         return
     callbacks = _defining(trainer, hook_name, monitoring_callbacks)
@@ -85,6 +98,45 @@ def lean_dispatch(trainer: Any, hook_name: str, *args: Any, monitoring_callbacks
         getattr(callback, hook_name)(trainer, pl_module, *args, **kwargs)
     if pl_module:
         object.__setattr__(pl_module, "_current_fx_name", previous)
+
+
+def _lean(trainer: Any) -> bool:
+    """Whether `trainer` takes the fast paths: marked, and no profiler that would name the hooks."""
+    return getattr(trainer, LEAN_MARK, False) and isinstance(trainer.profiler, PassThroughProfiler)
+
+
+def lean_module_hook(trainer: Any, hook_name: str, *args: Any, pl_module: Any = None, **kwargs: Any) -> Any:
+    """`call._call_lightning_module_hook` without the debug line, the profiler context and
+    nn.Module's attribute checks for the name of the hook being run."""
+    if not _lean(trainer):
+        return _lightning_module_hook(trainer, hook_name, *args, pl_module=pl_module, **kwargs)
+    pl_module = pl_module or trainer.lightning_module
+    if pl_module is None:
+        raise TypeError("No `LightningModule` is available to call hooks on.")
+    fn = getattr(pl_module, hook_name)
+    if not callable(fn):
+        return None
+    return _named_call(pl_module, hook_name, fn, args, kwargs)
+
+
+def lean_strategy_hook(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> Any:
+    """`call._call_strategy_hook` as `lean_module_hook` is Lightning's module hook call."""
+    if not _lean(trainer):
+        return _lightning_strategy_hook(trainer, hook_name, *args, **kwargs)
+    fn = getattr(trainer.strategy, hook_name)
+    if not callable(fn):
+        return None
+    return _named_call(trainer.lightning_module, hook_name, fn, args, kwargs)
+
+
+def _named_call(pl_module: Any, hook_name: str, fn: Any, args: tuple, kwargs: dict) -> Any:
+    """`fn(*args, **kwargs)` with `pl_module._current_fx_name` (what `self.log` checks) set to
+    `hook_name` meanwhile, as a plain string attribute; like Lightning, not put back if `fn` raises."""
+    previous = pl_module._current_fx_name
+    object.__setattr__(pl_module, "_current_fx_name", hook_name)
+    output = fn(*args, **kwargs)
+    object.__setattr__(pl_module, "_current_fx_name", previous)
+    return output
 
 
 def _defining(trainer: Any, hook_name: str, monitoring_callbacks: Optional[bool]) -> list[Callback]:
