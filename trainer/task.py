@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Mapping, cast
+from typing import Any, Mapping, Optional, cast
 
 import lightning as L
 import torch
@@ -64,6 +64,7 @@ class TrainingTask(L.LightningModule):
         self.train_loss = WeightedMean()
         self._epoch_unregistered = True
         self._register_first = False
+        self._epoch_length: Optional[tuple[float, int]] = None  # the epoch's batches and the fit's max_steps
         #: Whether this step's train/loss_step went through `self.log` (else the step log writes it).
         self.step_loss_logged = False
         # Evaluation losses weighted by the units of each batch, so the epoch's value is the mean
@@ -75,9 +76,13 @@ class TrainingTask(L.LightningModule):
                                             for split in SPLITS})
         self.loss_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics_from_loss()))
                                            for split in SPLITS[1:]})
+        # The training metrics again as a plain dict (not registered twice), for every step's lookup.
+        self._train_metrics: dict[str, Metric] = dict(self.split_metrics[_key("train")].items())
 
     def metrics_of(self, split: str) -> Mapping[str, Metric]:
         """The task's metrics of a split ("train", "val", "test")."""
+        if split == "train":
+            return self._train_metrics
         return cast(Mapping[str, Metric], self.split_metrics[_key(split)])
 
     def forward(self, x: Any) -> Any:
@@ -135,15 +140,16 @@ class TrainingTask(L.LightningModule):
         (its batches counted, or the fit's last step by max_steps), else the epoch's first (a
         stream of unknown length, or a time limit that may end the epoch at any batch)."""
         trainer = self.trainer
-        batches = trainer.num_training_batches
+        batches, max_steps = self._epoch_length or (trainer.num_training_batches, trainer.max_steps)
         if self._register_first or batches == float("inf"):
             return True
-        last_step = 0 < trainer.max_steps <= trainer.global_step + 1
-        return batch_idx + 1 >= batches or last_step
+        return batch_idx + 1 >= batches or 0 < max_steps <= trainer.global_step + 1
 
     def on_train_epoch_start(self) -> None:
         self._epoch_unregistered = True
         self._register_first = any(isinstance(c, Timer) for c in getattr(self.trainer, "callbacks", []))
+        # Read once an epoch: `_registers_at` asks at every step until the epoch registers.
+        self._epoch_length = (self.trainer.num_training_batches, self.trainer.max_steps)
 
     # The training metrics' running states go into every checkpoint written inside an epoch, one entry
     # per process, so a run resumed mid-epoch ends that epoch with the mean over all of its batches

@@ -11,7 +11,7 @@ import torch
 from trainer.data.base import DataInfo
 from trainer.tasks.classification import Classification
 from trainer.tasks.language_model import IGNORE_INDEX, LanguageModel, TokenAccuracy, language_model_loss
-from trainer.tasks.metrics import Perplexity, WeightedMean
+from trainer.tasks.metrics import Accuracy, Perplexity, WeightedMean
 
 
 def text_info(vocab: int = 11, length: int = 6) -> DataInfo:
@@ -44,6 +44,36 @@ def test_perplexity_is_exp_of_the_token_weighted_mean_loss_not_a_mean_of_perplex
     assert mean.compute().item() == pytest.approx(weighted, rel=1e-6)
     assert perplexity.compute().item() == pytest.approx(math.exp(weighted), rel=1e-5)
     assert perplexity.compute().item() < (math.exp(2.0) + math.exp(4.0)) / 2
+
+
+def test_a_count_kept_on_the_host_is_in_every_read_of_the_states_and_gone_after_a_reset():
+    """The training step's metrics keep the samples they count in a Python number (no operation a
+    step): a compute, a forward between steps, the states a checkpoint saves and a merge each see
+    them, as torchmetrics' own accuracy and a plain mean would."""
+    from torchmetrics.classification import MulticlassAccuracy
+
+    gen = torch.Generator().manual_seed(0)
+    ours, reference = Accuracy(), MulticlassAccuracy(4, average="micro")
+    for step in range(6):
+        outputs, labels = torch.randn(3, 4, generator=gen), torch.randint(0, 4, (3,), generator=gen)
+        if step == 3:
+            ours(outputs, labels)  # a forward: torchmetrics sets the states aside and resets meanwhile
+        else:
+            ours.add_step(outputs, labels)
+        reference.update(outputs, labels)
+        if step == 4:
+            assert int(ours.metric_state["total"]) == 15
+    assert float(ours.compute()) == float(reference.compute())
+    ours.add_step(torch.randn(2, 4, generator=gen), torch.zeros(2, dtype=torch.long))
+    ours.reset()
+    assert {key: int(value) for key, value in ours.metric_state.items()} == {"correct": 0, "total": 0}
+
+    first, second = WeightedMean(), WeightedMean()
+    first.add_step(torch.tensor(2.0))
+    first.add_step(torch.tensor(4.0))
+    second.add_step(torch.tensor(9.0))
+    first.merge_state(second)
+    assert first.compute().item() == pytest.approx(5.0)
 
 
 def test_token_accuracy_leaves_the_padding_out():
