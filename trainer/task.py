@@ -77,7 +77,7 @@ class TrainingTask(L.LightningModule):
         self.loss_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics_from_loss()))
                                            for split in SPLITS[1:]})
         # The training metrics again as a plain dict (not registered twice), for every step's lookup.
-        self._train_metrics: dict[str, Metric] = dict(self.split_metrics[_key("train")].items())
+        self._train_metrics: dict[str, Metric] = dict(cast(Mapping[str, Metric], self.split_metrics[_key("train")]))
 
     def metrics_of(self, split: str) -> Mapping[str, Metric]:
         """The task's metrics of a split ("train", "val", "test")."""
