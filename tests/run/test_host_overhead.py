@@ -1,8 +1,9 @@
 """benchmarks/host_overhead.py --quick: the benchmark runs end to end (every section of its results
 file written from its record), and what it counts rather than times holds: the operations and
 Python calls a framework step adds beyond bare Lightning do not grow with the number of parameter
-tensors, and stay a handful (the non-finite guard, the clipping, the training metrics: about 35
-operations, where the guard and the clipping alone were about 100 before they were cut). The times
+tensors, and stay a handful (the non-finite guard, the clipping, the training metrics: about 25
+operations, where the guard and the clipping alone were about 100 before they were cut), and the
+framework's Trainer makes fewer Python calls a step than bare Lightning (its lean hook calls). The times
 themselves are the benchmark's to report, not a test's to assert."""
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
-#: Ceilings a little above today's counts (28.2 operations, 169 calls beyond bare Lightning on the CPU;
-#: one more operation with a foreach optimizer): work added to every step shows here first.
-MAX_OPS_BEYOND_LIGHTNING = 31
-MAX_CALLS_BEYOND_LIGHTNING = 200
+#: Ceilings a little above today's counts (24.2 operations beyond bare Lightning on the CPU, one more
+#: with a foreach optimizer; 426 Python calls fewer than bare Lightning, Lightning 2.6's hook calls
+#: made lean: trainer/infra/lean_lightning.py): work added to every step shows here first.
+MAX_OPS_BEYOND_LIGHTNING = 27
+MAX_CALLS_BEYOND_LIGHTNING = -350
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_the_framework_step_adds_a_fixed_handful_of_operations_and_calls(record)
     assert small["added_beyond_lightning"] == pytest.approx(deep["added_beyond_lightning"], abs=1e-6)
     assert 0 < small["added_beyond_lightning"] <= MAX_OPS_BEYOND_LIGHTNING
     beyond = [o["calls"]["framework"] - o["calls"]["lightning"] for o in (small, deep)]
-    assert beyond[0] == beyond[1] and 0 < beyond[0] <= MAX_CALLS_BEYOND_LIGHTNING
+    assert beyond[0] == beyond[1] and beyond[0] <= MAX_CALLS_BEYOND_LIGHTNING
     # The loop's own operations do grow with the network (its forward, backward and step): the count sees them.
     assert deep["loop"] > small["loop"] + 100
 

@@ -183,6 +183,7 @@ def test_the_short_path_of_a_fixed_bound_clips_and_counts_as_the_general_path():
     assert short.steps_clipped > 20 and short.nonfinite_steps == 11
 
     gradients = of_parameters(random_grads(gen, 6.0))
+    assert gradients.norms.numel() == 3  # stacked when first read (or in the guard's row): not the clipping's operation
     with Ops() as ops:
         short._clip(gradients, sharded=False)
     assert len(ops.names) == 7

@@ -29,8 +29,25 @@ def test_the_norms_are_clip_grad_norms_and_taken_once_per_step():
     assert first.norms.tolist() == expected
     assert float(first.total) == float(torch.nn.utils.get_total_norm([p.grad for p in params]))
     with Ops() as ops:
-        step_gradients(optimizer, step=8)
-    assert ops.names == ["aten._foreach_norm", "aten.stack"]  # a new step: taken again, in two operations
+        taken = step_gradients(optimizer, step=8)
+        assert taken is not None and ops.names == ["aten._foreach_norm"]  # a new step: taken again, in one operation
+        assert taken.norms.numel() == len(params)
+    assert ops.names == ["aten._foreach_norm", "aten.stack"]  # and stacked when first read
+
+
+def test_the_norms_go_into_a_callers_row_with_its_value_after_them_in_one_operation():
+    torch.manual_seed(0)
+    params = with_grads((4, 3), (3,))
+    gradients = step_gradients(torch.optim.SGD(params, lr=0.1), step=0)
+    assert gradients is not None
+    row, loss = torch.full((3,), -1.0), torch.tensor(5.0)
+    norms_view = row[:-1]
+    with Ops() as ops:
+        assert gradients.stack_into(row, norms_view, loss)
+    assert ops.names == ["aten.stack"]
+    assert row.tolist() == [float(params[0].grad.norm()), float(params[1].grad.norm()), 5.0]
+    assert gradients.norms.data_ptr() == row.data_ptr() and gradients.norms.tolist() == row[:-1].tolist()
+    assert not gradients.stack_into(torch.empty(3), torch.empty(2), torch.tensor(1.0))  # stacked already: the caller's own way
 
 
 def test_a_step_number_seen_again_with_other_gradients_is_taken_again():

@@ -66,6 +66,7 @@ class StepTable:
         self.capacity = rows
         self._table: Optional[torch.Tensor] = None
         self._rows: list[torch.Tensor] = []
+        self._norm_views: list[torch.Tensor] = []  # each row less its last entry (the loss), made once
         self._bad: Optional[torch.Tensor] = None
         self.steps: list[tuple[int, list[torch.Tensor]]] = []  # (global step, parameters) of each row
 
@@ -84,8 +85,13 @@ class StepTable:
             return None
         self._table = torch.empty(self.capacity, width, dtype=dtype, device=device)
         self._rows = list(self._table.unbind(0))
+        self._norm_views = [row[:-1] for row in self._rows]
         self._bad = torch.zeros(self.capacity, dtype=torch.float32, device=device)
         return self._rows[0]
+
+    def norms_view(self) -> torch.Tensor:
+        """The row `next_row` gave, less its last entry."""
+        return self._norm_views[len(self.steps)]
 
     def add(self, step: int, params: list[torch.Tensor], bad: Optional[torch.Tensor]) -> None:
         """Count the row `next_row` gave as written for `step`, and, with several processes, keep
@@ -197,8 +203,8 @@ class NonFiniteGuard(Callback):
                 step: int) -> torch.Tensor:
         """This step's row of the table (its gradients' norms, then the loss); returns the step's
         flag as a GradScaler's `found_inf` is (0-d float32: 1.0 where the step is bad on any process,
-        else 0.0). Five operations (the loss's view, the row written in place, its sum, the flag's two)."""
-        norms = gradients.norms
+        else 0.0). Four operations: the row written in place (the gradients' norms stacked there, where
+        nobody read them before, the loss after them), its sum, the flag's two."""
         loss = self._loss
         self._loss = None
         if self._table is None:
@@ -206,17 +212,18 @@ class NonFiniteGuard(Callback):
         assert self._table is not None
         if not self._names:
             self._names = {id(p): name for name, p in pl_module.named_parameters()}
-        width = norms.numel() + (loss is not None)
-        row = self._table.next_row(width, norms.dtype, norms.device)
+        dtype, device = gradients.dtype, gradients.device
+        width = len(gradients.params) + (loss is not None)
+        row = self._table.next_row(width, dtype, device)
         if row is None:  # the parameters with a gradient changed: the rows before them are read first
             self._stop_if_diverged(trainer, self.read_counters())
-            row = self._table.next_row(width, norms.dtype, norms.device)
+            row = self._table.next_row(width, dtype, device)
             assert row is not None
-        if loss is not None:
-            loss = loss.view(1) if loss.dtype == norms.dtype and loss.device == norms.device else loss.view(1).to(norms)
-            torch.cat([norms, loss], out=row)
-        else:
-            row.copy_(norms)
+        if loss is None:
+            row.copy_(gradients.norms)
+        elif not (loss.dim() == 0 and loss.dtype == dtype and loss.device == device
+                  and gradients.stack_into(row, self._table.norms_view(), loss)):
+            torch.cat([gradients.norms, loss.reshape(1).to(row)], out=row)
         # Finite exactly when every gradient's norm and the loss are: x - x is 0 for a finite x and NaN for
         # an infinite or NaN one, which nan_to_num makes 1. Summed in float32 (also a half-precision row,
         # which could overflow its own range): a sum past float32's range, norms and a loss far beyond

@@ -5,7 +5,9 @@ the per-tensor 2-norms of the same gradients, just before the same optimizer ste
 its own; `step_gradients` takes them once per optimizer and step, with one multi-tensor call per
 device and dtype (`torch._foreach_norm`, as `torch.nn.utils.get_total_norm` does), and hands the
 same result to whoever asks next at that step. The number of operations does not grow with the
-number of parameter tensors."""
+number of parameter tensors. The norms are stacked into one tensor when first read; a caller that
+keeps a row of its own (the guard's table) can have them stacked there with a value of its own after
+them (`stack_into`), one operation for both."""
 
 from __future__ import annotations
 
@@ -19,16 +21,44 @@ import torch
 class StepGradients:
     """The parameters of an optimizer that have a gradient at this step, and their norms."""
 
-    def __init__(self, params: list[torch.Tensor], norms: torch.Tensor,
+    def __init__(self, params: list[torch.Tensor], norms: torch.Tensor | list[torch.Tensor],
                  by_device: Optional[dict[torch.device, list[torch.Tensor]]] = None) -> None:
         #: The parameters with a gradient, in the order of `norms`.
         self.params = params
-        #: Each gradient's 2-norm (1-D, in the gradients' dtype, or the widest of theirs and float32
-        #: when they differ; on the first gradient's device): finite exactly when every element of
-        #: that gradient is.
-        self.norms = norms
+        # The norms as one tensor, or (not stacked yet) each gradient's as a 0-d tensor of one dtype and device.
+        self._norms: Optional[torch.Tensor] = norms if isinstance(norms, torch.Tensor) else None
+        self._parts = norms if isinstance(norms, list) else None
         self._total: Optional[torch.Tensor] = None
         self._by_device = by_device
+
+    @property
+    def norms(self) -> torch.Tensor:
+        """Each gradient's 2-norm (1-D, in the gradients' dtype, or the widest of theirs and float32
+        when they differ; on the first gradient's device): finite exactly when every element of that
+        gradient is."""
+        if self._norms is None:
+            assert self._parts is not None
+            self._norms = torch.stack(self._parts)
+        return self._norms
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._norms.dtype if self._norms is not None else cast(list[torch.Tensor], self._parts)[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._norms.device if self._norms is not None else cast(list[torch.Tensor], self._parts)[0].device
+
+    def stack_into(self, row: torch.Tensor, norms_view: torch.Tensor, after: torch.Tensor) -> bool:
+        """The norms, then `after` (a 0-d tensor of their dtype and device), written into `row` (1-D,
+        one longer than the norms) in one operation, `norms_view` (a view of row's first entries,
+        made once by the caller) becoming `norms`. False, with nothing written, when the norms were
+        already stacked (read before, or from gradients of several dtypes or devices)."""
+        if self._parts is None or self._norms is not None:
+            return False
+        torch.stack([*self._parts, after], out=row)
+        self._norms = norms_view
+        return True
 
     @property
     def total(self) -> torch.Tensor:
@@ -111,7 +141,7 @@ def of_parameters(params: list[torch.Tensor], uniform: Optional[bool] = None) ->
         uniform = all(g.device == first.device and g.dtype == first.dtype for g in grads)
     if uniform:
         # As get_total_norm: the norms in the gradients' own dtype.
-        return StepGradients(params, torch.stack(torch._foreach_norm(grads)), {first.device: grads})
+        return StepGradients(params, list(torch._foreach_norm(grads)), {first.device: grads})
     # Several devices or dtypes: one call per group, the parameters reordered to match.
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
