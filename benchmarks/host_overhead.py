@@ -528,8 +528,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--skip", type=int, default=10, help="steps of each run not counted (its start)")
     parser.add_argument("--quick", action="store_true", help="1 round of 40 steps, fewer variants (CI)")
-    parser.add_argument("--variants", default=None, help="only these, comma-separated (loop, lightning and framework "
-                        "at least), e.g. against an older checkout of the framework")
+    parser.add_argument("--variants", default=None, help="only these, comma-separated, or semicolon-separated when one "
+                        "has a comma ('framework, all off'); loop, lightning and framework at least; e.g. against an "
+                        "older checkout of the framework")
     parser.add_argument("--timing-only", action="store_true", help="the rounds alone: no attribution, no counts")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for every variant, the loop's included (e.g. optimizer.implementation=foreach)")
@@ -544,7 +545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     names = ["loop", "lightning", *([] if args.quick else ["lightning_barebones"]), "framework",
              *(f"framework {name}" for name in off), *([] if args.quick else ["framework, all off"])]
     if args.variants:
-        names = [name.strip() for name in args.variants.split(",")]
+        names = [name.strip() for name in args.variants.split(";" if ";" in args.variants else ",")]
     base = [*BASE, *args.set]
     started, load_at_start, start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()[0], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="host_overhead_") as tmp:
