@@ -43,6 +43,7 @@ from trainer.groups.task import (SPLITS, build_definition, check_metric, check_t
                                  mode_of, objective_of, shown_metrics)
 from trainer.groups.trainer import make_trainer
 from trainer.infra.checkpoint_files import SafeCheckpointIO
+from trainer.infra.devices import stop_nvml_probes_without_cuda
 from trainer.infra.instantiation import construct
 from trainer.infra.schema import locate_target
 from trainer.models.activation_checkpointing import apply_activation_checkpointing
@@ -116,6 +117,7 @@ def build_task(run: Run) -> None:
     apply_to_data(plan, parts.datamodule)
     apply_activation_checkpointing(parts.net, plan.checkpointed_stages)
     apply_tf32(plan.tf32, plan.accelerator)
+    stop_nvml_probes_without_cuda()
     apply_compile(parts.net, plan.compile_mode, spec.compile, plan.compile_dynamic)
     if plan.compile_mode != "off" and plan.resize is not None:
         allow_recompiles(len(set(plan.resize.sizes())))
