@@ -40,6 +40,10 @@ class DigitRows(ImageClassificationData):
                         kind="features", inputs={"in_features": features}, sample_shape=(features,),
                         sample_bytes=4 * features)
 
+    def inference_preprocessing(self) -> dict[str, Any]:
+        # What a served row must go through first (the model card records it): counts 0-16 to 0-1.
+        return {"features": {"scale": 1 / 16}}
+
     def setup(self, stage: str | None = None) -> None:
         x, y = self._rows()
         self.train_set = TensorDataset(x[:1400], y[:1400])

@@ -152,8 +152,10 @@ class ImageClassificationData(L.LightningDataModule):
         return "none", f"{self.decode} -> none (has no effect: {held})"
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        """How an image becomes the network's input at evaluation, for the model card (export, serving);
-        empty when the data are not images a client could send (e.g. made on the device)."""
+        """How a raw sample becomes the network's input at evaluation, for the model card (export,
+        serving): an image's resize, crop, scale and normalization; a table's feature scales and
+        means, as the data module declares them. Empty when there is nothing a client could send
+        (e.g. data made on the device)."""
         return {}
 
     def decode_choices(self) -> tuple[str, ...]:

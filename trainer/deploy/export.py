@@ -242,23 +242,40 @@ def sha256(path: Path) -> str:
 
 
 def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint: Path) -> dict[str, Any]:
+    """What the export holds, for any task: the inputs and outputs (filled in by `describe_tensors`
+    once the network has run), the task and every metric it recorded at the end of the run, the
+    preprocessing the data module declares; classes for a classifier, the tokenizer for a language
+    model."""
     summary = _summary(run_dir)
     metrics = summary.get("metrics", {})
     if info.kind == "tokens":
         return _language_model_card(spec, info, summary, run_dir, checkpoint)
-    classes = list(info.class_names or [str(i) for i in range(info.num_classes)])
-    return {
-        "model": spec.model["_target_"],
-        "classes": classes,
-        "input": {"shape": [info.in_channels, *info.image_size], "dtype": "float32", "layout": "NCHW",
-                  "batch": "dynamic"},
-        "preprocessing": datamodule.inference_preprocessing(),
-        "accuracy": {split: metrics.get(split, {}).get("acc") for split in ("val", "test")},
-        "tested_weights": summary.get("tested_weights"),
-        "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
-        "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
-        "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"},
-    }
+    card: dict[str, Any] = {"model": spec.model["_target_"], "task": spec.task["_target_"], "kind": info.kind}
+    if info.num_classes:
+        card["classes"] = list(info.class_names or [str(i) for i in range(info.num_classes)])
+    if info.kind == "images":
+        card["input"] = {"shape": [info.in_channels, *info.image_size], "dtype": "float32", "layout": "NCHW",
+                         "batch": "dynamic"}
+        card["accuracy"] = {split: metrics.get(split, {}).get("acc") for split in ("val", "test")}
+    return {**card,
+            "metrics": {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)},
+            "preprocessing": datamodule.inference_preprocessing(),
+            "tested_weights": summary.get("tested_weights"),
+            "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
+            "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
+            "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}}
+
+
+def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -> dict[str, Any]:
+    """The card with the network's inputs and outputs as the export checked them: a name, a shape
+    whose first dimension is the batch (any size), a dtype each."""
+    def spec(name: str, tensor: torch.Tensor) -> dict[str, Any]:
+        return {"name": name, "shape": ["batch", *tensor.shape[1:]], "dtype": str(tensor.dtype).removeprefix("torch.")}
+
+    produced = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    names = ["output"] if len(produced) == 1 else [f"output_{i}" for i in range(len(produced))]
+    return {**card, "inputs": [spec("input", inputs)],
+            "outputs": [spec(name, tensor) for name, tensor in zip(names, produced) if isinstance(tensor, torch.Tensor)]}
 
 
 def _language_model_card(spec: Any, info: Any, summary: dict[str, Any], run_dir: Path,
@@ -317,6 +334,8 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
         images = evaluation_images(datamodule)
         card = model_card(spec, info, datamodule, run_dir, checkpoint)
     net = checked_eval(net, images)
+    with torch.inference_mode():
+        card = describe_tensors(card, images, net(images[:1]))
     created = _first_missing(folder)  # removed again when the export fails
     staging = folder.parent / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
     try:

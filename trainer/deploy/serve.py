@@ -252,6 +252,11 @@ def read_card(folder: Path) -> tuple[dict[str, Any], Preprocessing]:
         raise UserError(str(folder / "model.json"), "is a language model: this server answers images with classes",
                         f"python -m trainer.generate {card.get('run', {}).get('folder', 'RUN_DIR')} --prompt TEXT, or "
                         "the exported model.pt2 / model.onnx (token ids in, next-token logits out)")
+    if card.get("kind", "images") != "images":
+        shapes = ", ".join(f"{i['name']} {i['dtype']} {'x'.join(map(str, i['shape']))}" for i in card.get("inputs", []))
+        raise UserError(str(folder / "model.json"), f"is a model of {card['kind']} ({shapes or 'no inputs stated'}): "
+                        "this server answers images with classes", "the exported model.onnx or model.pt2, whose "
+                        "inputs, outputs and preprocessing the card states")
     if not card.get("preprocessing"):
         raise UserError(str(folder / "model.json"), "states no preprocessing: the run's data are not images a "
                         "client could send", "a run trained on digits, CIFAR-10 or an image folder")
