@@ -126,6 +126,24 @@ def test_the_scaffold_refuses_a_folder_in_use_and_a_bad_package_name(tmp_path):
     assert (tmp_path / "used" / "notes.txt").read_text() == "keep me"
 
 
+def test_the_scaffolded_table_declares_its_standardization_for_the_model_card(tmp_path, monkeypatch):
+    # What export writes into model.json's preprocessing: the training split's means and deviations
+    # of the ten measurements, and of the target (a served prediction goes back into its units).
+    import importlib
+    import sys
+
+    scaffold(tmp_path / "team")
+    monkeypatch.syspath_prepend(str(tmp_path / "team"))
+    try:
+        declared = importlib.import_module("team.tabular").DiabetesData().inference_preprocessing()
+    finally:  # the scaffold's package forgotten: other tests scaffold a "team" of their own
+        for name in [name for name in sys.modules if name == "team" or name.startswith("team.")]:
+            del sys.modules[name]
+    assert set(declared) == {"features", "output"}
+    assert len(declared["features"]["mean"]) == len(declared["features"]["std"]) == 10
+    assert all(std > 0 for std in declared["features"]["std"]) and declared["output"]["std"] > 0
+
+
 @pytest.mark.run
 def test_the_scaffolded_regression_recipe_trains_with_the_frameworks_practices(tmp_path, monkeypatch):
     # The recipe as written, 10 epochs of 9 steps (seconds); its own test checks the same R2 bound.
