@@ -2,7 +2,9 @@
 library upgrade shows here first, with why the part is kept:
 
 - `LatestAndBest` overrides ModelCheckpoint's `load_state_dict`, `on_train_epoch_end` and
-  `on_validation_end`, and calls four of its private methods: their names and parameters;
+  `on_validation_end`, and calls four of its private methods: their names and parameters; it skips
+  `on_train_batch_end` when neither of its two attributes asks for a save inside an epoch, where
+  Lightning's own saves nothing;
 - `PeriodicCheckpoint` is kept because one ModelCheckpoint cannot save every N steps and every N
   minutes (Lightning refuses the two together), and because ModelCheckpoint saves at an epoch's
   last batch, where a checkpoint of an epoch cut short by limit_train_batches resumes as mid-epoch;
@@ -77,6 +79,20 @@ class _SavedAt(ModelCheckpoint):
 
     def _save_checkpoint(self, trainer, filepath) -> None:
         self.saved_at.append(self.batch)
+
+
+@pytest.mark.run
+def test_without_every_n_train_steps_or_a_time_interval_model_checkpoint_saves_nothing_inside_an_epoch(tmp_path):
+    """What lets LatestAndBest skip Lightning's per-batch hook: configured as the framework configures
+    it (no step or time interval), Lightning's saves all happen outside `on_train_batch_end`, and the
+    attributes the skip reads are the ones its constructor sets."""
+    spy = _SavedAt(dirpath=tmp_path, save_top_k=-1, save_last=True)
+    assert spy._every_n_train_steps == 0 and spy._train_time_interval is None
+    L.Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+              callbacks=[spy], default_root_dir=tmp_path).fit(_Tiny())
+    assert spy.saved_at and set(spy.saved_at) == {None}  # each save at an epoch's end, none in a batch
+    assert ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3)._every_n_train_steps == 3
+    assert ModelCheckpoint(dirpath=tmp_path, train_time_interval=timedelta(minutes=1))._train_time_interval
 
 
 @pytest.mark.run

@@ -55,6 +55,15 @@ class LatestAndBest(ModelCheckpoint):
         files stay: Lightning never removes a checkpoint outside this callback's own folder."""
         super().load_state_dict({**state_dict, "dirpath": self.dirpath})
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        # Deliberately shortened: saving inside an epoch is PeriodicCheckpoint's (this callback has
+        # neither every_n_train_steps nor train_time_interval), where Lightning's hook asks the
+        # trainer's state, sanity check and step at every batch to save nothing (tens of us a step).
+        if self._every_n_train_steps < 1 and self._train_time_interval is None:
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
