@@ -316,6 +316,51 @@ def test_lightning_run_calibrates_then_keeps_every_update_under_the_threshold():
         assert metrics["clip/clipped"] == float(clipped_at[step])
 
 
+class AfterStep(Callback):
+    """Each step's gradient norm once the optimizer has stepped, and whether a `grad_scale` was left on it."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+        self.left: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.norms.append(global_grad_norm(pl_module.parameters()).item())
+        self.left.append(any(hasattr(o, "grad_scale") for o in trainer.optimizers))
+
+
+@pytest.mark.run
+def test_a_fused_kernel_applies_the_factor_as_it_steps_as_the_multiply_would(monkeypatch):
+    # With a fused optimizer the factor's inverse goes to the kernel as a GradScaler's grad_scale: it
+    # divides the gradients as it steps (and writes them back clipped), one pass over them fewer. Over
+    # the calibration (the general path) and the steps after it (the short path): the same clipped
+    # gradients after each step, the same weights and counts as multiplying them here, and no
+    # grad_scale left on the optimizer after a step.
+    def run(kernel: bool):
+        if not kernel:
+            monkeypatch.setattr(GradientClipping, "_kernel_scales", lambda self, optimizer, gradients: None)
+        torch.manual_seed(6)
+        before, clip, after = NormRecorder(), GradientClipping(Percentile(calibration_steps=10)), AfterStep()
+        module = TinyModule("fused")
+        tiny_trainer([before, clip, after, StepLog([clip])], log_every_n_steps=5).fit(module)
+        monkeypatch.undo()
+        return module, clip, before, after
+
+    kernel, multiply = run(kernel=True), run(kernel=False)
+    assert kernel[1].rule.settled and kernel[1].summary()["steps_clipped"] > 5
+    ours, theirs = kernel[1].summary(), multiply[1].summary()  # (division and multiplication round apart)
+    assert ours.keys() == theirs.keys() and ours["steps_clipped"] == theirs["steps_clipped"]
+    for key, value in ours.items():
+        assert value == (pytest.approx(theirs[key], rel=2e-5) if isinstance(value, float) else theirs[key]), key
+    # (fp32 rounding, division against multiplication, drifts the two runs apart by about 1e-6 over 30 steps)
+    assert kernel[2].norms == pytest.approx(multiply[2].norms, rel=2e-5)  # not clipped yet at the hook
+    assert kernel[3].norms == pytest.approx(multiply[3].norms, rel=2e-5)
+    bounds = [np.percentile(kernel[2].norms[:i + 1], 95) for i in range(10)] + [kernel[1].threshold] * 20
+    assert kernel[3].norms == pytest.approx([min(n, b) for n, b in zip(kernel[2].norms, bounds)], rel=1e-5)
+    assert not any(kernel[3].left) and list(kernel[1]._kernel_hooked.values()) == [True]  # the kernel's route taken
+    for ours, theirs in zip(kernel[0].parameters(), multiply[0].parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=1e-6)
+
+
 class ReferenceNorm(Callback):
     """Next to the hook's gradient norm, the fp32 gradient norm of the same batch without any scaler."""
 

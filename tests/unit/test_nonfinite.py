@@ -17,7 +17,8 @@ from torch import nn
 
 import trainer.groups.nonfinite as nonfinite
 from tests.helpers import fake_trainer_with_log_steps
-from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining, takes_found_inf
+from trainer.groups.nonfinite import NonFiniteGuard, NonFiniteTraining
+from trainer.infra.step_gradients import steps_in_kernel
 
 
 class Module(nn.Module):
@@ -76,7 +77,7 @@ def same_state(before, after):
 def test_a_nan_step_moves_neither_weights_nor_optimizer_state(tmp_path, make):
     module, guard, trainer = Module(), NonFiniteGuard(), fake_trainer(tmp_path)
     optimizer = make(module.parameters())
-    assert takes_found_inf(optimizer) == bool(optimizer.defaults.get("fused"))
+    assert steps_in_kernel(optimizer) == bool(optimizer.defaults.get("fused"))
     step(module, optimizer, guard, trainer)
     weights, state = copy.deepcopy(module.state_dict()), copy.deepcopy(optimizer.state_dict())
     step(module, optimizer, guard, trainer, poison=True)

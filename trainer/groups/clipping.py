@@ -24,12 +24,16 @@ precision plugin runs the closure (forward + backward), then with fp16 AMP calls
 `scaler.unscale_(optimizer)`, then fires `on_before_optimizer_step`, then applies the Trainer's own
 clipping, then steps (`lightning/pytorch/plugins/precision/precision.py::Precision._after_closure`).
 So the gradients seen here are unscaled and not yet clipped by Lightning, except for optimizers
-that unscale inside their own `step()` (fused ones): those are refused at fit start.
+that unscale inside their own `step()` (fused ones): those are refused at fit start. Without a
+GradScaler, a fused optimizer's kernel applies this callback's factor as it steps
+(`GradientClipping._kernel_scales`): a callback after this one in `on_before_optimizer_step` sees the
+gradients unclipped there, clipped after the step.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, ClassVar, NamedTuple, Optional
 
@@ -44,7 +48,7 @@ from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
 from trainer.infra.on_device import DeviceValues, read_together, scalar, value_dtype
 from trainer.infra.schema import ConfigGroup, Doc, check_target, locate_target
-from trainer.infra.step_gradients import StepGradients, of_parameters, step_gradients
+from trainer.infra.step_gradients import StepGradients, of_parameters, step_gradients, steps_in_kernel
 
 # clip_grad_norm_ adds this to the norm before dividing, so a clipped update lands just under the
 # threshold rather than exactly on it.
@@ -451,6 +455,8 @@ class GradientClipping(Callback):
         self._fixed_rows: list[torch.Tensor] = []
         self._fixed_used = 0
         self._fixed_bound: Optional[torch.Tensor] = None
+        # Per optimizer, held weakly: whether its fused kernel applies the factor (`_kernel_scales`).
+        self._kernel_hooked: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
 
     @property
     def mode(self) -> str:
@@ -493,13 +499,15 @@ class GradientClipping(Callback):
             total, clipped = total.clone(), self._clipped_at_fixed_bound(total)
         return StepRecord(total.detach(), self.rule.threshold_on(total.device), clipped)
 
-    def _clip(self, gradients: StepGradients, sharded: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def _clip(self, gradients: StepGradients, sharded: bool,
+              kernel: Optional[torch.optim.Optimizer] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The work of one step on the device: (the pre-clip global norm, whether the step was
-        clipped; None on the short path, where that is `_clipped_at_fixed_bound(norm)`)."""
+        clipped; None on the short path, where that is `_clipped_at_fixed_bound(norm)`). `kernel`:
+        the optimizer about to step, when its fused kernel can apply the factor (`_kernel_scales`)."""
         if self.rule.clips_here and not sharded:
             bound = self.rule.fixed_bound(gradients.norms.device)
             if bound is not None:
-                return self._clip_fixed(gradients, bound), None
+                return self._clip_fixed(gradients, bound, kernel), None
         total = gradients.total
         if sharded:
             total = _combine_shares(total, 2.0)
@@ -514,7 +522,7 @@ class GradientClipping(Callback):
         if self.rule.clips_here:
             bound = self.rule.threshold_for(total, finite)
             clipped = finite & (total > bound)
-            self._scale_grads(gradients, bound, total, clipped)
+            self._scale_grads(gradients, bound, total, clipped, kernel)
         else:
             clipped = finite & self.rule.exceeded(total, largest)
         counts.add_(torch.stack([clipped, finite]))
@@ -530,11 +538,13 @@ class GradientClipping(Callback):
             self._counted = 0
         return self._counts
 
-    def _clip_fixed(self, gradients: StepGradients, bound: torch.Tensor) -> torch.Tensor:
+    def _clip_fixed(self, gradients: StepGradients, bound: torch.Tensor,
+                    kernel: Optional[torch.optim.Optimizer] = None) -> torch.Tensor:
         """A step once the rule's bound no longer changes: the global norm into the buffer's next row
         and the gradients scaled, seven operations (the norm, the factor's five, one multi-tensor
-        multiply per device) where the general path takes eleven; the counting is `_count_fixed`'s.
-        Returns the pre-clip global norm (that row)."""
+        multiply per device) where the general path takes eleven, five where the optimizer's fused
+        kernel applies the factor (`kernel`); the counting is `_count_fixed`'s. Returns the pre-clip
+        global norm (that row)."""
         norms = gradients.norms
         self.steps_seen += 1
         self._counter_on(norms.device)
@@ -553,6 +563,11 @@ class GradientClipping(Callback):
         # caps it; a non-finite norm is made NaN (an infinite one would give 0), and fmin takes the 1
         # over a NaN: such a step is left as it is, as on the general path.
         nan_unless_finite = torch.nan_to_num(total, nan=math.nan, posinf=math.nan)
+        if kernel is not None:
+            # The kernel divides by the factor's inverse, (norm + eps) / bound floored at 1 (fmax takes
+            # the 1 over a NaN, as fmin does above).
+            kernel.grad_scale = torch.fmax((nan_unless_finite + _EPS) / cast, one)  # type: ignore[attr-defined]
+            return total
         factor = torch.fmin(torch.reciprocal(nan_unless_finite + _EPS) * cast, one)
         self._multiply(gradients, factor)
         return total
@@ -591,13 +606,17 @@ class GradientClipping(Callback):
             torch._foreach_mul_(grads, factor if device == factor.device else factor.to(device))
 
     def _scale_grads(self, gradients: StepGradients, bound: torch.Tensor, total_norm: torch.Tensor,
-                     clipped: torch.Tensor) -> None:
+                     clipped: torch.Tensor, kernel: Optional[torch.optim.Optimizer] = None) -> None:
         """Multiply every gradient by `bound / (norm + eps)` where `clipped` holds (below 1 there, as
         the norm exceeds the bound), by 1 elsewhere: the factor `clip_grads_with_norm_` applies (which
         torch computes as `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device
         bound, so the host never learns whether the step was clipped. A factor of exactly 1 leaves a
-        gradient as it was. One multi-tensor call per device."""
+        gradient as it was. One multi-tensor call per device; none where the optimizer's fused kernel
+        (`kernel`) divides by the factor's inverse as it steps."""
         cast, one = self._cast_bound(bound, total_norm)
+        if kernel is not None:
+            kernel.grad_scale = torch.where(clipped, (total_norm + _EPS) / cast, one)  # type: ignore[attr-defined]
+            return
         self._multiply(gradients, torch.where(clipped, torch.reciprocal(total_norm + _EPS) * cast, one))
 
     def observe_and_clip(self, parameters: Iterable[torch.Tensor],
@@ -658,7 +677,26 @@ class GradientClipping(Callback):
         gradients = step_gradients(optimizer, int(trainer.global_step))
         if gradients is None:
             return  # backward was skipped (training_step returned None): nothing to observe
-        self._last = self._clip(gradients, self._sharded)
+        self._last = self._clip(gradients, self._sharded, self._kernel_scales(optimizer, gradients))
+
+    def _kernel_scales(self, optimizer: torch.optim.Optimizer, gradients: StepGradients) -> Optional[torch.optim.Optimizer]:
+        """`optimizer`, where its step can apply the clipping factor itself, else None. A fused kernel
+        (torch.optim's fused Adam, AdamW, SGD, Adagrad) divides each gradient by a GradScaler's
+        `grad_scale` in place as it steps, and reads `grad_scale` only after this hook (the closure
+        runs first): given the factor's inverse there, the gradients are clipped by the pass over
+        them the step makes anyway, one multi-tensor multiply fewer (a read and a write of every
+        gradient on a GPU). Deliberately GradScaler's route without a GradScaler: this callback refuses
+        fp16's scaler with a fused optimizer at fit start, so no one else sets it. Float32 norms on
+        one device only (the kernel reads a float32 scale); the attribute goes after the step."""
+        if self._sharded or gradients.dtype != torch.float32:
+            return None
+        hooked = self._kernel_hooked.get(optimizer)
+        if hooked is None:
+            hooked = self._kernel_hooked[optimizer] = steps_in_kernel(optimizer) and \
+                len(gradients.grads_by_device()) == 1 and getattr(optimizer, "grad_scale", None) is None
+            if hooked:
+                optimizer.register_step_post_hook(_drop_grad_scale)
+        return optimizer if hooked else None
 
     def logged_values(self) -> dict[str, torch.Tensor]:
         """For the loggers at log steps (trainer/callbacks/step_log.py), the last step's pre-clip
@@ -702,6 +740,12 @@ class GradientClipping(Callback):
         self._loaded_counts = (int(state_dict["steps_clipped"]), int(state_dict["nonfinite_steps"]))
         self._counts = None
         self._fixed_used = 0  # steps before the checkpoint's: its counts hold them
+
+
+def _drop_grad_scale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """After a step: the clipping's factor was that step's alone (a later step without one, or a
+    GradScaler, must not see it)."""
+    optimizer.__dict__.pop("grad_scale", None)
 
 
 def validate(values: dict[str, Any]) -> dict[str, Any]:

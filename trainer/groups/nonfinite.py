@@ -33,7 +33,7 @@ from trainer.callbacks.steps import at_log_step
 from trainer.infra.errors import UserError
 from trainer.infra.on_device import read_together
 from trainer.infra.schema import AT_LEAST_ONE, ConfigGroup, Doc, check_target
-from trainer.infra.step_gradients import StepGradients, step_gradients
+from trainer.infra.step_gradients import StepGradients, step_gradients, steps_in_kernel
 from trainer.infra.step_undo import StepUndo, state_before_step, zero_new_state
 
 log = logging.getLogger("trainer")
@@ -48,12 +48,6 @@ FLOAT32_MAX = torch.finfo(torch.float32).max
 
 class NonFiniteTraining(UserError):
     """Training diverged: too many consecutive steps with non-finite loss or gradients."""
-
-
-def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `optimizer.step()` reads `found_inf` and skips on the device, as fused kernels do for
-    a GradScaler (torch.optim's fused Adam, AdamW, SGD, Adagrad)."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(optimizer.defaults.get("fused"))
 
 
 class StepTable:
@@ -180,7 +174,7 @@ class NonFiniteGuard(Callback):
         fused = self._hooked.get(optimizer)
         if fused is None:  # an optimizer first seen: its hook, and whether it takes found_inf
             optimizer.register_step_post_hook(self._after_step)
-            fused = self._hooked[optimizer] = takes_found_inf(optimizer)
+            fused = self._hooked[optimizer] = steps_in_kernel(optimizer)
         params = gradients.params
         if fused:
             optimizer.found_inf = found  # type: ignore[attr-defined]  # read by the fused kernel: no update, state and step counts kept

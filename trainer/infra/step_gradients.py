@@ -106,6 +106,13 @@ class _Taken:
         self.step, self.gradients, self._first = step, gradients, (grad, grad._version)
 
 
+def steps_in_kernel(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` hands its gradients to one fused kernel that reads a GradScaler's
+    `grad_scale` (divides every gradient by it, in place, as it steps) and `found_inf` (skips the step
+    on the device): torch.optim's fused Adam, AdamW, SGD and Adagrad."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False)) and bool(optimizer.defaults.get("fused"))
+
+
 _TAKEN: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _Taken]" = weakref.WeakKeyDictionary()
 
 
