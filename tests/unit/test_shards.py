@@ -179,3 +179,26 @@ def test_a_write_killed_mid_split_carries_on_from_its_checkpoint(tmp_path):
     data = ShardsDataModule(source=str(dst), decode="fast", **IMAGES)
     data.setup()
     assert sorted(int(item["index"]) for item in _raw_items(data.train_set)) == list(range(report.sizes["train"]))
+
+
+def test_a_remote_write_stages_its_chunks_in_a_folder_of_its_own(monkeypatch):
+    # LitData stages a remote output's chunks in one folder per machine (/tmp/chunks) and empties it
+    # when done: two writes at once deleted each other's chunks. Each destination gets its own folder
+    # (the same when a killed write resumes), for the write only; a local write and a folder the
+    # person set are left to LitData.
+    from trainer.data.prepare_shards import STAGING_VARIABLES, _staging_folders
+
+    for name in STAGING_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+    for output in ("s3://bucket/a/train", "s3://bucket/b/train", "s3://bucket/a/train"):
+        with _staging_folders(output):
+            seen.setdefault(output, []).append(tuple(os.environ[name] for name in STAGING_VARIABLES))
+        assert not any(name in os.environ for name in STAGING_VARIABLES)
+    a, b = seen["s3://bucket/a/train"], seen["s3://bucket/b/train"]
+    assert a[0] == a[1] and a[0] != b[0] and all(Path(folder).name in ("chunks", "data") for folder in a[0])
+    with _staging_folders("/local/shards/train"):
+        assert not any(name in os.environ for name in STAGING_VARIABLES)
+    monkeypatch.setenv(STAGING_VARIABLES[0], "/mine")
+    with _staging_folders("s3://bucket/a/train"):
+        assert os.environ[STAGING_VARIABLES[0]] == "/mine" and STAGING_VARIABLES[1] not in os.environ

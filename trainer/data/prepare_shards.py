@@ -9,13 +9,16 @@ whole shards."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import multiprocessing
 import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from trainer.data.badfiles import LIST_HEADER, BadFile, check_files
 from trainer.data.decode import JPEG_EXTENSIONS
@@ -146,7 +149,32 @@ def _write_split(src: Path, split: str, samples: list[tuple[str, int]], output: 
         Path(output).mkdir(parents=True, exist_ok=True)
     # Lists, not tuples: LitData compares the inputs with the JSON of its checkpoint to resume.
     # Forked workers inherit the imports (spawned ones would import torch again, seconds each).
-    litdata.optimize(fn=sample, inputs=inputs, output_dir=output, chunk_bytes=f"{chunk_mb}MB",
-                     num_workers=max(1, min(workers, len(inputs))), use_checkpoint=True, reorder_files=False,
-                     verbose=progress, storage_options=storage_options(endpoint_url),
-                     start_method="fork" if "fork" in methods else None)
+    with _staging_folders(output):
+        litdata.optimize(fn=sample, inputs=inputs, output_dir=output, chunk_bytes=f"{chunk_mb}MB",
+                         num_workers=max(1, min(workers, len(inputs))), use_checkpoint=True, reorder_files=False,
+                         verbose=progress, storage_options=storage_options(endpoint_url),
+                         start_method="fork" if "fork" in methods else None)
+
+
+#: LitData's variables for the folders where it stages a remote output's chunks (and its inputs).
+STAGING_VARIABLES = ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")
+
+
+@contextlib.contextmanager
+def _staging_folders(output: str) -> Iterator[None]:
+    """LitData stages the chunks of a remote output in one folder per machine (`/tmp/chunks`) and
+    empties it when its upload ends: two writes at once on one machine (two data sets, or a test
+    beside another) delete each other's chunks. Deliberately replaced with one folder per
+    destination, the same one when a killed write to it resumes; a folder the person set is kept."""
+    if not is_remote(output) or any(os.environ.get(name) for name in STAGING_VARIABLES):
+        yield
+        return
+    key = hashlib.sha256(output.encode()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / f"trainer-shards-{key}"
+    try:
+        for name, sub in zip(STAGING_VARIABLES, ("chunks", "data")):
+            os.environ[name] = str(root / sub)
+        yield
+    finally:
+        for name in STAGING_VARIABLES:
+            os.environ.pop(name, None)
