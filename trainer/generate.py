@@ -3,9 +3,11 @@
 The run folder alone is enough: its network is rebuilt and loaded as export does it
 (`trainer.deploy.export.locate` and `load_network`: the saved config, the best or last
 checkpoint), and its tokenizer is the ``tokenizer.json`` the text data module wrote beside them.
-Prints the prompt and its continuation, decoded. Sampling is `trainer.models.gpt.generate` (no KV
-cache: every new token runs the whole context again). A user mistake (no such folder, a run that
-is not a language model, an empty prompt) is one line on stderr and exit code 2."""
+Prints the prompt and its continuation, decoded, ending at the end-of-text token if the model
+samples one. Sampling is `trainer.models.gpt.generate`, with its KV cache (a new token costs one
+position's work; `--no-cache` runs the whole context for each, for comparison: the same tokens). A
+user mistake (no such folder, a run that is not a language model, an empty prompt) is one line on
+stderr and exit code 2."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     with one_line_on_user_error():
         print(continue_prompt(args.run_dir, args.prompt, max_new_tokens=args.max_new_tokens,
                               temperature=args.temperature, top_k=args.top_k, greedy=args.greedy,
-                              which=args.checkpoint, seed=args.seed, device=args.device))
+                              which=args.checkpoint, seed=args.seed, device=args.device, cache=not args.no_cache))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,17 +47,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: cuda when there is one (default)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="run the whole context for every new token instead of keeping its keys and values "
+                             "(slower; the same tokens)")
     return parser
 
 
 def continue_prompt(run_dir: Path, prompt: str, max_new_tokens: int = 100, temperature: float = 0.8,
                     top_k: Optional[int] = 50, greedy: bool = False, which: str = "best", seed: int = 0,
-                    device: str = "auto") -> str:
-    """The prompt and `max_new_tokens` more tokens from the run's network, decoded."""
+                    device: str = "auto", cache: bool = True) -> str:
+    """The prompt and up to `max_new_tokens` more tokens from the run's network, decoded (generation
+    stops at the end-of-text token, which the decoded text leaves out)."""
     _check_options(prompt, max_new_tokens, temperature, top_k)
     require("text", PROG)
     import torch
 
+    from trainer.data.corpus import END_OF_TEXT
     from trainer.deploy.export import locate
     from trainer.models.gpt import generate
 
@@ -70,7 +77,8 @@ def continue_prompt(run_dir: Path, prompt: str, max_new_tokens: int = 100, tempe
     net = net.to(target)
     generator = torch.Generator(device=target).manual_seed(seed)
     out = generate(net, torch.tensor([ids], device=target), max_new_tokens, temperature=temperature,
-                   top_k=top_k, greedy=greedy, generator=generator)
+                   top_k=top_k, greedy=greedy, generator=generator, cache=cache,
+                   stop_token=tokenizer.token_to_id(END_OF_TEXT))
     return str(tokenizer.decode(out[0].tolist()))
 
 

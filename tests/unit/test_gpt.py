@@ -1,7 +1,7 @@
 """model=gpt: a decoder-only Transformer in two styles (gpt2, llama), causal, with tied embeddings,
 one fused QKV matmul per block, training on a pattern, any sequence length (eager, compiled with
 dynamic shapes, torch.export); its PaLM FLOP formula against torch's FLOP counter; greedy and
-sampled generation; `blocks.*` activation checkpointing; and the one-line refusals of a bad shape."""
+sampled generation, with the KV cache giving the uncached path's tokens, and the stop token; `blocks.*` activation checkpointing; and the one-line refusals of a bad shape."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from trainer.groups.optimizer.parameters import one_dimensional
 from trainer.infra.errors import UserError
 from trainer.measure.mfu import _meta_copy
 from trainer.models.activation_checkpointing import apply_activation_checkpointing, select_stages
-from trainer.models.gpt import GPT, Block, Style, SwiGLU, default_ffn_width, generate, matmul_parameters, transformer_flops_per_token
+from trainer.models.gpt import (GPT, Block, KVCache, Style, SwiGLU, default_ffn_width, generate, matmul_parameters,
+                                transformer_flops_per_token)
 
 STYLES = ("gpt2", "llama")
 VOCAB, CONTEXT = 37, 16
@@ -235,6 +236,61 @@ def test_sampling_follows_its_generator_and_top_k_one_is_greedy():
     assert torch.equal(a, b)
     top1 = generate(net, prompt, 8, top_k=1, generator=torch.Generator().manual_seed(3))
     assert torch.equal(top1, generate(net, prompt, 8, greedy=True))
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_the_cache_gives_each_position_the_logits_of_a_full_forward(style):
+    # The keys and values kept (KVCache): a token run after those held (one at a time, or several
+    # at once under the offset causal mask) gets the logits the whole sequence's forward gives it.
+    net = tiny(style).eval()
+    ids = tokens(2, CONTEXT)
+    full = net(ids)
+    kv = KVCache(net, 2)
+    pieces = [net(ids[:, :5], kv)] + [net(ids[:, t:t + 1], kv) for t in range(5, 9)] + [net(ids[:, 9:], kv)]
+    assert kv.length == CONTEXT
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="more than max_positions"):
+        net(ids[:, :1], kv)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_generation_with_the_cache_gives_the_tokens_without_it_one_position_a_token(style):
+    # Greedy and sampled, a batch of two, a short prompt generating past max_positions and a prompt
+    # longer than it: the same tokens with the cache as without. With it each new token runs one
+    # position until the window is full, then the window again (every position shifts).
+    net = tiny(style)
+    for prompt in (tokens(2, 5), tokens(2, CONTEXT + 3)):
+        cached = generate(net, prompt, CONTEXT + 4, greedy=True)
+        assert torch.equal(cached, generate(net, prompt, CONTEXT + 4, greedy=True, cache=False))
+        sampled = generate(net, prompt, 12, temperature=1.3, top_k=5, generator=torch.Generator().manual_seed(4))
+        assert torch.equal(sampled, generate(net, prompt, 12, temperature=1.3, top_k=5, cache=False,
+                                             generator=torch.Generator().manual_seed(4)))
+    lengths: list[int] = []
+    hook = net.embed.register_forward_hook(lambda module, args, out: lengths.append(args[0].shape[1]))
+    generate(net, tokens(1, 5), CONTEXT - 2, greedy=True)
+    hook.remove()
+    # 5 prompt tokens, then one a token until 16 are held (11 tokens); then the window of 16 for each
+    # of the last 2.
+    assert lengths == [5] + [1] * (CONTEXT - 5) + [CONTEXT] * 2
+
+
+def test_generation_stops_at_the_stop_token_and_pads_a_finished_sequence_with_it():
+    net = tiny()
+    prompt = tokens(2, 4)
+    free = generate(net, prompt, 10, greedy=True)
+    stop = int(free[0, 4 + 2])  # the first sequence's third new token
+    stopped = generate(net, prompt, 10, greedy=True, stop_token=stop)
+    first_stop = [int((row[4:] == stop).nonzero()[0]) if (row[4:] == stop).any() else None for row in free]
+    assert first_stop[0] is not None and first_stop[0] <= 2
+    if first_stop[1] is None:  # the second never samples it: all 10 tokens, the first padded after its stop
+        assert stopped.shape == (2, 14) and torch.equal(stopped[1], free[1])
+        assert torch.equal(stopped[0, :5 + first_stop[0]], free[0, :5 + first_stop[0]])
+        assert (stopped[0, 5 + first_stop[0]:] == stop).all()
+    else:  # both stop: generation ends at the later stop
+        assert stopped.shape[1] == 4 + max(first_stop) + 1
+    single = generate(net, prompt[:1], 10, greedy=True, stop_token=stop)
+    assert single.shape[1] == 4 + first_stop[0] + 1 and int(single[0, -1]) == stop
+    assert generate(net, prompt, 0, greedy=True).shape == (2, 4)
 
 
 @pytest.mark.parametrize("kwargs, message", [

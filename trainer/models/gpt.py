@@ -8,12 +8,12 @@ modules are this file's, small enough to read, with one fused QKV matmul per blo
 ``scaled_dot_product_attention`` (flash / memory-efficient kernels where the inputs allow).
 
 Also here, because they only make sense for this network: the training FLOPs per token by the PaLM
-formula (`transformer_flops_per_token`), and autoregressive sampling (`generate`)."""
+formula (`transformer_flops_per_token`), and autoregressive sampling (`generate`, with a KV cache)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -96,19 +96,48 @@ class GPT(nn.Module):
         asks the network for its own count before falling back to the FLOP counter)."""
         return transformer_flops_per_token(self, sequence_length)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """`cache`: the keys and values of the tokens before these (generation, `KVCache`): these
+        tokens take the positions after them, attend to them and are added to them."""
         tokens = input_ids.shape[-1]
-        if tokens > self.max_positions:  # a shape, not a tensor value: a guard under torch.compile
-            raise ValueError(f"{tokens} tokens, more than max_positions={self.max_positions}")
+        start = cache.length if cache is not None else 0
+        if start + tokens > self.max_positions:  # a shape, not a tensor value: a guard under torch.compile
+            raise ValueError(f"{start + tokens} tokens, more than max_positions={self.max_positions}")
         x = self.embed(input_ids)
-        positions = torch.arange(tokens, device=input_ids.device)
+        positions = torch.arange(start, start + tokens, device=input_ids.device)
         if self.pos is not None:
             x = x + self.pos(positions)
         rotary = rotary_angles(positions, self.head_dim) if self.style == "llama" else None
         x = self.drop(x)
-        for block in self.blocks:
-            x = block(x, rotary)
+        for index, block in enumerate(self.blocks):
+            x = block(x, rotary, None if cache is None else (cache, index))
+        if cache is not None:
+            cache.length += tokens
         return self.head(self.ln_f(x))
+
+
+class KVCache:
+    """The keys and values every block computed for the tokens seen so far (`length` of them), kept
+    so that a new token costs one position's work instead of a forward over the whole context
+    (generation). Preallocated for `max_positions` tokens of `batch` sequences in the network's
+    dtype on its device; `GPT.forward(ids, cache)` writes the new tokens' keys and values after the
+    ones held and attends over all of them."""
+
+    def __init__(self, net: GPT, batch: int) -> None:
+        weight = net.head.weight
+        shape = (batch, net.heads, net.max_positions, net.head_dim)
+        self.keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in net.blocks]
+        self.values = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in net.blocks]
+        self.capacity = net.max_positions
+        self.length = 0
+
+    def extend(self, index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block `index`'s keys and values with `k`, `v` ``[B, heads, T, head_dim]`` (the tokens after
+        the `length` held) written after them: views of everything held so far."""
+        end = self.length + k.shape[2]
+        self.keys[index][:, :, self.length:end] = k
+        self.values[index][:, :, self.length:end] = v
+        return self.keys[index][:, :, :end], self.values[index][:, :, :end]
 
 
 class Block(nn.Module):
@@ -121,8 +150,9 @@ class Block(nn.Module):
         self.ln_2 = _norm(style, width)
         self.mlp: GeluMLP | SwiGLU = GeluMLP(width, ffn_width, dropout) if style == "gpt2" else SwiGLU(width, ffn_width, dropout)
 
-    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), rotary)
+    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                cache: Optional[tuple[KVCache, int]] = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotary, cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -137,12 +167,23 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(width, width, bias=bias)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                cache: Optional[tuple[KVCache, int]] = None) -> torch.Tensor:
         # [B, T, 3 x width] -> three [B, heads, T, head_dim]; unflatten names no batch or length size.
         q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
         if rotary is not None:
             q, k = rotate(q, *rotary), rotate(k, *rotary)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
+        mask, causal = None, True
+        if cache is not None and cache[0].length:
+            # After the tokens held: each new token sees all of them, and the new ones up to itself.
+            held, tokens = cache[0].length, q.shape[2]
+            causal = False
+            if tokens > 1:
+                mask = torch.ones(tokens, held + tokens, dtype=torch.bool, device=q.device).tril(diagonal=held)
+        if cache is not None:
+            k, v = cache[0].extend(cache[1], k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=causal)
         return self.drop(self.proj(y.transpose(1, 2).flatten(2)))
 
 
@@ -271,25 +312,56 @@ def transformer_flops_per_token(net: GPT, sequence_length: int) -> tuple[int, st
 @torch.no_grad()
 def generate(net: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: Optional[int] = None, greedy: bool = False,
-             generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    """`ids` ``[B, t]`` followed by `max_new_tokens` sampled tokens, ``[B, t + max_new_tokens]``.
+             generator: Optional[torch.Generator] = None, cache: bool = True,
+             stop_token: Optional[int] = None) -> torch.Tensor:
+    """`ids` ``[B, t]`` followed by up to `max_new_tokens` sampled tokens.
 
-    Each step runs the whole context again (cropped to the last `max_positions` tokens): there is
-    no KV cache, so a step costs a full forward; simple and exact, and fast enough for a few hundred
-    tokens from the small models trained here. `greedy` takes the most likely token (temperature
-    and top_k then play no part); otherwise the logits are divided by `temperature` and, with
-    `top_k`, all but the k most likely tokens are dropped before sampling (with `generator`). The
-    network runs in eval mode (no dropout) and is put back in the mode it was in."""
+    Each new token is predicted from the context's last `max_positions` tokens. With `cache` (the
+    default) the keys and values of the context are kept (`KVCache`), so a new token costs one
+    position's work; once the context fills `max_positions`, every position shifts with each new
+    token and the window is run again, as without the cache. Without it every step runs the whole
+    window. Both give the same tokens (to floating-point rounding: greedy, the same tokens; tested).
+    `greedy` takes the most likely token (temperature and top_k then play no part); otherwise the
+    logits are divided by `temperature` and, with `top_k`, all but the k most likely tokens are
+    dropped before sampling (with `generator`). `stop_token` (the end of text): a sequence that
+    samples it is done, and its later positions are filled with it; generation stops when every
+    sequence is done. The network runs in eval mode (no dropout) and is put back in the mode it was in."""
     _check_sampling(ids, max_new_tokens, temperature, top_k)
     was_training = net.training
     net.eval()
     try:
+        step = _cached_steps(net, ids) if cache else _uncached_steps(net)
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         for _ in range(max_new_tokens):
-            logits = net(ids[:, -net.max_positions:])[:, -1, :].float()
-            ids = torch.cat((ids, next_token(logits, temperature, top_k, greedy, generator)), dim=1)
+            token = next_token(step(ids).float(), temperature, top_k, greedy, generator)
+            if stop_token is not None:
+                token = token.masked_fill(done.unsqueeze(1), stop_token)
+                done |= token.squeeze(1) == stop_token
+            ids = torch.cat((ids, token), dim=1)
+            if stop_token is not None and bool(done.all()):
+                break
     finally:
         net.train(was_training)
     return ids
+
+
+def _uncached_steps(net: GPT) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Next-token logits ``[B, vocab]`` of a context: its last `max_positions` tokens run again."""
+    return lambda ids: net(ids[:, -net.max_positions:])[:, -1, :]
+
+
+def _cached_steps(net: GPT, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """As `_uncached_steps`, keeping the keys and values: the first call runs the context's window,
+    each later one the token added since, until the window is full (then the window again)."""
+    kv = KVCache(net, ids.shape[0])
+
+    def step(context: torch.Tensor) -> torch.Tensor:
+        if kv.length == 0 or kv.length == kv.capacity:
+            kv.length = 0
+            return net(context[:, -net.max_positions:], kv)[:, -1, :]
+        return net(context[:, -1:], kv)[:, -1, :]
+
+    return step
 
 
 def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], greedy: bool,

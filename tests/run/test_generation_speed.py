@@ -1,0 +1,31 @@
+"""benchmarks/generation_speed.py --quick: the cached and uncached generations side by side give the
+same tokens (the script refuses otherwise), and the results file names the machine, the command,
+both rates and their ratio."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.run
+
+
+def test_the_quick_comparison_writes_both_rates_and_their_ratio(tmp_path):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import generation_speed
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "generation.md"
+    assert generation_speed.main(["--quick", "--out", str(out)]) == 0
+    record = json.loads(out.with_suffix(".json").read_text())
+    (result,) = record["results"].values()
+    assert result["new_tokens"] == 24 and len(result["runs"]["cache"]) == len(result["runs"]["no cache"]) == 1
+    assert all(rate > 0 for rates in result["runs"].values() for rate in rates) and result["ratios"][0] > 0
+    text = out.read_text()
+    assert record["command"].startswith("python benchmarks/generation_speed.py --quick") and "tokens/s" in text
+    assert record["machine"] and record["started"] and "| ratio, paired by round |" in text
