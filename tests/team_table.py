@@ -13,11 +13,11 @@ from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, DataModule, FeatureRecord
 from trainer.tasks.protocol import TaskDefinition
 
 
-class DigitRows(ImageClassificationData):
+class DigitRows(DataModule):
     """`dtype`: the features' dtype (float64: the mistake); `targets`: "flat" (N) or "column" (N x 1,
     the mistake); `said_features`: what inspect() says a row holds (None: the truth, 64)."""
 
@@ -36,8 +36,7 @@ class DigitRows(ImageClassificationData):
 
     def inspect(self) -> DataInfo:
         features = self.said_features or 64
-        return DataInfo(num_classes=0, in_channels=0, image_size=(0, 0), sizes={"train": 1400, "val": 397, "test": 397},
-                        kind="features", inputs={"in_features": features}, sample_shape=(features,),
+        return DataInfo(FeatureRecord(in_features=features), sizes={"train": 1400, "val": 397, "test": 397},
                         sample_bytes=4 * features)
 
     def inference_preprocessing(self) -> dict[str, Any]:

@@ -30,7 +30,14 @@ _PUBLIC = {
     "Classification": "trainer.tasks.classification",
     "LanguageModel": "trainer.tasks.language_model",
     # data modules and models
-    "ImageClassificationData": "trainer.data.base",
+    "DataModule": "trainer.data.base",
+    "ImageData": "trainer.data.base",
+    "ImageClassificationData": "trainer.data.base",  # DataModule's former name
+    "DataInfo": "trainer.data.base",
+    "ImageRecord": "trainer.data.base",
+    "TokenRecord": "trainer.data.base",
+    "FeatureRecord": "trainer.data.base",
+    "KindRecord": "trainer.data.base",
     "DigitsDataModule": "trainer.data.digits",
     "SyntheticDataModule": "trainer.data.synthetic",
     "ImageFolderDataModule": "trainer.data.imagefolder",

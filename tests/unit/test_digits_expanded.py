@@ -44,7 +44,7 @@ def test_the_splits_come_from_disjoint_originals_and_have_the_stated_sizes(tmp_p
 def test_the_default_set_is_large_enough_for_the_batch_study(tmp_path):
     info = ExpandedDigitsDataModule(cache_dir=str(tmp_path)).inspect()
     assert info.sizes == {"train": 52794, "val": 2160, "test": 2160}
-    assert info.sizes["train"] // 2048 >= 25 and info.image_size == (16, 16)
+    assert info.sizes["train"] // 2048 >= 25 and info.record.image_size == (16, 16)
 
 
 def test_a_later_run_reads_the_cache_and_other_settings_get_their_own_file(tmp_path, monkeypatch):

@@ -111,6 +111,19 @@ def test_the_persons_plugins_are_added_to_the_frameworks(setup):
     assert isinstance(built.trainer.strategy.checkpoint_io, SafeCheckpointIO)
 
 
+def test_the_trainer_is_given_the_devices_the_run_decided(setup):
+    # trainer.devices=auto is counted once, by the run (trainer/infra/devices.py): Lightning gets the
+    # count every phase before it used, not "auto" to resolve again.
+    built = build(setup, devices="auto")
+    assert built.trainer.num_devices == 1
+    plain, prepared = setup
+    run = copy.copy(prepared)
+    run.spec = validate({**plain, "trainer": {**plain["trainer"], "devices": "auto"}})
+    run.devices = decide_devices(run.spec.trainer)
+    run.plan = resolve(run.spec, decide_probe(run.spec, run.devices, run.parts), run.parts)
+    assert _trainer_arguments(run.spec, run.plan, GradientClipping(Off()))["devices"] == 1
+
+
 def test_under_slurm_lightnings_own_requeue_is_off_unless_the_person_sets_an_environment(setup, monkeypatch):
     # Inside a SLURM job (as submitit starts one), Lightning would requeue on SIGUSR1 by itself and
     # restore its own hpc checkpoint; preemption is submitit's and GracefulStop's here.
@@ -131,7 +144,8 @@ def test_the_persons_plugins_follow_the_fp16_precision_plugin_and_the_checkpoint
     spec = types.SimpleNamespace(trainer={"plugins": [{"_target_": "x.Env"}], "benchmark": None},
                                  precision=choice_config("precision", "fp16_mixed"))
     plan = types.SimpleNamespace(precision="16-mixed", accelerator="cuda", tf32=True, cudnn_benchmark=True,
-                                 slurm_environment=False, communication=UNCOMPRESSED)
+                                 slurm_environment=False, communication=UNCOMPRESSED,
+                                 probe=types.SimpleNamespace(devices=types.SimpleNamespace(trainer_devices=1)))
     plugins = _trainer_arguments(spec, plan, GradientClipping(Off()))["plugins"]
     assert [type(p).__name__ for p in plugins[:2]] == ["MixedPrecision", "SafeCheckpointIO"]
     assert plugins[2] == {"_target_": "x.Env"}
@@ -156,7 +170,7 @@ def test_precision_and_checkpoint_io_plugins_are_refused_with_a_pointer(target, 
     ("max_epochs", -2, "non-negative integer or -1"),
     ("max_steps", -5, "non-negative integer or -1"),
     ("limit_train_batches", -0.5, "has to be in [0.0, 1.0]"),
-    ("devices", "junk", "should be an int > 0"),
+    ("devices", "junk", "'junk' names no devices"),  # refused by the run's own count, which the Trainer is given
     ("strategy", "junk", "invalid strategy name"),
     ("profiler", "junk", "can only be one of"),
     ("max_time", "junk", "not a valid duration"),

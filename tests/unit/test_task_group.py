@@ -8,14 +8,13 @@ from typing import Any, ClassVar
 import pytest
 
 from trainer.configuration.spec import choice_config
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, ImageRecord, TokenRecord
 from trainer.groups.task import build_definition, check_task, objective_of, validate
 from trainer.infra.errors import UserError
 from trainer.tasks.protocol import TaskDefinition
 
-IMAGES = DataInfo(num_classes=3, in_channels=1, image_size=(8, 8), sizes={"train": 10})
-TOKENS = DataInfo(num_classes=0, in_channels=0, image_size=(0, 0), sizes={"train": 10}, kind="tokens",
-                  inputs={"vocab_size": 17, "max_positions": 8}, sample_shape=(8,))
+IMAGES = DataInfo(ImageRecord(in_channels=1, image_size=(8, 8)), sizes={"train": 10}, num_classes=3)
+TOKENS = DataInfo(TokenRecord(vocab_size=17, sequence_length=8), sizes={"train": 10})
 
 
 class CountsPixels(TaskDefinition):

@@ -8,15 +8,14 @@ import math
 import pytest
 import torch
 
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, ImageRecord, TokenRecord
 from trainer.tasks.classification import Classification
 from trainer.tasks.language_model import IGNORE_INDEX, LanguageModel, TokenAccuracy, language_model_loss
 from trainer.tasks.metrics import Accuracy, Perplexity, WeightedMean
 
 
 def text_info(vocab: int = 11, length: int = 6) -> DataInfo:
-    return DataInfo(num_classes=0, in_channels=0, image_size=(0, 0), sizes={"train": 10}, kind="tokens",
-                    inputs={"vocab_size": vocab, "max_positions": length}, sample_shape=(length,))
+    return DataInfo(TokenRecord(vocab_size=vocab, sequence_length=length), sizes={"train": 10})
 
 
 def test_a_language_model_counts_tokens_without_the_padding():
@@ -91,14 +90,14 @@ def test_example_batches_have_the_datas_shape_and_the_tasks_targets():
     assert inputs.shape == targets.shape == (3, 6) and inputs.dtype == torch.long and int(inputs.max()) < 11
     assert torch.equal(inputs[:, 1:], targets[:, :-1])  # the targets are the next tokens
     classes = Classification()
-    classes.bind(DataInfo(num_classes=4, in_channels=1, image_size=(8, 8), sizes={"train": 10}))
+    classes.bind(DataInfo(ImageRecord(1, (8, 8)), {"train": 10}, num_classes=4))
     images, labels = classes.example_batch(2, torch.device("cpu"))
     assert images.shape == (2, 1, 8, 8) and int(labels.max()) < 4
 
 
 def test_classification_smooths_only_the_training_loss_and_mixes_only_when_asked():
     task = Classification()
-    task.bind(DataInfo(num_classes=3, in_channels=1, image_size=(2, 2), sizes={"train": 4}))
+    task.bind(DataInfo(ImageRecord(1, (2, 2)), {"train": 4}, num_classes=3))
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
     plain = task.loss(logits, labels, training=True)
     task.use_regularization(0.3, None)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import trainer.data.corpus as corpus_module
+from trainer.data.base import TokenRecord
 from trainer.data.corpus import (EXCLUDED_STDLIB, SPLITS, builtin_corpus, cut_documents, split_of, stdlib_files,
                                  unigram_perplexity)
 from trainer.data.text import IGNORE_INDEX, LengthGroupedBatches, TextData, main
@@ -151,8 +152,7 @@ def test_inspect_says_what_the_model_needs(corpus_dir, tmp_path):
     data = text_data(corpus_dir, tmp_path / "cache")
     info = data.inspect()
     meta = data.prepared().meta
-    assert info.kind == "tokens" and info.num_classes == 0 and info.sample_shape == (16,)
-    assert info.inputs == {"vocab_size": meta["vocab_size"], "max_positions": 16}
+    assert info.kind == "tokens" and info.num_classes == 0 and info.record == TokenRecord(meta["vocab_size"], 16)
     assert info.model_inputs() == {"vocab_size": meta["vocab_size"], "max_positions": 16}
     assert info.sample_bytes == 2 * 8 * 16 and info.input_shape() == (16,)
     assert info.sizes == {split: (meta["tokens"][split] - 1) // 16 for split in SPLITS}

@@ -13,7 +13,7 @@ from torch import nn
 
 from tests.helpers import ON_CPU, compose, planned_run
 from trainer.configuration.spec import choice_config, validate
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, ImageRecord
 from trainer.groups.optimizer.build import OptimizerRecipe
 from trainer.groups.optimizer.parameters import layer_lr_scales, one_dimensional, parameter_groups
 from trainer.infra.errors import UserError
@@ -48,7 +48,7 @@ def test_attention_is_one_fused_qkv_projection_and_scaled_dot_product_attention(
 
 def test_the_digits_recipe_network_calls_scaled_dot_product_attention(monkeypatch):
     spec = validate(compose(["+recipe=vit_tiny_digits", *ON_CPU]))
-    net = build_model(spec.model, DataInfo(10, 1, (8, 8), {"train": 8, "val": 4, "test": 4}).model_inputs())
+    net = build_model(spec.model, DataInfo(ImageRecord(1, (8, 8)), {"train": 8, "val": 4, "test": 4}, 10).model_inputs())
     calls = []
     real = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Iterator, Literal, Mapping, Optional, Sized, Union, cast
@@ -23,45 +24,113 @@ Auto = Literal["auto"]
 AUTO_BATCH_START = 8
 
 
-@dataclass(frozen=True)
-class DataInfo:
-    """What the model and the run need to know before any batch is read."""
+class KindRecord:
+    """What one kind of data says of its samples (`DataInfo.record`): the kind's own fields, one
+    sample's input shape, and what the `model` group fills into a network's constructor from them.
+    The framework's kinds are below; a team's own kind is a frozen dataclass subclassing this one."""
 
-    num_classes: int
+    kind: ClassVar[str]
+
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's input as the network receives it (what FLOPs are counted and memory is planned with)."""
+        raise NotImplementedError
+
+    def model_inputs(self) -> dict[str, Any]:
+        """The constructor arguments a network for this data takes from it."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ImageRecord(KindRecord):
+    """Images of `in_channels` x `image_size` (height, width), as the network receives them."""
+
+    kind: ClassVar[str] = "images"
     in_channels: int
     image_size: tuple[int, int]
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.in_channels, *self.image_size)
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {"in_channels": self.in_channels, "image_size": list(self.image_size)}
+
+
+@dataclass(frozen=True)
+class TokenRecord(KindRecord):
+    """Sequences of `sequence_length` integer token ids below `vocab_size`."""
+
+    kind: ClassVar[str] = "tokens"
+    vocab_size: int
+    sequence_length: int
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.sequence_length,)
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "max_positions": self.sequence_length}
+
+
+@dataclass(frozen=True)
+class FeatureRecord(KindRecord):
+    """Rows of `in_features` floats (a table)."""
+
+    kind: ClassVar[str] = "features"
+    in_features: int
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.in_features,)
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {"in_features": self.in_features}
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What the model and the run need to know of a data set before any batch is read: what every
+    kind has here, the kind's own fields in `record` (an `ImageRecord`, `TokenRecord`,
+    `FeatureRecord` or a team's own `KindRecord`)."""
+
+    record: KindRecord
+    #: Samples per split ("train", "val", "test").
     sizes: dict[str, int]
-    notes: list[str] = field(default_factory=list)
+    #: Classes of a label per sample (0: the data have none, e.g. text for a language model).
+    num_classes: int = 0
     class_names: Optional[list[str]] = None
+    notes: list[str] = field(default_factory=list)
     #: Bytes of one sample as the loader ships it (uint8 images: 1 per pixel and channel).
     sample_bytes: int = 0
-    #: What a sample's input is: "images" (C x H x W), "tokens" (T integer ids), "features" (F floats).
-    kind: str = "images"
-    #: What the `model` group fills in besides the images' classes, channels and size (a text data
-    #: set's vocab_size and max_positions, a table's in_features, ...).
+    #: What the `model` group fills in besides the record's and the classes (a team's own arguments).
     inputs: Mapping[str, Any] = field(default_factory=dict)
-    #: One sample's input shape as the network receives it (None: in_channels x image_size).
-    sample_shape: Optional[tuple[int, ...]] = None
     #: Reference values of the task's metrics that need no training (a text data set's unigram
     #: perplexity): the run prints and records its own beside them.
     baselines: Mapping[str, float] = field(default_factory=dict)
 
+    @property
+    def kind(self) -> str:
+        """What a sample's input is: "images" (C x H x W), "tokens" (T integer ids), "features" (F floats)."""
+        return self.record.kind
+
     def model_inputs(self) -> dict[str, Any]:
         """What the `model` group's builder fills into a network's constructor (those it takes)."""
-        if self.kind == "images":
-            base = {"num_classes": self.num_classes, "in_channels": self.in_channels,
-                    "image_size": list(self.image_size)}
-        else:
-            base = {"num_classes": self.num_classes} if self.num_classes else {}
-        return {**base, **self.inputs}
+        classes = {"num_classes": self.num_classes} if self.num_classes else {}
+        return {**classes, **self.record.model_inputs(), **self.inputs}
 
     def input_shape(self) -> tuple[int, ...]:
         """One sample's input shape (what FLOPs are counted and memory is planned with)."""
-        return tuple(self.sample_shape) if self.sample_shape is not None else (self.in_channels, *self.image_size)
+        return tuple(self.record.sample_shape())
+
+    def summary(self) -> dict[str, Any]:
+        """For summary.json: the kind, its record's fields beside it (an image data set's in_channels and
+        image_size, as before records) and the rest."""
+        return {"kind": self.kind, "num_classes": self.num_classes, **dataclasses.asdict(cast(Any, self.record)),
+                "inputs": self.model_inputs(), "sizes": self.sizes, "notes": self.notes,
+                "baselines": dict(self.baselines)}
 
 
-class ImageClassificationData(L.LightningDataModule):
-    """Base of the framework's data modules.
+class DataModule(L.LightningDataModule):
+    """Base of every data module of the framework, whatever its kind: the batch size, the loaders and
+    their rules, the training order that resumes mid-epoch, the copy to the device. Image data sets
+    start from `ImageData` below (adding how image files are decoded); text and tables from this.
 
     Subclasses implement `inspect` (cheap checks of the source, a `UserError` naming the ``data.*``
     key) and `setup` (``train_set``, ``val_set``, ``test_set``), and may override `device_transform`
@@ -100,16 +169,9 @@ class ImageClassificationData(L.LightningDataModule):
                                        "short")] = "auto",
         device_normalize: Annotated[bool, Doc("ship raw batches and finish them (augment, normalize) on the "
                                               "device; false: per sample on the host")] = True,
-        decode: Annotated[Literal["auto", "pil", "fast", "device"],
-                          Doc("how image files become training crops: pil (the reference), fast (host), "
-                              "device (batched on the GPU); auto: fast (measured faster than device on an H200). "
-                              "Data held decoded has nothing to decode")] = "auto",
     ) -> None:
         super().__init__()
-        if decode not in DECODE_MODES:
-            raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
         self.device_normalize = device_normalize
-        self.decode = decode
         #: batch_size=auto: sized by the batch finder (trainer/modes/batch_finder.py), applied with the plan;
         #: until then the smallest batch it would choose stands in.
         self.batch_size_auto = batch_size == "auto"
@@ -144,12 +206,9 @@ class ImageClassificationData(L.LightningDataModule):
         return images
 
     def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        """(the decode mode to use, how it was chosen), changing nothing (`apply_decode` applies it).
-        Data sets held decoded decode nothing."""
-        held = "images held decoded: nothing to decode"
-        if self.decode == "auto":
-            return "none", f"auto -> none ({held})"
-        return "none", f"{self.decode} -> none (has no effect: {held})"
+        """(the decode mode to use, how it was chosen), changing nothing (`apply_decode` applies it):
+        none, for data that are not image files (`ImageData` decides for images)."""
+        return "none", "no image files: nothing to decode"
 
     def inference_preprocessing(self) -> dict[str, Any]:
         """How a raw sample becomes the network's input at evaluation, for the model card (export,
@@ -292,6 +351,36 @@ class ImageClassificationData(L.LightningDataModule):
         if not self.device_normalize:
             return images, labels
         return self.device_transform(images, training), labels
+
+
+class ImageData(DataModule):
+    """Base of the image data modules: `DataModule` and `data.decode`, how image files become
+    training crops (trainer/data/decode.py). Images held decoded in memory (digits, CIFAR-10, the
+    synthetic set) take the key and have nothing to decode; `EncodedImagesData` decodes files."""
+
+    def __init__(
+        self,
+        decode: Annotated[Literal["auto", "pil", "fast", "device"],
+                          Doc("how image files become training crops: pil (the reference), fast (host), "
+                              "device (batched on the GPU); auto: fast (measured faster than device on an H200). "
+                              "Data held decoded has nothing to decode")] = "auto",
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
+        if decode not in DECODE_MODES:
+            raise UserError("data.decode", f"'{decode}' is not a decode mode", ", ".join(DECODE_MODES))
+        self.decode = decode
+
+    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
+        """Data sets held decoded decode nothing (`EncodedImagesData` decides for files)."""
+        held = "images held decoded: nothing to decode"
+        if self.decode == "auto":
+            return "none", f"auto -> none ({held})"
+        return "none", f"{self.decode} -> none (has no effect: {held})"
+
+
+#: The base's name before it held every kind (a team's folder written then still imports it).
+ImageClassificationData = DataModule
 
 
 class EvalShare(DistributedSampler):

@@ -16,7 +16,7 @@ import torch
 from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, ImageData, ImageRecord
 from trainer.data.transforms import normalize, random_flip, random_translate
 from trainer.infra.errors import UserError
 from trainer.infra.schema import NON_NEGATIVE, Doc, Range
@@ -65,7 +65,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels
 
 
-class CIFAR10DataModule(ImageClassificationData):
+class CIFAR10DataModule(ImageData):
     """The whole set is held in memory as uint8 (150 MB); batches travel as uint8 and are
     translated, flipped and normalized on the device (on the host, per sample, with
     ``device_normalize=false``)."""
@@ -110,7 +110,7 @@ class CIFAR10DataModule(ImageClassificationData):
                         "test": read_batch(test)}
         train_n, test_n = len(self._arrays["train"][1]), len(self._arrays["test"][1])
         val_n = int(round(train_n * self.val_fraction))
-        return DataInfo(10, 3, (32, 32), {"train": train_n - val_n, "val": val_n, "test": test_n},
+        return DataInfo(ImageRecord(3, (32, 32)), {"train": train_n - val_n, "val": val_n, "test": test_n}, 10,
                         class_names=CLASSES, sample_bytes=3 * 32 * 32 * (1 if self.device_normalize else 4))
 
     def inference_preprocessing(self) -> dict[str, Any]:

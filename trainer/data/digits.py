@@ -10,7 +10,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, ImageData, ImageRecord
 from trainer.data.transforms import random_translate
 from trainer.infra.errors import UserError
 from trainer.infra.schema import NON_NEGATIVE, Doc, Range
@@ -27,7 +27,7 @@ def stratified_split(labels: np.ndarray, val_fraction: float, test_fraction: flo
     return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
 
 
-class DigitsDataModule(ImageClassificationData):
+class DigitsDataModule(ImageData):
     """The default data set. Pixel values 0..16 are standardized with the training split's statistics.
     The split is fixed by `split_seed`, independent of the run's seed, so runs with different seeds
     are compared on the same test images."""
@@ -66,7 +66,7 @@ class DigitsDataModule(ImageClassificationData):
         images, labels = self._load()
         self._check_fractions()
         sizes = {k: len(v) for k, v in stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed).items()}
-        return DataInfo(num_classes=10, in_channels=1, image_size=(8, 8), sizes=sizes,
+        return DataInfo(ImageRecord(in_channels=1, image_size=(8, 8)), sizes, num_classes=10,
                         class_names=[str(d) for d in range(10)], sample_bytes=8 * 8 * 4)
 
     def setup(self, stage: Optional[str] = None) -> None:

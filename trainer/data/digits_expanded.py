@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.utils.data import TensorDataset
 
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, ImageRecord
 from trainer.data.digits import DigitsDataModule, stratified_split
 from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError
@@ -169,7 +169,7 @@ class ExpandedDigitsDataModule(DigitsDataModule):
     def inspect(self) -> DataInfo:
         self._check_fractions()
         sizes = {name: len(labels) for name, (_, labels) in self.expanded().items()}
-        return DataInfo(num_classes=10, in_channels=1, image_size=(self.image_size, self.image_size), sizes=sizes,
+        return DataInfo(ImageRecord(in_channels=1, image_size=(self.image_size, self.image_size)), sizes, num_classes=10,
                         class_names=[str(d) for d in range(10)], sample_bytes=self.image_size**2 * 4,
                         notes=[f"digits expanded: {self.copies} distortions of each training original, "
                                f"{self.eval_copies} of each validation and test original, {self.image_size} px"])

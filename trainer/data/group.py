@@ -9,7 +9,7 @@ from typing import Any
 
 from hydra.utils import instantiate
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, DataModule
 from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.instantiation import construct
@@ -21,15 +21,15 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
         require("shards", "data=shards")  # LitData and boto3
     data = check_target("data", values)
     data_cls = locate_target("data", data["_target_"])
-    if not (inspect.isclass(data_cls) and issubclass(data_cls, ImageClassificationData)):
+    if not (inspect.isclass(data_cls) and issubclass(data_cls, DataModule)):
         raise UserError("data._target_", f"'{data['_target_']}' is not a data module of this framework",
-                        "a subclass of trainer.data.base.ImageClassificationData")
+                        "a subclass of trainer.data.base.DataModule")
     if "batch_size" not in data:
         raise UserError("data.batch_size", "missing", "a positive integer (per-device batch size)")
     return data
 
 
-def build_data(cfg: dict[str, Any], run_dir: Path, seed: int) -> tuple[ImageClassificationData, DataInfo]:
+def build_data(cfg: dict[str, Any], run_dir: Path, seed: int) -> tuple[DataModule, DataInfo]:
     """The data module, told the run's folder and seed, and what it found in its source."""
     datamodule = construct("data", lambda: instantiate(cfg, _convert_="all"))
     datamodule.attach_run(run_dir, seed)

@@ -17,7 +17,7 @@ import torch
 
 from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError, ImageFiles, check_files,
                                    is_image_name, scan_threads, truncated_images_accepted)
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, ImageRecord
 from trainer.data.decode import JPEG_EXTENSIONS, DecodedFiles, EncodedFiles
 from trainer.data.images import EncodedImagesData
 from trainer.infra.errors import UserError
@@ -135,7 +135,7 @@ class ImageFolderDataModule(EncodedImagesData):
             sizes["test"] = sizes["val"]
         if scanned.bad:
             notes.append(self._bad_note(scanned.bad))
-        return DataInfo(len(train_classes), 3, (self.image_size, self.image_size), sizes, notes, train_classes,
+        return DataInfo(ImageRecord(3, (self.image_size, self.image_size)), sizes, len(train_classes), train_classes, notes,
                         sample_bytes=self.sample_bytes())
 
     def _scan_folder(self, root: Path) -> _Scanned:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional, Sequence, Union, cast
 import torch
 from torchvision.transforms import v2
 
-from trainer.data.base import ImageClassificationData
+from trainer.data.base import ImageData
 from trainer.data.decode import EncodedBatch, Geometry, decode_batch
 from trainer.data.progressive_resize import ResizeSchedule
 from trainer.data.transforms import normalize, random_flip
@@ -21,7 +21,7 @@ from trainer.infra.errors import UserError
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 
 
-class EncodedImagesData(ImageClassificationData):
+class EncodedImagesData(ImageData):
     """Decoded and cropped on the host by loader workers (RandomResizedCrop for training, resize and
     centre crop for evaluation). Every image mode is converted to 8-bit RGB (`badfiles.to_rgb`).
 

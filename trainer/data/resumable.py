@@ -4,7 +4,7 @@ PyTorch's `RandomSampler` and loader workers draw their seeds from the global to
 epoch's iterator is created, so an epoch's order and the workers' random crops depend on everything
 that used the RNG before, which a resumed run cannot replay. Here `EpochSampler` orders each epoch
 from (seed, epoch) alone and restarts after the batches already trained on
-(`ImageClassificationData.load_state_dict` says why not through Lightning's stateful loaders),
+(`DataModule.load_state_dict` says why not through Lightning's stateful loaders),
 host-side random transforms draw from a seed given with each index (`SeededSamples`), and every
 loader has its own `torch.Generator`, so making an iterator never moves the global RNG that dropout
 and on-device augmentation use (trainer/callbacks/rng.py saves that one)."""

@@ -20,7 +20,7 @@ from litdata import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.badfiles import BadImageError, WorkerSafeUserError, load_rgb
-from trainer.data.base import DataInfo, EvalShare
+from trainer.data.base import DataInfo, EvalShare, ImageRecord
 from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment_seeded, decode_on_host, finish_on_host,
                                  jpeg_header)
 from trainer.data.images import EncodedImagesData
@@ -235,7 +235,7 @@ class ShardsDataModule(EncodedImagesData):
             notes.insert(0, "no test split: test metrics are measured on val")
             sizes["test"] = sizes["val"]
         classes = list(described["classes"])
-        return DataInfo(len(classes), 3, (self.image_size, self.image_size), sizes, notes, classes,
+        return DataInfo(ImageRecord(3, (self.image_size, self.image_size)), sizes, len(classes), classes, notes,
                         sample_bytes=self.sample_bytes())
 
     def _jpeg_share(self) -> float:

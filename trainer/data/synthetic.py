@@ -7,7 +7,7 @@ from typing import Annotated, Any, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, ImageData, ImageRecord
 from trainer.data.resumable import own_generator
 from trainer.infra.errors import UserError
 from trainer.infra.schema import AT_LEAST_ONE, NON_NEGATIVE, Doc, Range
@@ -30,7 +30,7 @@ class _BatchIndices(Dataset[int]):
         return index
 
 
-class SyntheticDataModule(ImageClassificationData):
+class SyntheticDataModule(ImageData):
     """Each class has a fixed random pattern; a sample is ``signal * pattern + N(0, 1)`` noise.
     The loader carries only a batch number; `transfer_batch_to_device` draws the batch on the device
     from a generator seeded by (seed, split, batch number), so every epoch sees the same samples and
@@ -66,7 +66,7 @@ class SyntheticDataModule(ImageClassificationData):
         notes = ["synthetic: generated on the device, no input pipeline cost"]
         if not self.device_normalize:
             notes.append("device_normalize=false has no effect: batches are made on the device")
-        return DataInfo(self.num_classes, self.shape[0], (self.shape[1], self.shape[2]), sizes,
+        return DataInfo(ImageRecord(self.shape[0], (self.shape[1], self.shape[2])), sizes, self.num_classes,
                         notes=notes, sample_bytes=0)
 
     def setup(self, stage: Optional[str] = None) -> None:

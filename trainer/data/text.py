@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, DataModule, TokenRecord
 from trainer.data.corpus import (SPLITS, Prepared, TokenSettings, builtin_corpus, folder_corpus, prepare)
 from trainer.data.digits_expanded import default_cache_dir
 from trainer.data.resumable import own_generator
@@ -161,7 +161,7 @@ class LengthGroupedBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.collate([self.pieces[int(i)] for i in self.batches[index]])
 
 
-class TextData(ImageClassificationData):
+class TextData(DataModule):
     """A language model's data (see the module docstring). `inspect` prepares the corpus (or finds
     it in the cache) and copies its tokenizer to the run's folder as ``tokenizer.json``."""
 
@@ -242,9 +242,8 @@ class TextData(ImageClassificationData):
             vocab += f" (of {meta['vocab_size_asked']} asked: the corpus had no more pairs to merge)"
         notes = [f"text: {meta['corpus']}",
                  f"tokens: {tokens}; {vocab}; {self.sequences} sequences of {T} (cache: {prepared.folder})"]
-        return DataInfo(num_classes=0, in_channels=0, image_size=(0, 0), sizes=sizes, notes=notes,
-                        sample_bytes=2 * 8 * T, kind="tokens",
-                        inputs={"vocab_size": int(meta["vocab_size"]), "max_positions": T}, sample_shape=(T,),
+        return DataInfo(TokenRecord(vocab_size=int(meta["vocab_size"]), sequence_length=T), sizes, notes=notes,
+                        sample_bytes=2 * 8 * T,
                         baselines={"val/perplexity": float(meta["unigram_val_perplexity"])})
 
     def _check_sizes(self, sizes: dict[str, int], prepared: Prepared) -> None:
@@ -280,9 +279,6 @@ class TextData(ImageClassificationData):
         """Bucketed batches are padded to their own longest piece: their length varies (compile then
         uses dynamic shapes, trainer/groups/compile.py)."""
         return self.sequences == "bucketed"
-
-    def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        return "none", f"{self.decode} -> none (token ids: nothing to decode)"
 
     def finish_batch(self, batch: Any, training: bool) -> Any:
         return batch  # token ids: nothing to normalize or augment

@@ -254,7 +254,7 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
     if info.num_classes:
         card["classes"] = list(info.class_names or [str(i) for i in range(info.num_classes)])
     if info.kind == "images":
-        card["input"] = {"shape": [info.in_channels, *info.image_size], "dtype": "float32", "layout": "NCHW",
+        card["input"] = {"shape": list(info.input_shape()), "dtype": "float32", "layout": "NCHW",
                          "batch": "dynamic"}
         card["accuracy"] = {split: metrics.get(split, {}).get("acc") for split in ("val", "test")}
     return {**card,
@@ -286,7 +286,7 @@ def _language_model_card(spec: Any, info: Any, summary: dict[str, Any], run_dir:
     return {
         "model": spec.model["_target_"],
         "task": "language_model",
-        "vocab_size": int(info.inputs.get("vocab_size", 0)),
+        "vocab_size": int(info.model_inputs()["vocab_size"]),
         "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
                   "batch": "dynamic"},
         "output": "next-token logits, N x T x vocab_size",

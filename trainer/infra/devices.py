@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -46,18 +46,31 @@ def stop_nvml_probes_without_cuda() -> bool:
     return True
 
 
+#: What `trainer.devices` may be, for the line that refuses anything else.
+DEVICES_ALLOWED = "a positive count, a list of device ids, a string of ids ('0,1'), or auto / -1 (all)"
+
+
 def count_devices(devices: Any, accelerator: str) -> int:
     """The number of devices `trainer.devices` names: a count, a list of ids, ``"0,1"``, or
     ``auto``/-1 (every visible GPU, one CPU process)."""
-    if isinstance(devices, list):
-        return len(devices)
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
-    if devices in ("auto", -1):
-        return torch.cuda.device_count() if accelerator == "cuda" else 1
-    if isinstance(devices, str):  # "0,1"
-        return len([d for d in devices.split(",") if d.strip()])
-    return int(devices)
+    return parse_devices(devices, accelerator)[0]
+
+
+def parse_devices(devices: Any, accelerator: str) -> tuple[int, Optional[tuple[int, ...]]]:
+    """(how many devices per node `trainer.devices` names, the ids it names: a list, or ``"0,1"``, where
+    ``"1,"`` is Lightning's one id 1; None for a count or auto). Anything else is refused in one line."""
+    if isinstance(devices, (list, tuple)):
+        if devices and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            return len(devices), tuple(devices)
+    elif isinstance(devices, str) and "," in devices:
+        ids = [d.strip() for d in devices.split(",") if d.strip()]
+        if ids and all(d.isdigit() for d in ids):
+            return len(ids), tuple(int(d) for d in ids)
+    elif devices in ("auto", -1, "-1"):
+        return (torch.cuda.device_count() if accelerator == "cuda" else 1), None
+    elif isinstance(devices, int) and not isinstance(devices, bool) or isinstance(devices, str) and devices.strip().isdigit():
+        return int(devices), None
+    raise UserError("trainer.devices", f"{devices!r} names no devices", DEVICES_ALLOWED)
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,14 @@ class Devices:
     how: str
     per_node: int
     nodes: int
+    #: The device ids `trainer.devices` named (a list, or "0,1"); None where it gave a count or auto.
+    ids: Optional[tuple[int, ...]] = None
+
+    @property
+    def trainer_devices(self) -> int | list[int]:
+        """The Trainer's `devices`: the ids named, else the count decided here, so that Lightning
+        trains on exactly what every phase before it counted (it does not resolve auto again)."""
+        return list(self.ids) if self.ids is not None else self.per_node
 
     @property
     def processes(self) -> int:
@@ -81,10 +102,10 @@ class Devices:
 
 def decide_devices(trainer_cfg: Mapping[str, Any]) -> Devices:
     accelerator, how = resolve_accelerator(str(trainer_cfg.get("accelerator", "auto")))
-    per_node = count_devices(trainer_cfg.get("devices", 1), accelerator)
+    per_node, ids = parse_devices(trainer_cfg.get("devices", 1), accelerator)
     if per_node < 1:
-        raise UserError("trainer.devices", f"resolves to {per_node} devices", "a positive count, a list of ids, or auto")
-    return Devices(accelerator, how, per_node, int(trainer_cfg.get("num_nodes", 1) or 1))
+        raise UserError("trainer.devices", f"resolves to {per_node} devices", DEVICES_ALLOWED)
+    return Devices(accelerator, how, per_node, int(trainer_cfg.get("num_nodes", 1) or 1), ids)
 
 
 def usable_cpus() -> int:

@@ -20,7 +20,7 @@ import torch
 from torch.profiler import record_function
 
 from trainer.callbacks.throughput import synchronize
-from trainer.data.base import ImageClassificationData
+from trainer.data.base import DataModule
 from trainer.data.loader import resolve_loader, usable_cpus
 from trainer.groups.precision import compute_dtype
 from trainer.infra.atomic import write_json_atomic
@@ -114,7 +114,7 @@ def median_and_noise(run_once: Callable[[], Any], device: torch.device, warmup: 
     return statistics.median(samples), half_iqr(samples)
 
 
-def _batches(datamodule: ImageClassificationData, device: torch.device) -> Generator[Any, None, None]:
+def _batches(datamodule: DataModule, device: torch.device) -> Generator[Any, None, None]:
     """Training batches as the step receives them: from the loader, on the device, finished."""
     while True:
         for batch in datamodule.train_dataloader():
@@ -122,13 +122,13 @@ def _batches(datamodule: ImageClassificationData, device: torch.device) -> Gener
             yield datamodule.finish_batch(batch, training=True)
 
 
-def time_data_pipeline(datamodule: ImageClassificationData, device: torch.device, steps: int,
+def time_data_pipeline(datamodule: DataModule, device: torch.device, steps: int,
                        warmup: int) -> float:
     """Milliseconds per batch from the training loader to a finished batch on the device."""
     return time_data(datamodule, device, steps, warmup)[0]
 
 
-def time_data(datamodule: ImageClassificationData, device: torch.device, steps: int,
+def time_data(datamodule: DataModule, device: torch.device, steps: int,
               warmup: int) -> tuple[float, float]:
     """`time_data_pipeline`, with its noise (`median_and_noise`)."""
     batches = _batches(datamodule, device)
@@ -138,7 +138,7 @@ def time_data(datamodule: ImageClassificationData, device: torch.device, steps: 
         batches.close()  # shuts the loader's workers down
 
 
-def sweep_workers(datamodule: ImageClassificationData, device: torch.device, steps: int,
+def sweep_workers(datamodule: DataModule, device: torch.device, steps: int,
                   cpus: int | None = None) -> list[dict[str, Any]]:
     """Samples/s of the data pipeline for 0, 1, 2, 4, ... workers up to the usable CPUs."""
     cpus = cpus or usable_cpus()
@@ -158,7 +158,7 @@ def sweep_workers(datamodule: ImageClassificationData, device: torch.device, ste
     return results
 
 
-def sweep_decoders(datamodule: ImageClassificationData, device: torch.device, steps: int) -> list[dict[str, Any]]:
+def sweep_decoders(datamodule: DataModule, device: torch.device, steps: int) -> list[dict[str, Any]]:
     """Samples/s of the data pipeline in each ``data.decode`` mode the data module can use, with its
     configured workers (none for data held decoded)."""
     modes = datamodule.decode_choices()
@@ -487,7 +487,7 @@ def plot(t: Timings, v: Verdict, workers: list[dict[str, Any]], path: Path) -> N
     save_png(figure, path)
 
 
-def diagnose(datamodule: ImageClassificationData, model_step: ModelStep,
+def diagnose(datamodule: DataModule, model_step: ModelStep,
              full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], context: dict[str, Any],
              run_dir: Path, steps: int = 20, sweep: bool = True, communication: CommunicationTimer | None = None,
              write: bool = True) -> dict[str, Any]:
@@ -527,7 +527,7 @@ class Measured:
     communication: CommunicationTiming | None
 
 
-def time_parts(datamodule: ImageClassificationData, model_step: ModelStep,
+def time_parts(datamodule: DataModule, model_step: ModelStep,
                full_step_samples_per_s: Callable[[], tuple[float | None, list[float]]], steps: int,
                communication: CommunicationTimer | None) -> Measured:
     """The data pipeline alone, the model's step in its three parts on a resident batch, and the full
@@ -570,7 +570,7 @@ def time_parts(datamodule: ImageClassificationData, model_step: ModelStep,
     return Measured(timings, resident, rate, reduced)
 
 
-def sweep_input(datamodule: ImageClassificationData, device: torch.device, steps: int, sweep: bool,
+def sweep_input(datamodule: DataModule, device: torch.device, steps: int, sweep: bool,
                 notes: list[str], context: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(worker sweep, decode sweep) of the loader; neither for data made on the device (`sweep` false,
     said in `notes`). The best worker count and the decode sweep go into `context`, which the verdict

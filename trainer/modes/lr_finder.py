@@ -29,7 +29,7 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from torchmetrics import Metric
 
 from trainer.configuration.spec import RunSpec, choice_values
-from trainer.data.base import ImageClassificationData
+from trainer.data.base import DataModule
 from trainer.groups.optimizer.scaling import FoundLr
 from trainer.groups.optimizer.schema import LR_FIND
 from trainer.groups.precision import lightning_precision, tf32_during
@@ -40,7 +40,7 @@ from trainer.infra.distributed import rank_zero_record
 from trainer.infra.errors import UserError
 from trainer.infra.figures import new_figure, save_png
 from trainer.infra.library_logs import quiet_library_warnings
-from trainer.phases.plan import Derived, Probe
+from trainer.phases.plan import Derived, Probe, per_device_batch
 from trainer.phases.state import Run
 from trainer.task import TrainingTask
 
@@ -77,7 +77,7 @@ def find_lr(run: Run, probe: Probe, batch: Derived | None = None) -> FoundLr:
                 shutil.copyfile(earlier.parent / LR_FIND_PLOT, run_dir / LR_FIND_PLOT)
         log.info("optimizer.lr=find: the range test's answer of the run resumed, from %s", earlier)
         return found_lr(found, shipped, f"from {earlier.parent.name}/{LR_FIND_FILE}, resumed")
-    found = range_test(run, probe, int(batch.value) if batch is not None else int(spec.data["batch_size"]))
+    found = range_test(run, probe, per_device_batch(spec, batch))
     return found_lr(found, shipped)
 
 
@@ -151,7 +151,7 @@ def range_test(run: Run, probe: Probe, batch: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _batch_during(datamodule: ImageClassificationData, batch: int) -> Iterator[None]:
+def _batch_during(datamodule: DataModule, batch: int) -> Iterator[None]:
     """The data module's loaders at `batch` while the test runs; as they were afterwards (the run's
     batch is the plan's, applied by the build phase)."""
     before = datamodule.batch_size, datamodule.eval_batch_size

@@ -30,7 +30,7 @@ from trainer.callbacks.step_log import StepLog
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
 from trainer.configuration.spec import RunSpec
-from trainer.data.base import ImageClassificationData
+from trainer.data.base import DataModule
 from trainer.data.group import build_data
 from trainer.groups.callbacks import build_callbacks
 from trainer.groups.checkpointing import build_checkpointing, build_periodic
@@ -100,7 +100,7 @@ def task_settings(spec: RunSpec) -> dict[str, Any]:
             "compile": {"mode": spec.compile.mode, "dynamic": spec.compile.dynamic}}
 
 
-def apply_to_data(plan: Plan, datamodule: ImageClassificationData) -> None:
+def apply_to_data(plan: Plan, datamodule: DataModule) -> None:
     """The plan's batch, loader settings, decode mode and training sizes, for every loader the data
     module builds."""
     datamodule.set_batch_size(plan.batch_size)
@@ -210,7 +210,7 @@ def _measuring(spec: RunSpec, plan: Plan, steps: int) -> tuple[RunSpec, Plan]:
         top=dataclasses.replace(spec.top, progress="off"),
         trainer={**spec.trainer, "max_steps": steps, "max_epochs": -1, "limit_val_batches": 0,
                  "num_sanity_val_steps": 0, "limit_train_batches": None})
-    return spec, dataclasses.replace(plan, progress="off")
+    return spec, dataclasses.replace(plan, probe=dataclasses.replace(plan.probe, progress="off"))
 
 
 def _trainer_arguments(spec: RunSpec, plan: Plan, clipping: GradientClipping) -> dict[str, Any]:
@@ -224,7 +224,8 @@ def _trainer_arguments(spec: RunSpec, plan: Plan, clipping: GradientClipping) ->
     plugins = [*precision.pop("plugins", []), SafeCheckpointIO(), *arguments.pop("plugins", [])]
     if plan.slurm_environment:  # without auto-requeue: see trainer/groups/trainer.py slurm_environment
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    arguments.update(accelerator=plan.accelerator, plugins=plugins, benchmark=plan.cudnn_benchmark,
+    arguments.update(accelerator=plan.accelerator, devices=plan.probe.devices.trainer_devices, plugins=plugins,
+                     benchmark=plan.cudnn_benchmark,
                      enable_model_summary=False, **precision)  # the summary is build_trainer's callback
     if plan.communication.gradient_compression != "none":
         # The configured DDP strategy, made with the compression's hook (fresh for each Trainer).

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, DataModule
 from trainer.data.loader import LoaderSettings
 from trainer.infra.errors import UserError, exception_line
 from trainer.tasks.protocol import TaskDefinition
@@ -40,7 +40,7 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def check_first_batch(datamodule: ImageClassificationData, info: DataInfo, net: nn.Module,
+def check_first_batch(datamodule: DataModule, info: DataInfo, net: nn.Module,
                       definition: TaskDefinition, device: torch.device) -> None:
     """One batch through the data module, the network and the task on `device`: a `UserError` for
     the first part that does not fit the others."""
@@ -68,7 +68,7 @@ def check_first_batch(datamodule: ImageClassificationData, info: DataInfo, net: 
                   f" for {split}'s metrics{shapes}")
 
 
-def take_batch(datamodule: ImageClassificationData, device: torch.device) -> Any:
+def take_batch(datamodule: DataModule, device: torch.device) -> Any:
     """The first training batch of `CHECK_SAMPLES` samples as a step receives it, read in this
     process (no loader workers), through Lightning's hooks of the data module; the module is left
     as it was (batch size, loader settings, splits not set up), so the run sets it up as planned."""

@@ -125,14 +125,19 @@ def decide_probe(spec: RunSpec, devices: Devices, parts: Parts) -> Probe:
                  MappingProxyType(derived), parts.definition.units_per_sample(), available_memory())
 
 
+def per_device_batch(spec: RunSpec, found: Derived | None) -> int:
+    """The per-device batch a run trains (and a range test measures) with: what data.batch_size=auto
+    found, else data.batch_size. The one place that rule is written."""
+    return int(found.value) if found is not None else int(spec.data["batch_size"])
+
+
 @dataclass(frozen=True)
 class Plan:
-    """The settings the run applies, each also under `derived` with its derivation."""
+    """The settings the run applies, each also under `derived` with its derivation. Where and how a
+    step runs is the probe's, held as it was decided (`accelerator`, `precision` and the others
+    below read it), not copied."""
 
-    accelerator: str
-    devices: int
-    #: Lightning's precision string ("32-true", "bf16-mixed", "16-mixed").
-    precision: str
+    probe: Probe
     loader: LoaderSettings
     #: The image decode mode (data sets held decoded: "none").
     decode: str
@@ -141,14 +146,8 @@ class Plan:
     global_batch_size: int
     #: What builds the optimizer, for training and for every measurement alike.
     optimizer: OptimizerRecipe
-    tf32: bool
-    channels_last: bool
     compile_mode: str
     checkpointed_stages: tuple[str, ...]
-    #: rich, plain or off.
-    progress: str
-    #: cuDNN autotuning (the Trainer's `benchmark`).
-    cudnn_benchmark: bool
     #: Whether the Trainer gets Lightning's SLURM environment (inside a SLURM job, none configured).
     slurm_environment: bool
     #: Training FLOPs per unit of the task (a sample, a token) and the device's peak FLOP/s, where
@@ -174,6 +173,38 @@ class Plan:
     communication: Communication = UNCOMPRESSED
 
     @property
+    def accelerator(self) -> str:
+        return self.probe.accelerator
+
+    @property
+    def devices(self) -> int:
+        """Devices per node."""
+        return self.probe.devices.per_node
+
+    @property
+    def precision(self) -> str:
+        """Lightning's precision string ("32-true", "bf16-mixed", "16-mixed")."""
+        return self.probe.precision
+
+    @property
+    def tf32(self) -> bool:
+        return self.probe.tf32
+
+    @property
+    def channels_last(self) -> bool:
+        return self.probe.channels_last
+
+    @property
+    def progress(self) -> str:
+        """rich, plain or off."""
+        return self.probe.progress
+
+    @property
+    def cudnn_benchmark(self) -> bool:
+        """cuDNN autotuning (the Trainer's `benchmark`)."""
+        return self.probe.cudnn_benchmark
+
+    @property
     def global_batch_units(self) -> int:
         """The global batch in the task's unit (what the batch rules scaled by)."""
         return self.global_batch_size * self.units_per_sample
@@ -192,7 +223,7 @@ class Plan:
 
     @property
     def device(self) -> torch.device:
-        return device_of(self.accelerator)
+        return self.probe.device
 
     def lines(self) -> list[str]:
         width = max(len(k) for k in self.derived)
@@ -213,7 +244,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     derived: dict[str, Derived] = {}
     if batch_size is not None:
         derived["data.batch_size"] = batch_size
-    batch = int(batch_size.value) if batch_size is not None else int(spec.data["batch_size"])
+    batch = per_device_batch(spec, batch_size)
     derived["trainer.accelerator"] = early["trainer.accelerator"]
     global_batch = probe.global_batch(spec, batch)
     derived["global_batch_size"] = Derived(global_batch, f"{batch} per device x {probe.devices.per_node} devices x "
@@ -238,9 +269,9 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     # batch is in samples: counted in the same unit first, or the found lr moves by units-per-sample too.
     found = lr.in_units(definition.unit, units) if lr is not None else None
     recipe = _optimizer(spec, probe, net, global_batch * units, found, derived)
-    tf32 = probe.tf32
     derived["precision.tf32"] = early["precision.tf32"]
-    flops, (peak, peak_note), (bf16_peak, bf16_note) = _flops(net, parts, accelerator, probe.precision, tf32, derived)
+    flops, (peak, peak_note), (bf16_peak, bf16_note) = _flops(net, parts, accelerator, probe.precision, probe.tf32,
+                                                              derived)
     variable = bool(getattr(datamodule, "variable_shapes", False))
     stages, compile_mode, dynamic = _model_changes(spec, net, accelerator, probe, derived, resize, variable)
     derived["clipping"] = Derived(parts.clipping.mode, parts.clipping.describe())
@@ -253,8 +284,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     if slurm:
         derived["trainer.plugins"] = Derived("SLURMEnvironment", "inside a SLURM job: Lightning's SLURM environment, "
                                              "without its auto-requeue (preemption is submitit's signal here)")
-    return Plan(accelerator, probe.devices.per_node, probe.precision, loader, decode, batch, global_batch, recipe, tf32,
-                probe.channels_last, compile_mode, stages, probe.progress, probe.cudnn_benchmark, slurm, flops, peak,
+    return Plan(probe, loader, decode, batch, global_batch, recipe, compile_mode, stages, slurm, flops, peak,
                 peak_note, bf16_peak, bf16_note, MappingProxyType(derived),
                 _warnings(spec, definition.unit, global_batch, units), resize, definition.unit, units, dynamic,
                 spec.communication)

@@ -16,7 +16,7 @@ from trainer.callbacks.logged_metrics import LoggedMetrics
 from trainer.callbacks.loss_record import LossRecord
 from trainer.callbacks.target import TargetWatch
 from trainer.callbacks.throughput import ThroughputMeter
-from trainer.data.base import DataInfo, ImageClassificationData
+from trainer.data.base import DataInfo, DataModule
 from trainer.groups.clipping import GradientClipping
 from trainer.groups.nonfinite import NonFiniteGuard
 from trainer.phases.resume import Checkpoint
@@ -35,7 +35,7 @@ class Identity(NamedTuple):
 class Parts(NamedTuple):
     """What the config names, instantiated and not yet changed by the plan."""
 
-    datamodule: ImageClassificationData
+    datamodule: DataModule
     info: DataInfo
     net: nn.Module
     clipping: GradientClipping

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchmetrics import Metric
 
-from trainer.data.base import DataInfo
+from trainer.data.base import DataInfo, TokenRecord
 from trainer.tasks.metrics import Perplexity
 from trainer.tasks.protocol import TaskDefinition
 
@@ -64,8 +64,9 @@ class LanguageModel(TaskDefinition):
 
     def bind(self, info: DataInfo) -> None:
         super().bind(info)
-        self.vocab_size = int(info.inputs["vocab_size"])
-        self.sequence_length = int(info.input_shape()[0])
+        tokens = info.record
+        assert isinstance(tokens, TokenRecord)  # data_kinds: refused in one line before a bind otherwise
+        self.vocab_size, self.sequence_length = tokens.vocab_size, tokens.sequence_length
 
     def use_regularization(self, label_smoothing: float, mixing: Any) -> None:
         self.label_smoothing = label_smoothing
