@@ -606,6 +606,9 @@ def in_forked_child(check: Callable[[], None], timeout: float = 300) -> None:
     if pid == 0:  # the child: run, report, leave without running the parent's exit handlers
         os.close(read_end)
         try:
+            # The parent's intra-op thread pool did not survive the fork: a child that used it hung
+            # (Inductor's compile, after earlier tests of the same process had run ops in parallel).
+            torch.set_num_threads(1)
             check()
             report = b""
         except BaseException:  # noqa: BLE001 - every failure goes back to the parent
