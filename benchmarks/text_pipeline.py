@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             max_corpus_mb=args.corpus_mb, vocab_size=2048) for mode in ("packed", "bucketed")}
     vocab = 0
     for data in datas.values():
-        vocab = int(data.inspect().inputs["vocab_size"])
+        vocab = int(data.inspect().model_inputs()["vocab_size"])
         data.setup("fit")
     for _ in range(args.rounds):  # interleaved, so a slow moment of the machine hits every arm
         for mode, data in datas.items():

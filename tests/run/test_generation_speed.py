@@ -5,21 +5,16 @@ both rates and their ratio."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import benchmark
 
 pytestmark = pytest.mark.run
 
 
 def test_the_quick_comparison_writes_both_rates_and_their_ratio(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import generation_speed
-    finally:
-        sys.path.pop(0)
+    generation_speed = benchmark("generation_speed")
     out = tmp_path / "generation.md"
     assert generation_speed.main(["--quick", "--out", str(out)]) == 0
     record = json.loads(out.with_suffix(".json").read_text())

@@ -9,11 +9,10 @@ themselves are the benchmark's to report, not a test's to assert."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import benchmark
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -27,11 +26,7 @@ MAX_CALLS_BEYOND_LIGHTNING = -350
 
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import host_overhead
-    finally:
-        sys.path.pop(0)
+    host_overhead = benchmark("host_overhead")
     out = tmp_path_factory.mktemp("host_overhead") / "host_overhead.md"
     assert host_overhead.main(["--quick", "--out", str(out)]) == 0
     return json.loads(out.with_suffix(".json").read_text()), out.read_text()
@@ -66,11 +61,7 @@ def test_the_results_file_has_every_section_with_the_machine_and_the_command(rec
 
 
 def test_the_optimizer_kernel_benchmark_times_each_kernel(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import optimizer_kernels
-    finally:
-        sys.path.pop(0)
+    optimizer_kernels = benchmark("optimizer_kernels")
     out = tmp_path / "kernels.md"
     assert optimizer_kernels.main(["--rounds", "1", "--steps", "2", "--networks", "host-overhead network (8 tensors)",
                                    "--out", str(out)]) == 0
