@@ -7,6 +7,7 @@ composition error or `--help` answers without paying for them."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import re
 import sys
@@ -108,21 +109,16 @@ def config_help(*, _root_: DictConfig) -> str:
 
 def device_count(devices: Any) -> int:
     """``${device_count:${trainer.devices}}`` (conf/hydra/launcher/slurm.yaml): SLURM's tasks and
-    GPUs per node, counted as the run counts them (`trainer.infra.devices.count_devices`), except that
+    GPUs per node, counted as the run counts them (`trainer.infra.devices.parse_devices`), except that
     `auto` cannot be counted where the job is submitted."""
-    from trainer.infra.devices import count_devices  # imports torch: only for the SLURM launcher
+    from trainer.infra.devices import parse_devices  # imports torch: only for the SLURM launcher
 
     if isinstance(devices, ListConfig):
         devices = list(devices)
     count = 0
-    countable = not isinstance(devices, bool) and devices not in ("auto", -1, "-1")
-    if isinstance(devices, str):  # a count ("4") or device ids ("0,1")
-        countable = countable and re.fullmatch(r"[\d,\s]+", devices) is not None
-    if countable:
-        try:
-            count = count_devices(devices, "cuda")
-        except (TypeError, ValueError):
-            count = 0
+    if devices not in ("auto", -1, "-1"):
+        with contextlib.suppress(UserError):  # what names no devices: the launcher's own line below
+            count = parse_devices(devices, "cuda")[0]
     if count > 0:
         return count
     raise UserError("trainer.devices", f"'{devices}' is not a count of devices per node, which hydra/launcher=slurm "

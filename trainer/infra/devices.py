@@ -50,14 +50,9 @@ def stop_nvml_probes_without_cuda() -> bool:
 DEVICES_ALLOWED = "a positive count, a list of device ids, a string of ids ('0,1'), or auto / -1 (all)"
 
 
-def count_devices(devices: Any, accelerator: str) -> int:
-    """The number of devices `trainer.devices` names: a count, a list of ids, ``"0,1"``, or
-    ``auto``/-1 (every visible GPU, one CPU process)."""
-    return parse_devices(devices, accelerator)[0]
-
-
 def parse_devices(devices: Any, accelerator: str) -> tuple[int, Optional[tuple[int, ...]]]:
-    """(how many devices per node `trainer.devices` names, the ids it names: a list, or ``"0,1"``, where
+    """(how many devices per node `trainer.devices` names: a count, a list of ids, ``"0,1"``, or
+    ``auto``/-1, every visible GPU and one CPU process; the ids it names: a list, or ``"0,1"``, where
     ``"1,"`` is Lightning's one id 1; None for a count or auto). Anything else is refused in one line."""
     if isinstance(devices, (list, tuple)):
         if devices and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
