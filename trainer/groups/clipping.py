@@ -688,8 +688,8 @@ class GradientClipping(Callback):
         gradient on a GPU). Deliberately GradScaler's route without a GradScaler: this callback refuses
         fp16's scaler with a fused optimizer at fit start, so no one else sets it. Float32 norms on
         one device only (the kernel reads a float32 scale); the attribute goes after the step."""
-        if self._sharded or gradients.dtype != torch.float32:
-            return None
+        if not self.rule.clips_here or self._sharded or gradients.dtype != torch.float32:
+            return None  # (a rule Lightning applies scales after this hook: nothing here to hand over)
         hooked = self._kernel_hooked.get(optimizer)
         if hooked is None:
             hooked = self._kernel_hooked[optimizer] = steps_in_kernel(optimizer) and \

@@ -174,14 +174,13 @@ class CausalSelfAttention(nn.Module):
         if rotary is not None:
             q, k = rotate(q, *rotary), rotate(k, *rotary)
         mask, causal = None, True
-        if cache is not None and cache[0].length:
-            # After the tokens held: each new token sees all of them, and the new ones up to itself.
-            held, tokens = cache[0].length, q.shape[2]
-            causal = False
-            if tokens > 1:
-                mask = torch.ones(tokens, held + tokens, dtype=torch.bool, device=q.device).tril(diagonal=held)
         if cache is not None:
+            held, tokens = cache[0].length, q.shape[2]
             k, v = cache[0].extend(cache[1], k, v)
+            if held:  # each new token sees every token held, and the new ones up to itself
+                causal = False
+                if tokens > 1:
+                    mask = torch.ones(tokens, held + tokens, dtype=torch.bool, device=q.device).tril(diagonal=held)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
                                            is_causal=causal)
         return self.drop(self.proj(y.transpose(1, 2).flatten(2)))
