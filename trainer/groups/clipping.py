@@ -4,20 +4,9 @@
 A choice names its rule as `_target_` (conf/clipping/NAME.yaml); the rule's arguments are its keys.
 A new rule is one subclass of `ClippingRule`: what it says (`describe`, `settings`) and either the
 Trainer arguments with which Lightning clips (`trainer_arguments`: the fixed norm and the value
-clamp, `Trainer(gradient_clip_val=..., gradient_clip_algorithm=...)`) or the threshold this
-callback clips the global norm to at each step (`threshold_for`, with the state it keeps).
-
-The default, `Percentile`, learns its threshold from the run itself: a fixed `max_norm` has to be
-guessed per model, optimizer and batch size; a percentile of the norms the run produces does not.
-It watches the global gradient norm for `calibration_steps` optimizer steps, then clips every later
-step to the chosen percentile of what it saw. During calibration each step is clipped to the
-percentile of the norms recorded so far (AutoClip's rule), because a run at a high lr without
-warmup is lost in its first steps: left unclipped there, the default did no better than no
-clipping at all where training was fragile (the first clipping study, at lr 0.2; at lr 0.4 the
-clipped calibration did not rescue most runs either, and a fixed norm did better: docs/practices.md,
-"Gradient clipping"). With
-`rolling_window` the threshold keeps following the last norms instead of staying frozen (AutoClip,
-Seetharaman et al. 2020).
+clamp) or the threshold this callback clips the global norm to at each step (`threshold_for`, with
+the state it keeps). The default, `Percentile`, learns its threshold from the run itself
+(docs/practices.md, "Gradient clipping", has the why and the study).
 
 Order of events in Lightning 2.x, which this relies on (tests/unit/test_clipping.py pins it): the
 precision plugin runs the closure (forward + backward), then with fp16 AMP calls
@@ -194,10 +183,15 @@ class Value(_ClippedByLightning):
 
 
 class Percentile(ClippingRule):
-    """Clip to a percentile of the run's own global norms (see the module docstring). The norms and
-    thresholds live on the device; the properties `calibration_norms` (the first `calibration_steps`
-    finite norms), `window` (the rolling window, when set), `threshold` and `calibrated_threshold`
-    read them for the records."""
+    """Clip to a percentile of the run's own global norms: a fixed `max_norm` has to be guessed per
+    model, optimizer and batch size; a percentile of the norms the run produces does not. The norms
+    of the first `calibration_steps` optimizer steps are recorded, and every later step is clipped
+    to the percentile of them (with `rolling_window`, of the last norms instead: AutoClip,
+    Seetharaman et al. 2020). During calibration each step is clipped to the percentile of the norms
+    so far (AutoClip's rule): a run at a high lr without warmup is lost in its first steps.
+
+    The norms and thresholds live on the device; the properties `calibration_norms`, `window`,
+    `threshold` and `calibrated_threshold` read them for the records."""
 
     mode = "percentile"
 
@@ -418,14 +412,10 @@ class GradientClipping(Callback):
     """Records the global gradient norm before each optimizer step and clips it as `rule` says (the
     rules Lightning applies are given to the Trainer by the run: `rule.trainer_arguments()`).
 
-    Everything a step decides stays on the device: the norm, the threshold, whether to clip and the
-    factor that clips (`clip_on_device`), so the host never waits for the step; the counters are read
-    at checkpoints and in the summary. Non-finite norms (fp16 overflow steps, which the GradScaler
-    skips anyway) are counted but never recorded and never clipped here: one inf would poison a
-    percentile, and clamping an inf gradient would only hide the overflow. The callback holds one
-    history of norms, so a rule that clips here takes a single optimizer. `steps_seen`,
-    `steps_clipped`, `nonfinite_steps` and `summary()` say what it did.
-    """
+    Everything a step decides stays on the device (`clip_on_device`), so the host never waits for
+    the step. Non-finite norms are counted but never recorded and never clipped here: one inf would
+    poison a percentile, and clamping an inf gradient would only hide the overflow. The callback
+    holds one history of norms, so a rule that clips here takes a single optimizer."""
 
     def __init__(self, rule: ClippingRule | None = None,
                  log: Annotated[bool, Doc("log clip/grad_norm, clip/threshold and clip/clipped at log steps")] = True
@@ -439,18 +429,13 @@ class GradientClipping(Callback):
         self._loaded_counts = (0, 0)  # (steps clipped, steps with a non-finite norm) from a checkpoint
         self._counts_base = (0, 0)
         self._counted = 0
-        # The bound last cast to the norm's dtype: (that bound, its version then, the cast, a 1 of the
-        # norm's dtype). The bound itself is held, not its id: a bound made afresh at every step
-        # (calibration's) is freed after it, and a new tensor could take its id and version 0.
+        # (the bound, its version, the bound in the norm's dtype, a 1 of that dtype): `_cast_bound`.
         self._bound_cast: Optional[tuple[torch.Tensor, int, torch.Tensor, torch.Tensor]] = None
         self._sharded = False  # set at fit start: FSDP holds the gradients in shares (see on_fit_start)
         self._observing = True  # off where the gradients are out of reach (DeepSpeed's, for Lightning's rules)
         # The last step's (norm, clipped); clipped None on the short path, where the fixed bound says it.
         self._last: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
-        # The short path's norms (`_clip_fixed`): each step's pre-clip global norm is written into the
-        # next row of a buffer on the device, and the steps are counted (clipped, finite) against the
-        # bound they were clipped to when the counts are read or the buffer is full, in a few
-        # operations for all of them instead of five at every step.
+        # The short path's buffer of pre-clip norms (`_clip_fixed`), counted by `_count_fixed`.
         self._fixed_norms: Optional[torch.Tensor] = None
         self._fixed_rows: list[torch.Tensor] = []
         self._fixed_used = 0
@@ -607,12 +592,11 @@ class GradientClipping(Callback):
 
     def _scale_grads(self, gradients: StepGradients, bound: torch.Tensor, total_norm: torch.Tensor,
                      clipped: torch.Tensor, kernel: Optional[torch.optim.Optimizer] = None) -> None:
-        """Multiply every gradient by `bound / (norm + eps)` where `clipped` holds (below 1 there, as
-        the norm exceeds the bound), by 1 elsewhere: the factor `clip_grads_with_norm_` applies (which
-        torch computes as `reciprocal(norm + eps) * max_norm` in the norm's dtype), but with a device
-        bound, so the host never learns whether the step was clipped. A factor of exactly 1 leaves a
-        gradient as it was. One multi-tensor call per device; none where the optimizer's fused kernel
-        (`kernel`) divides by the factor's inverse as it steps."""
+        """Multiply every gradient by `bound / (norm + eps)` where `clipped` holds, by 1 elsewhere:
+        `clip_grads_with_norm_`'s factor (`reciprocal(norm + eps) * max_norm` in the norm's dtype),
+        with a device bound, so the host never learns whether the step was clipped. One multi-tensor
+        call per device; none where the optimizer's fused kernel (`kernel`) divides by the factor's
+        inverse as it steps."""
         cast, one = self._cast_bound(bound, total_norm)
         if kernel is not None:
             kernel.grad_scale = torch.where(clipped, (total_norm + _EPS) / cast, one)  # type: ignore[attr-defined]
@@ -682,12 +666,10 @@ class GradientClipping(Callback):
     def _kernel_scales(self, optimizer: torch.optim.Optimizer, gradients: StepGradients) -> Optional[torch.optim.Optimizer]:
         """`optimizer`, where its step can apply the clipping factor itself, else None. A fused kernel
         (torch.optim's fused Adam, AdamW, SGD, Adagrad) divides each gradient by a GradScaler's
-        `grad_scale` in place as it steps, and reads `grad_scale` only after this hook (the closure
-        runs first): given the factor's inverse there, the gradients are clipped by the pass over
-        them the step makes anyway, one multi-tensor multiply fewer (a read and a write of every
-        gradient on a GPU). Deliberately GradScaler's route without a GradScaler: this callback refuses
-        fp16's scaler with a fused optimizer at fit start, so no one else sets it. Float32 norms on
-        one device only (the kernel reads a float32 scale); the attribute goes after the step."""
+        `grad_scale` as it steps, read after this hook: given the factor's inverse there, the step's
+        own pass over the gradients clips them, one multi-tensor multiply fewer. No one else sets it:
+        fp16's scaler with a fused optimizer is refused at fit start. Float32 norms on one device only
+        (the kernel reads a float32 scale); the attribute goes after the step."""
         if not self.rule.clips_here or self._sharded or gradients.dtype != torch.float32:
             return None  # (a rule Lightning applies scales after this hook: nothing here to hand over)
         hooked = self._kernel_hooked.get(optimizer)

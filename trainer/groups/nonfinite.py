@@ -1,19 +1,13 @@
 """The non-finite guard: a step whose loss or gradients hold NaN or Inf is skipped, not applied.
 
 Its behaviour is in docs/reliability.md ("The non-finite guard"). The check and the skip happen on
-the device, so the host never waits for a step: the flag comes from the gradients' norms (taken once
-per step for the guard and the clipping: trainer/infra/step_gradients.py) and the loss, and the
-optimizer is told through the same route a GradScaler uses. A fused optimizer
-(`optimizer.implementation=fused`, the default on CUDA) takes `found_inf` and leaves weights, state
-and step counts untouched; any other optimizer is stepped and then put back where the flag is set
-(trainer/infra/step_undo.py). A step does a fixed handful of operations, whatever the number of
-parameter tensors: it writes which gradients (and whether the loss) were finite into one row of a
-table on the device, and the counting is done when the host reads the table, at Lightning's log
-steps, at epoch ends and at checkpoints (`read_counters`; or when the table is full). That is when
-`max_consecutive` bad steps in a row stop the run (the longest run since the last read, so a run of
-bad steps between two reads is not missed). Under an fp16 GradScaler overflows are routine, so the
-guard only counts and stops once the scale is below 1 and steps still overflow, which no loss
-scaling can cure."""
+the device, so the host never waits for a step: the flag comes from the gradients' norms
+(trainer/infra/step_gradients.py) and the loss, and reaches the optimizer as a GradScaler's does: a
+fused optimizer takes `found_inf`, any other is stepped and put back (trainer/infra/step_undo.py).
+Each step writes one row of a table on the device (`StepTable`); the host counts the rows at
+Lightning's log steps, at epoch ends and at checkpoints (`read_counters`), and that is when
+`max_consecutive` bad steps in a row stop the run. Under an fp16 GradScaler overflows are routine,
+so the guard stops only once the scale is below 1 and steps still overflow."""
 
 from __future__ import annotations
 
@@ -124,8 +118,7 @@ class NonFiniteGuard(Callback):
             raise ValueError(f"max_consecutive must be at least 1, got {max_consecutive}")
         self.mode = mode
         self.max_consecutive = max_consecutive
-        # The host's copy, brought up to date by `read_counters`.
-        self.skipped_steps = 0
+        self.skipped_steps = 0  # the host's copy, brought up to date by `read_counters`
         self.consecutive = 0
         #: The first skipped step of the run, and the parameter whose gradient was not finite there.
         self.first_nonfinite: dict[str, Any] | None = None
@@ -138,7 +131,7 @@ class NonFiniteGuard(Callback):
         self._table: Optional[StepTable] = None
         self._names: dict[int, str] = {}
         # Per optimizer, until its step ends: the flag, and the undo, or (found_inf) the parameters
-        # and the ids of the state tensors that existed before the step (None: none can be new).
+        # and the ids of the state tensors before the step (None: none can be new).
         self._pending: dict[int, tuple[torch.Tensor, StepUndo | tuple[list[torch.Tensor], Optional[set[int]]]]] = {}
         # Per optimizer, held weakly (an id could be taken by a later optimizer once this one is gone):
         # its put-back; the parameters that all had state (their ids, and the parameters, held so that
@@ -324,8 +317,7 @@ class NonFiniteGuard(Callback):
         if longest < self.max_consecutive:
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        scaled = scaler is not None and scaler.is_enabled()
-        if scaled and scaler is not None and scaler.get_scale() >= 1.0:
+        if scaler is not None and scaler.is_enabled() and scaler.get_scale() >= 1.0:
             return
         self._stop(trainer, longest)
 
@@ -378,9 +370,8 @@ def _bad_row(values: list[float]) -> bool:
 def _any_process(flag: torch.Tensor) -> torch.Tensor:
     """`flag` (0-d float, 1.0 or 0.0) or-ed over every process, in place, on the device (an all-reduce
     the step's stream waits on; the host does not)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag
 
 
