@@ -185,8 +185,7 @@ def validate(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
         # What it is first (a callback, not one the framework sets), then whether its keys fit.
         target = locate_target(key, spec["_target_"])
         check_callback(key, target, {k: v for k, v in spec.items() if not (k.startswith("_") and k.endswith("_"))})
-        checked = check_target(key, spec)
-        callbacks[name] = checked
+        callbacks[name] = check_target(key, spec)
     return callbacks
 
 

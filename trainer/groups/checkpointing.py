@@ -106,20 +106,12 @@ def _training_ends(trainer: L.Trainer) -> bool:
 def build_checkpointing(cfg: CheckpointingConfig, run_dir: Path) -> ModelCheckpoint | None:
     if not cfg.enabled:
         return None
-    return LatestAndBest(
-        dirpath=run_dir / "checkpoints",
-        # The metric's name has a "/" in it; keep it out of the file name.
-        filename="epoch{epoch:03d}-step{step:06d}",
-        auto_insert_metric_name=False,
-        monitor=cfg.monitor,
-        mode=cfg.mode,
-        save_last=cfg.save_last,
-        save_top_k=cfg.save_top_k,
-        every_n_epochs=cfg.every_n_epochs,
-        # last.ckpt is also written by PeriodicCheckpoint and GracefulStop: replace it, do not
-        # version it to last-v1.ckpt (the best ones carry epoch and step in their names anyway).
-        enable_version_counter=False,
-    )
+    # The metric's name has a "/" in it: kept out of the file name. last.ckpt is also written by
+    # PeriodicCheckpoint and GracefulStop: replaced, not versioned to last-v1.ckpt (the best ones
+    # carry epoch and step in their names anyway).
+    return LatestAndBest(dirpath=run_dir / "checkpoints", filename="epoch{epoch:03d}-step{step:06d}",
+                         auto_insert_metric_name=False, monitor=cfg.monitor, mode=cfg.mode, save_last=cfg.save_last,
+                         save_top_k=cfg.save_top_k, every_n_epochs=cfg.every_n_epochs, enable_version_counter=False)
 
 
 def build_periodic(cfg: CheckpointingConfig, run_dir: Path) -> PeriodicCheckpoint | None:

@@ -1,17 +1,6 @@
 """Gradient compression for data-parallel training: the `trainer` group's keys
-``gradient_compression``, ``powersgd_rank`` and ``powersgd_start_step``, turned into the DDP
-communication hook Lightning's `DDPStrategy` registers on the wrapped network.
-
-Each choice is one of torch's hooks (torch.distributed.algorithms.ddp_comm_hooks):
-
-- ``fp16`` / ``bf16``: each gradient bucket is cast to half precision before the all-reduce and back
-  after it: half the bytes on the wire, the averaged gradient rounded to 11 (fp16) or 8 (bf16)
-  significant bits. fp16 keeps more precision, bf16 more range.
-- ``powersgd``: a rank-r approximation of each gradient matrix is all-reduced instead (Vogels et al.
-  2019), with error feedback (what the approximation dropped is added to the next step's gradient).
-  Plain all-reduce runs for the first ``powersgd_start_step`` steps, while the early gradients are
-  large and DDP settles its buckets. NCCL only: on gloo the hook's chained all-reduces of several
-  buckets arrive out of order between processes and gloo aborts (refused in one line).
+``gradient_compression``, ``powersgd_rank`` and ``powersgd_start_step``, turned into one of torch's
+DDP communication hooks (fp16, bf16, PowerSGD; docs/scale-out.md, "Gradient compression").
 
 The choice needs a DDP strategy with more than one process; `decide` refuses the rest in one line and
 says what will run; `compressed_ddp` makes the strategy, fresh for each Trainer (a PowerSGD state
@@ -214,10 +203,9 @@ def hook_and_state(communication: Communication) -> tuple[Callable[..., Any], Op
     """torch's hook for the choice, and its state (PowerSGD's; the others keep none). A new state
     for each call: it holds the error feedback and step count of one run."""
     choice = communication.gradient_compression
-    if choice == "fp16":
-        return default_hooks.fp16_compress_hook, None
-    if choice == "bf16":
-        return default_hooks.bf16_compress_hook, None
+    halves = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+    if choice in halves:
+        return halves[choice], None
     if choice == "powersgd":
         # process_group None: the default group, which exists by the time DDP calls the hook.
         state = powerSGD_hook.PowerSGDState(process_group=None,

@@ -104,11 +104,10 @@ def build_loggers(specs: Mapping[str, Mapping[str, Any]], run_dir: Path,
 
 
 def start_loggers(loggers: list[Logger], specs: Mapping[str, Mapping[str, Any]]) -> None:
-    """Start each wandb run now, on rank 0, while the run is still being built. Lightning's
-    WandbLogger calls `wandb.init` only at the first `logger.experiment`, inside fit, where a
-    refusal (a key wandb rejects, no network, a folder it cannot write) was a long traceback after
-    the data, the plan and the Trainer were made; here it is one line naming the logger, before
-    anything trains. (The other ranks get Lightning's stand-in experiment and start nothing.)"""
+    """Start each wandb run now, on rank 0 (the other ranks get Lightning's stand-in experiment):
+    Lightning calls `wandb.init` only at the first `logger.experiment`, inside fit, where a refusal
+    (a key wandb rejects, no network) would be a traceback after the Trainer was made; here it is
+    one line naming the logger."""
     for logger, (name, spec) in zip(loggers, specs.items()):  # build_loggers made one per spec, in order
         if isinstance(logger, WandbLogger):
             try:
@@ -148,15 +147,12 @@ def _check_writable(name: str, spec: Mapping[str, Any], folder: str | None) -> N
         return
     path = Path(folder).expanduser().absolute()
     existing = next(p for p in (path, *path.parents) if p.exists())
-    what = None
-    if not existing.is_dir():
-        what = f"{existing} is not a folder"
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        what = f"{existing} cannot be written"
-    if what is not None:
-        allowed = ("a writable WANDB_DIR (or unset it: the run folder)" if _is_wandb(spec)
-                   else f"a writable run folder, or logger.{name}=null")
-        raise UserError(f"logger.{name}", f"cannot write its logs to {path}: {what}", allowed)
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    what = "is not a folder" if not existing.is_dir() else "cannot be written"
+    allowed = ("a writable WANDB_DIR (or unset it: the run folder)" if _is_wandb(spec)
+               else f"a writable run folder, or logger.{name}=null")
+    raise UserError(f"logger.{name}", f"cannot write its logs to {path}: {existing} {what}", allowed)
 
 
 #: The wandb modes that send nothing to a server, and need no API key ("dryrun" is offline's old name).
@@ -169,11 +165,6 @@ def wandb_mode(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
     else WANDB_MODE (WANDB_DISABLED=true: disabled), else `configured()` (default: wandb's settings
     files, e.g. after `wandb offline`, read, importing wandb, only when neither of the others says),
     else online."""
-    return _stated_mode(spec, environ) or (configured or _wandb_configured_mode)() or "online"
-
-
-def _stated_mode(spec: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
-    """The mode the config or the environment states, if either does."""
     if spec.get("offline"):
         return "offline"
     if spec.get("mode"):
@@ -182,7 +173,7 @@ def _stated_mode(spec: Mapping[str, Any], environ: Mapping[str, str]) -> str | N
         return environ["WANDB_MODE"]
     if environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
         return "disabled"
-    return None
+    return (configured or _wandb_configured_mode)() or "online"
 
 
 def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
@@ -194,12 +185,8 @@ def wandb_key_problem(spec: Mapping[str, Any], environ: Mapping[str, str] = os.e
     lacks), nothing is refused here; `start_loggers` still turns wandb's own refusal into one line."""
     if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return None
-    # wandb's settings files are read (wandb imported) only where neither the config nor the
-    # environment says.
     mode = wandb_mode(spec, environ, configured_mode)
-    if mode in WANDB_LOCAL_MODES:
-        return None
-    if (has_key or _wandb_has_key)() is not False:
+    if mode in WANDB_LOCAL_MODES or (has_key or _wandb_has_key)() is not False:
         return None
     return "wandb has no API key (no WANDB_API_KEY, no `wandb login`) and its mode is " + mode
 
@@ -303,8 +290,7 @@ def hparams_metrics(task_metrics: Sequence[str]) -> tuple[str, ...]:
 
 class HyperparameterRecord(Callback):
     """Hands the run's hyper-parameters to every logger once, at the start of fitting: the process's
-    rank is known by then, and every logger records them on rank 0 only. (Lightning logs the
-    module's own `save_hyperparameters` right after; the task keeps those out of the loggers.)"""
+    rank is known by then, and every logger records them on rank 0 only."""
 
     def __init__(self, hyperparameters: Mapping[str, Any], metrics: Sequence[str] = ()) -> None:
         self.hyperparameters = dict(hyperparameters)
@@ -341,10 +327,9 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def finish_loggers(loggers: list[Logger], failed: bool) -> None:
-    """End each logger's run. Lightning's WandbLogger leaves the wandb run open at the end of
-    training, and a later WandbLogger in the same process (the next job of a multirun) then logs
-    into that run instead of its own; finishing it here gives every job its own run. A logger that
-    fails to finish is a warning: its shutdown must not cost the run its summary."""
+    """End each logger's run: Lightning leaves a wandb run open, and the next job of a multirun in
+    the same process would log into it. A logger that fails to finish is a warning: its shutdown
+    must not cost the run its summary."""
     for logger in loggers:
         experiment = getattr(logger, "_experiment", None)
         if experiment is not None and _is_wandb({"_target_": type(logger).__name__}):

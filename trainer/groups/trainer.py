@@ -235,8 +235,7 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
             raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
     checked = check_mapping("trainer", values, _trainer_schema(L.Trainer), "lightning.Trainer")
     given = {k: v for k, v in checked.items() if k in values}
-    for key, value in given.items():
-        # An object argument given as {_target_: ...}: made by trainer/groups/trainer.py.
+    for key, value in given.items():  # an object argument given as {_target_: ...}: made by `_instantiated`
         if key == "plugins":
             given[key] = _plugins(value)
         elif isinstance(value, dict) and "_target_" in value:

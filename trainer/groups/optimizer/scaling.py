@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Literal
-
 from trainer.groups.optimizer.schema import OptimizerConfig
 
-Rule = Literal["sqrt", "linear", "none"]
 RULES: tuple[str, ...] = ("sqrt", "linear", "none")
 
 
@@ -25,13 +22,10 @@ def scale_factor(rule: str, global_batch: int, ref_batch: int) -> float:
     if global_batch < 1 or ref_batch < 1:
         raise ValueError(f"batch sizes must be positive, got {global_batch} and {ref_batch}")
     ratio = global_batch / ref_batch
-    if rule == "sqrt":
-        return math.sqrt(ratio)
-    if rule == "linear":
-        return ratio
-    if rule == "none":
-        return 1.0
-    raise ValueError(f"unknown scaling rule {rule!r}; allowed: {', '.join(RULES)}")
+    factors = {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}
+    if rule not in factors:
+        raise ValueError(f"unknown scaling rule {rule!r}; allowed: {', '.join(RULES)}")
+    return factors[rule]
 
 
 @dataclass(frozen=True)
