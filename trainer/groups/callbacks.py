@@ -41,10 +41,8 @@ OWNED_LIGHTNING_CALLBACKS: tuple[tuple[type, str], ...] = (
     (LearningRateMonitor, "the logger group: the learning rate is logged whenever a logger is on (logger=csv, ...)"),
 )
 
-#: The framework's callbacks that a group or key sets, by class name, and what sets each (their classes live
-#: in trainer/groups/clipping.py, nonfinite.py, checkpointing.py and trainer/callbacks/progress.py). By name:
-#: the check below walks a class's bases of this package by name, so it needs none of those modules. Any
-#: other Callback class of this package is the framework's as well.
+#: The framework's callbacks that a group or key sets, and what sets each; by class name, so the check
+#: imports none of their modules. Any other Callback class of this package is the framework's as well.
 OWNED_FRAMEWORK_CALLBACKS: dict[str, str] = {
     "GradientClipping": "the clipping group (clipping=percentile|autoclip|fixed_norm|value|off)",
     "NonFiniteGuard": "the nonfinite group (nonfinite=skip|off)",

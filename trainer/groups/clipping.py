@@ -55,6 +55,8 @@ class ClippingRule:
     step never waits for the host (trainer/infra/on_device.py says why)."""
 
     mode: ClassVar[str] = ""
+    #: Whether the callback clips (else Lightning does, or nothing does).
+    clips_here: ClassVar[bool] = False
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -66,11 +68,6 @@ class ClippingRule:
     def trainer_arguments(self) -> dict[str, Any]:
         """Lightning's own clipping, for a rule it knows: the Trainer's arguments (none: the callback clips)."""
         return {}
-
-    @property
-    def clips_here(self) -> bool:
-        """Whether the callback clips (else Lightning does, or nothing does)."""
-        return False
 
     @property
     def threshold(self) -> Optional[float]:
@@ -193,7 +190,7 @@ class Percentile(ClippingRule):
     The norms and thresholds live on the device; the properties `calibration_norms`, `window`,
     `threshold` and `calibrated_threshold` read them for the records."""
 
-    mode = "percentile"
+    mode, clips_here = "percentile", True
 
     def __init__(
         self,
@@ -236,10 +233,6 @@ class Percentile(ClippingRule):
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "percentile": self.percentile, "calibration_steps": self.calibration_steps,
                 "clip_during_calibration": self.clip_during_calibration, "rolling_window": self.rolling_window}
-
-    @property
-    def clips_here(self) -> bool:
-        return True
 
     # -- the records (host reads) ------------------------------------------------------------------
 
@@ -460,7 +453,6 @@ class GradientClipping(Callback):
         if self._counts is None:
             return self._loaded_counts
         clipped, finite = read_together({"counts": self._counts})["counts"]
-        # The device counts the clipped and the finite steps since its counter was made (one op a step).
         return int(clipped), self._counts_base[1] + self._counted - int(finite)
 
     @property

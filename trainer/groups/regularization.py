@@ -57,9 +57,7 @@ class BatchMixing:
         # The draws come from torch's global generator (on the CPU, no device sync), which the
         # run seeds and its checkpoints keep (trainer/callbacks/rng.py): a resumed run mixes alike.
         transform = self._choose()
-        if transform is None:
-            return images, labels
-        return transform(images, labels)
+        return (images, labels) if transform is None else transform(images, labels)
 
     def _choose(self) -> Optional[v2.Transform]:
         import torch  # a lookup in sys.modules once imported: the module's top stays free of torch

@@ -1,12 +1,9 @@
 """The `task` group: what is learned (trainer/tasks/): task=classification (the default),
 task=language_model, or a team's own `_target_` (a `trainer.tasks.protocol.TaskDefinition`).
 
-`build_definition` makes the definition, tells it what the data say and gives it the
-`regularization` group's practices it takes; `check_task` refuses, one line each, what cannot
-apply to the task: data of another kind, a network that does not take what the task needs, a
-regularization the task has no use for, and the task's own refusals. `logged_metrics` names every
-metric a run of the task logs, with its direction; `check_metric` holds a key that names one (the
-best checkpoint's monitor, early stopping's, the target, the objective) to them."""
+`build_definition` makes the definition, binds it to the data and gives it the regularization it
+takes, refusing in one line what cannot apply to the task; `logged_metrics` names every metric a run
+of the task logs, with its direction, and `check_metric` holds a key that names one to them."""
 
 from __future__ import annotations
 

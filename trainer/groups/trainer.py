@@ -108,10 +108,9 @@ def make_trainer(given: Iterable[str], /, **arguments: Any) -> L.Trainer:
             trainer = _make(arguments)
         mark_lean(trainer)  # Lightning's per-step dispatch, less its calls of hooks nobody defines
         for warning in said:
-            if _SRUN_HINT in str(warning.message):
-                continue  # see _SRUN_HINT
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno, warning.file,
-                                 warning.line)
+            if _SRUN_HINT not in str(warning.message):  # see _SRUN_HINT
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno,
+                                     warning.file, warning.line)
         return trainer
     except Exception as ex:  # noqa: BLE001 - Lightning refuses values with many exception types
         # Lightning sets determinism and cuDNN autotuning early in its constructor: a Trainer that could not

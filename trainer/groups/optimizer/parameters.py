@@ -63,12 +63,8 @@ def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias
                      lr_scales: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Weights that decay, and 1-D parameters (norm weights, biases) that do not; with `lr_scales`
     (layer-wise lr decay) each of the two is split further by lr scale, and each group carries its
-    ``lr_scale``.
-
-    `no_decay_names` (from `one_dimensional` on the unwrapped module) decides by name instead of
-    by shape: FSDP shards every parameter into a flat 1-D piece before the optimizer is built, so
-    a shape test there would exempt every weight from decay.
-    """
+    ``lr_scale``. `no_decay_names` (`one_dimensional` of the plain network) decides by name instead
+    of by shape (see the module docstring)."""
     grouped: dict[tuple[bool, float], list[nn.Parameter]] = {}
     for name, param in module.named_parameters():
         if not param.requires_grad:
