@@ -102,15 +102,11 @@ def load_jobs(sweep_dir: Path) -> list[SweepJob]:
 def _load_job(number: int, folder: Path) -> SweepJob:
     problems: list[str] = []
     summary = _read_mapping(folder / "summary.json", json.loads, problems)
-    config = _read_mapping(folder / "config_resolved.yaml", _yaml_load, problems)
-    overrides = _read_mapping(folder / ".hydra" / "overrides.yaml", _yaml_load, [], mapping=False)
+    config = _read_mapping(folder / "config_resolved.yaml", yaml.safe_load, problems)
+    overrides = _read_mapping(folder / ".hydra" / "overrides.yaml", yaml.safe_load, [], mapping=False)
     return SweepJob(number, folder, summary, config,
-               hydra_overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
-               problems=problems)
-
-
-def _yaml_load(text: str) -> Any:
-    return yaml.safe_load(text)
+                    hydra_overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
+                    problems=problems)
 
 
 def _read_mapping(path: Path, parse: Callable[[str], Any], problems: list[str], mapping: bool = True) -> Any:
@@ -152,16 +148,13 @@ def settings_of(rows: Sequence[Row], jobs: Sequence[SweepJob]) -> list[Setting]:
 
 def stage_name(job: SweepJob) -> str:
     """The recipe's name when the job used one, else its overrides, else ``job N``."""
-    summary = job.summary or {}
-    choices = summary.get("choices")
-    if isinstance(choices, dict) and choices.get("recipe"):
-        return str(choices["recipe"])
-    overrides = summary.get("overrides")
+    recipe = _get(job.summary, "choices", "recipe")
+    if recipe:
+        return str(recipe)
+    overrides = _get(job.summary, "overrides")
     if not isinstance(overrides, list) or not overrides:
         overrides = job.hydra_overrides
-    if overrides:
-        return " ".join(str(o) for o in overrides)
-    return f"job {job.number}"
+    return " ".join(str(o) for o in overrides) if overrides else f"job {job.number}"
 
 
 # --------------------------------------------------------------------------- config differences
@@ -219,8 +212,7 @@ def _value_text(value: Any, limit: int = 40) -> str:
         text = "{" + ", ".join(f"{k}: {_value_text(v, limit)}" for k, v in value.items()) + "}"
     else:
         text = str(value)
-    text = one_line(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return _short(one_line(text), limit)
 
 
 # --------------------------------------------------------------------------- the rows
@@ -312,16 +304,12 @@ def _get(data: Any, *keys: str) -> Any:
 
 def _number(value: Any) -> float | None:
     """A float from summary.json, where non-finite floats are stored as the strings "nan"/"inf"."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
+    try:
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    except ValueError:  # a string that is no number
+        return None
 
 
 # --------------------------------------------------------------------------- Markdown

@@ -23,7 +23,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from trainer.measure.seed_groups import welch
+from trainer.measure.seed_groups import finite, welch
 
 #: One point of accuracy: the smallest drop a study must be able to see.
 MARGIN = 0.01
@@ -33,10 +33,6 @@ POWER = 0.80
 ALPHA = 0.05
 #: Where a power calculation stops looking (a spread this large needs another design, not more seeds).
 MOST_SEEDS = 50
-
-
-def finite(values: Sequence[float | None]) -> list[float]:
-    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
 def power(seeds: int, sd: float, drop: float = MARGIN, alpha: float = ALPHA) -> float:

@@ -12,6 +12,7 @@ import logging
 import math
 import statistics
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Generator
@@ -122,20 +123,11 @@ def _batches(datamodule: DataModule, device: torch.device) -> Generator[Any, Non
             yield datamodule.finish_batch(batch, training=True)
 
 
-def time_data_pipeline(datamodule: DataModule, device: torch.device, steps: int,
-                       warmup: int) -> float:
-    """Milliseconds per batch from the training loader to a finished batch on the device."""
-    return time_data(datamodule, device, steps, warmup)[0]
-
-
-def time_data(datamodule: DataModule, device: torch.device, steps: int,
-              warmup: int) -> tuple[float, float]:
-    """`time_data_pipeline`, with its noise (`median_and_noise`)."""
-    batches = _batches(datamodule, device)
-    try:
+def time_data(datamodule: DataModule, device: torch.device, steps: int, warmup: int) -> tuple[float, float]:
+    """Milliseconds per batch from the training loader to a finished batch on the device, with its
+    noise (`median_and_noise`)."""
+    with closing(_batches(datamodule, device)) as batches:  # closing shuts the loader's workers down
         return median_and_noise(lambda: next(batches), device, warmup, steps)
-    finally:
-        batches.close()  # shuts the loader's workers down
 
 
 def sweep_workers(datamodule: DataModule, device: torch.device, steps: int,
@@ -150,7 +142,7 @@ def sweep_workers(datamodule: DataModule, device: torch.device, steps: int,
             datamodule.loader = resolve_loader(workers, configured.pin_memory if configured else "auto", False,
                                                "auto", in_memory=datamodule.in_memory, cuda=device.type == "cuda")
             # Warm-up covers the workers' start and their first prefetched batches.
-            ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * workers)
+            ms = time_data(datamodule, device, steps, warmup=2 + 2 * workers)[0]
             results.append({"num_workers": workers, "ms_per_batch": ms,
                             "samples_per_s": datamodule.batch_size / (ms / 1000)})
     finally:
@@ -170,7 +162,7 @@ def sweep_decoders(datamodule: DataModule, device: torch.device, steps: int) -> 
     try:
         for mode in modes:
             datamodule.use_decode(mode)
-            ms = time_data_pipeline(datamodule, device, steps, warmup=2 + 2 * workers)
+            ms = time_data(datamodule, device, steps, warmup=2 + 2 * workers)[0]
             results.append({"decode": mode, "ms_per_batch": ms, "samples_per_s": datamodule.batch_size / (ms / 1000)})
     finally:
         if configured is not None:
@@ -540,11 +532,8 @@ def time_parts(datamodule: DataModule, model_step: ModelStep,
     task.to(device)  # after a fit, Lightning's teardown has moved the model to the CPU
     data_ms, data_noise = time_data(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
                                                                               if datamodule.loader else 0))
-    batches = _batches(datamodule, device)
-    try:
+    with closing(_batches(datamodule, device)) as batches:
         resident = next(batches)
-    finally:
-        batches.close()
     model = time_model(model_step, resident, steps, warmup=3)
     (forward_ms, _), (fb_ms, _), (step_ms, step_noise) = model["forward"], model["forward_backward"], model["step"]
     rate, window_rates = early if early is not None else full_step_samples_per_s()

@@ -44,12 +44,12 @@ def owner_of(frame: Optional[FrameType]) -> tuple[str, str]:
     here = __file__
     while frame is not None and (frame.f_code.co_filename == here or frame.f_code.co_filename.startswith(_WRAPPERS)):
         frame = frame.f_back
-    if frame is not None and frame.f_code.co_filename.startswith(_TORCH):
-        return "torch", f"{frame.f_code.co_filename}:{frame.f_lineno}"
     if frame is None:
         return "other", "?"
     name = frame.f_code.co_filename
     where = f"{name}:{frame.f_lineno}"
+    if name.startswith(_TORCH):
+        return "torch", where
     if "torchmetrics" in name:
         return "torchmetrics", where
     for owner, root in _OWNERS:
@@ -93,24 +93,22 @@ class HostReads(Callback):
             setattr(torch.Tensor, name, original)
         self._saved.clear()
 
-    def _counting(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        reads = self
+    def _record(self, what: str) -> None:
+        owner, where = owner_of(sys._getframe(2))  # the caller of the patched entry point
+        self.records.append(Read(what, owner, where, self._current_step()))
 
+    def _counting(self, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            owner, where = owner_of(sys._getframe(1))
-            reads.records.append(Read(name, owner, where, reads._current_step()))
+            self._record(name)
             return original(tensor, *args, **kwargs)
 
         counted.__name__ = name
         return counted
 
     def _counting_log(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        reads = self
-
         def log(module: L.LightningModule, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(value, numbers.Number):  # a number becomes a device tensor: a blocking copy
-                owner, where = owner_of(sys._getframe(1))
-                reads.records.append(Read("log(number)", owner, where, reads._current_step()))
+                self._record("log(number)")
             return original(module, name, value, *args, **kwargs)
 
         return log
@@ -171,10 +169,9 @@ class HostReads(Callback):
                 "places": {owner: dict(self.places(owner).most_common(20))
                            for owner in ("framework", "lightning", "torchmetrics", "torch", "other")}}
 
-    def places(self, owner: str, step: Optional[Callable[[Optional[int]], bool]] = None) -> Counter[str]:
+    def places(self, owner: str) -> Counter[str]:
         """Where `owner`'s reads were made, with counts (the file:line of the call)."""
-        return Counter(f"{r.what} at {r.where}" for r in self.records
-                       if r.owner == owner and (step is None or step(r.step)))
+        return Counter(f"{r.what} at {r.where}" for r in self.records if r.owner == owner)
 
 
 def _relative(where: str) -> str:

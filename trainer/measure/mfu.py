@@ -144,10 +144,7 @@ def _meta_copy(net: torch.nn.Module) -> torch.nn.Module:
 
 
 def _input_dtype(net: torch.nn.Module) -> torch.dtype:
-    for p in net.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return torch.get_default_dtype()
+    return next((p.dtype for p in net.parameters() if p.is_floating_point()), torch.get_default_dtype())
 
 
 def training_flops_per_sample(
@@ -172,10 +169,7 @@ def training_flops_per_sample(
                       if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad]
             if not leaves:
                 raise RuntimeError("the forward output has no tensor that requires grad")
-            loss = leaves[0].sum()
-            for t in leaves[1:]:
-                loss = loss + t.sum()
-            loss.backward()
+            sum((t.sum() for t in leaves[1:]), leaves[0].sum()).backward()
         total = int(counter.get_total_flops())
     except Exception as error:  # noqa: BLE001 - any failure means "no count", never a crash
         return None, f"could not count FLOPs: {exception_line(error)}"

@@ -21,6 +21,10 @@ COMPARED = ("val_acc", "test_acc", "target_s", "samples_per_s")
 CONFIDENCE = 0.95
 
 
+def finite(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
 @dataclass(frozen=True)
 class Spread:
     """n values of one number: their mean and standard deviation (None for n < 2)."""
@@ -31,7 +35,7 @@ class Spread:
 
     @classmethod
     def of(cls, values: Sequence[float | None]) -> Spread:
-        present = [v for v in values if v is not None and math.isfinite(v)]
+        present = finite(values)
         if not present:
             return cls(0, None, None)
         return cls(len(present), statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else None)
@@ -82,8 +86,7 @@ def welch(first: Sequence[float], other: Sequence[float]) -> tuple[float, float,
 
 def difference(first: Sequence[float], other: Sequence[float], confidence: float = CONFIDENCE) -> Difference | None:
     """`other`'s mean minus `first`'s with Welch's t interval; None when either has no value."""
-    a = [v for v in first if v is not None and math.isfinite(v)]
-    b = [v for v in other if v is not None and math.isfinite(v)]
+    a, b = finite(first), finite(other)
     if not a or not b:
         return None
     if len(a) < 2 or len(b) < 2:
