@@ -1,18 +1,9 @@
-"""`diagnose=true` under DDP: how much of the step the gradient all-reduce takes.
-
-Two measurements, both inside the diagnosis's own fit, on the model Lightning's DDPStrategy wrapped
-(its buckets, its communication hook), at the end of the fit when every process has reached the same
-point:
-
-- **exposed**: forward + backward timed in pairs, once as DDP runs it and once under the wrapped
-  model's ``no_sync()`` (DDP skips the all-reduce). The median of the pairs' differences is the
-  communication the backward did not hide, the waiting for the slowest process included.
-- **alone**: one ``all_reduce`` of a flat tensor of the gradients' size (in the dtype the
-  communication hook sends), the processes lined up by a barrier before each, the device
-  synchronized: what the all-reduce costs when nothing overlaps it.
-
-Every process runs the same pairs and the same all-reduces (collectives must match or the run
-hangs); docs/diagnosis.md ("Under DDP") reads the figures."""
+"""`diagnose=true` under DDP: how much of the step the gradient all-reduce takes, measured in the
+diagnosis's own fit on the model Lightning's DDPStrategy wrapped, at the end of the fit when every
+process has reached the same point: **exposed** (forward + backward timed in pairs as DDP runs it and
+under ``no_sync()``) and **alone** (one ``all_reduce`` of the gradients' bytes after a barrier);
+docs/diagnosis.md ("Under DDP") describes both. Every process runs the same pairs and the same
+all-reduces: collectives must match or the run hangs."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""The accuracy studies' decision rule, written before their runs (docs/practices.md, "How a default
-is decided"): how many seeds an arm needs, when a difference between two arms is called, and how a
-family of comparisons is corrected.
-
-- **Seeds from a power calculation**: enough that a drop of `MARGIN` (one point of accuracy) is
-  caught with probability `POWER` by a two-sided Welch test at the strictest level Holm's procedure
-  uses in a family of m comparisons (`ALPHA` / m), given the spread measured in a pilot.
-- **A difference is called** (better or worse, "beyond the noise") only where its Holm-adjusted
-  p-value is below `ALPHA`; otherwise it is "within the noise", and with the power above that reads
-  "no drop of a point or more", never "equal".
-- **Zero spread is not evidence**: accuracy is quantized (1/val images), so seeds can agree exactly;
-  two arms without any spread are "not decided", never "beyond the noise" from a zero-width interval.
-- **Failures count**: a run that stopped or ended non-finite is a failure of its arm, shown beside
-  its accuracy; `summarize_arm` keeps them apart instead of dropping them.
-
-Pure functions of numbers: the studies (benchmarks/batch_scaling.py, clipping_study.py) apply them.
-"""
+"""The accuracy studies' decision rule, written before their runs; docs/practices.md ("How a default
+is decided") states it in full. Seeds per arm come from a power calculation (a drop of `MARGIN`
+caught with probability `POWER` by a two-sided Welch test at Holm's strictest level, `ALPHA` / m); a
+difference is called only where its Holm-adjusted p-value is below `ALPHA`; two arms without any
+spread are "not decided" (accuracy is quantized, so seeds can agree exactly). Pure functions of
+numbers: the studies (benchmarks/batch_scaling.py, clipping_study.py) apply them."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Counting the host's reads of tensor values, by whose code made them and at which training step.
 
 A read of a tensor's value on the host (`.item()`, `.tolist()`, `bool(t)`, `float(t)`, `int(t)`,
-`.numpy()`, `.cpu()`) waits on CUDA for every kernel queued before it, so a step that makes one
-cannot run ahead of the device. So does a Python number logged with `LightningModule.log`, which
-Lightning copies to the device with a blocking copy each call. `HostReads` patches those entry points
-while it is active and attributes each call to the first frame outside torch's own code: the
-framework's (`trainer/`), Lightning's, torchmetrics', or other code (tests, a team's own). On the
-CPU nothing waits, but the same calls are the ones that would: the count is the same on both.
-
-As a callback (`callbacks=host_reads`) it counts from fit's set-up to its teardown, notes the
-training batch each read belongs to (from the hook Lightning is running, so the reads
-of log-interval steps can be told from those of every step), and writes `host_reads.json` in the run
-folder: the reads by owner, the framework's per step, and the places they were made."""
+`.numpy()`, `.cpu()`) waits on CUDA for every kernel queued before it; so does a Python number given
+to `LightningModule.log`, which Lightning copies to the device with a blocking copy. `HostReads`
+patches those entry points while active and attributes each call to the first frame outside torch's
+own code. On the CPU nothing waits, but the same calls are the ones that would: the count is the
+same on both. As a callback (`callbacks=host_reads`) it counts during fit and writes
+`host_reads.json` in the run folder (docs/diagnosis.md, "Host reads")."""
 
 from __future__ import annotations
 
