@@ -169,10 +169,8 @@ class CommunicationTimer(Callback):
         dtype = SENT_DTYPE.get(self.compression, parameters[0].dtype if parameters else torch.float32)
         numel = sum(p.numel() for p in parameters)
         alone = time_all_reduce(numel, dtype, device, max(self.pairs, 5))
-        note = None
-        if self.compression == "powersgd":
-            note = ("PowerSGD sends low-rank factors, not the gradients: the all-reduce alone is of the "
-                    "uncompressed bytes, an upper bound")
+        note = ("PowerSGD sends low-rank factors, not the gradients: the all-reduce alone is of the "
+                "uncompressed bytes, an upper bound") if self.compression == "powersgd" else None
         self.result = timing_from(synced, unsynced, alone, processes=trainer.world_size, backend=dist.get_backend(),
                                   gradient_bytes=numel * dtype.itemsize, dtype=str(dtype).removeprefix("torch."),
                                   note=note)

@@ -496,8 +496,7 @@ def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> P
         return _plot_settings(settings, Path(path))
     labels = [_short(f"{r.number}: {r.stage}") for r in rows]
     positions = list(range(len(rows)))
-    height = max(2.5, 0.5 * len(rows) + 1.5)
-    figure = new_figure(figsize=(12, height), layout="constrained")
+    figure = new_figure(figsize=(12, max(2.5, 0.5 * len(rows) + 1.5)), layout="constrained")
     speed_axes, memory_axes = figure.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
 
     def bars(axes: Any, values: list[float | None], color: str, notes: list[str], title: str) -> None:

@@ -112,10 +112,8 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> tuple[float | No
 def bf16_peak_flops(device_name: str) -> tuple[float | None, str]:
     """The device's dense 16-bit tensor-core peak FLOP/s (bf16; fp16's is the same on every part
     listed), and where it comes from: the one peak every run's MFU is also reported against, whatever
-    its precision. MFU against the precision's own peak (`peak_flops`) falls as a ladder climbs from
-    fp32 (its peak 66.9 TFLOP/s on an H200) to bf16 (989.4), however much faster the step gets;
-    against this one peak, MFU moves with throughput. ``(None, reason)`` where the part is unknown,
-    a MIG slice or not a GPU."""
+    its precision (the module docstring says why). ``(None, reason)`` where the part is unknown, a MIG
+    slice or not a GPU."""
     part = _part_name(device_name)
     if part is None:
         return None, f"no known dense bf16 peak for '{device_name}': MFU against it left out"
