@@ -88,8 +88,6 @@ class Row:
 
 
 # --------------------------------------------------------------------------- reading a sweep
-
-
 def load_jobs(sweep_dir: Path) -> list[SweepJob]:
     """The job folders of `sweep_dir` (named 0, 1, 2, ...) in job order, with their files read."""
     sweep_dir = Path(sweep_dir)
@@ -158,8 +156,6 @@ def stage_name(job: SweepJob) -> str:
 
 
 # --------------------------------------------------------------------------- config differences
-
-
 def _earlier_with(jobs: Sequence[SweepJob], index: int, has: Callable[[SweepJob], Any]) -> SweepJob | None:
     """The nearest job before `index` that has something to compare against (a crashed job may not)."""
     for earlier in reversed(jobs[:index]):
@@ -216,8 +212,6 @@ def _value_text(value: Any, limit: int = 40) -> str:
 
 
 # --------------------------------------------------------------------------- the rows
-
-
 def comparison_rows(jobs: Sequence[SweepJob]) -> list[Row]:
     """One row per job, in job order; speed-ups are relative to the first job's samples/s."""
     baseline = _samples_per_s(jobs[0]) if jobs else None
@@ -313,8 +307,6 @@ def _number(value: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------- Markdown
-
-
 def markdown_table(rows: Sequence[Row]) -> str:
     """The comparison table alone (what the sweep prints at its end); with "time to target" and
     "speed-up to target" beside samples/s when the jobs name a target (target.metric/value), and
@@ -485,8 +477,6 @@ def _cell(text: str) -> str:
 
 
 # --------------------------------------------------------------------------- chart
-
-
 def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> Path:
     """Bars of samples/s per stage (annotated with the speed-up) beside bars of peak memory,
     written atomically as a PNG. Stages without a number get no bar but keep their place. With
@@ -558,8 +548,6 @@ def _short(text: str, limit: int = 45) -> str:
 
 
 # --------------------------------------------------------------------------- writing
-
-
 def write_comparison(sweep_dir: Path) -> tuple[Path, Path, str]:
     """Write ``comparison.md`` and ``comparison.png`` into `sweep_dir`; return their paths and the Markdown."""
     markdown_path, chart_path, markdown, _, _ = _write(Path(sweep_dir))
@@ -584,8 +572,6 @@ def _write(sweep_dir: Path) -> tuple[Path, Path, str, list[Row], list[Setting]]:
 
 
 # --------------------------------------------------------------------------- Hydra callback and CLI
-
-
 class ComparisonCallback(Callback):
     """Writes the comparison when a multirun ends. Register it in the primary config:
     ``hydra: {callbacks: {comparison: {_target_: trainer.measure.comparison.ComparisonCallback}}}``"""
