@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import re
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +55,16 @@ def is_image_name(name: str) -> bool:
 
 # -- errors that survive a loader worker ------------------------------------------------------------
 class WorkerSafeUserError(UserError):
-    """A `UserError` that PyTorch can rebuild in the main process.
-    A DataLoader worker sends its exception home as (class, formatted traceback) and the main process
-    calls ``cls(message)`` with one string (torch ``ExceptionWrapper.reraise``); a class that needs
-    more arguments turns into a plain RuntimeError with the whole traceback. So the constructor also
-    takes that one string and recovers the original line from the traceback's last line."""
+    """A `UserError` that PyTorch can rebuild in the main process: torch's ``ExceptionWrapper.reraise``
+    calls ``cls(message)`` with the formatted traceback as one string (a class that needs more
+    arguments becomes a plain RuntimeError), so the constructor also takes that string and recovers
+    the original line from the traceback's last line."""
 
     def __init__(self, where: str, problem: str | None = None, allowed: str | None = None) -> None:
-        if problem is None:
-            where, problem = _split_line(original_line(where, type(self).__name__))
+        if problem is None:  # `where: problem` split at the first ": " rebuilds the same line
+            where, sep, problem = original_line(where, type(self).__name__).partition(": ")
+            if not sep:
+                where, problem = "data", where
         super().__init__(where, problem, allowed)
 
 
@@ -78,11 +80,6 @@ def original_line(message: str, class_name: str | None = None) -> str:
     name = re.escape(class_name) if class_name else r"[A-Za-z_]\w*"
     return re.sub(rf"^(?:[A-Za-z_]\w*\.)*{name}: ", "", last, count=1)
 
-
-def _split_line(text: str) -> tuple[str, str]:
-    # `where: problem` split at the first ": " rebuilds the same line through UserError.line().
-    where, sep, problem = text.partition(": ")
-    return (where, problem) if sep else ("data", text)
 
 
 class BadImageError(WorkerSafeUserError):
@@ -111,16 +108,11 @@ class BadShareError(WorkerSafeUserError):
 # -- loading ------------------------------------------------------------------------------------------
 def load_rgb(path: str | os.PathLike[str], data: Optional[bytes | bytearray] = None,
              before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image:
-    """The image at `path` decoded and converted to 8-bit RGB (see `to_rgb`).
-
-    Replaces torchvision's ``pil_loader`` (``Image.open(f).convert("RGB")``), which saturates 16-bit
-    images (PIL clips I;16 at 255) and lets PIL's exceptions escape with no file name.
-    Truncated files are an error here: PIL's ``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False, so a
-    cut-off JPEG is not filled up with grey and trained on.
-
-    `data`: the file's bytes when the caller has read them (`path` then only names it).
-    `before_decode`: called with the opened image once its size and format are known, before its
-    pixels are decoded (the fast path picks its crop and JPEG scale there)."""
+    """The image at `path` decoded and converted to 8-bit RGB (see `to_rgb`). Unlike torchvision's
+    ``pil_loader``, 16-bit images are not saturated, a failure names the file, and a truncated file
+    is an error (``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False). `data`: the file's bytes when the
+    caller has read them; `before_decode`: called once the size is known, before the pixels are
+    decoded (the fast path picks its crop and JPEG scale there)."""
     image = _open(str(path), decode=True, convert=True, data=data, before_decode=before_decode)
     assert image is not None  # only decode=False gives None
     return image
@@ -201,8 +193,7 @@ def _extension_detail(path: str) -> str:
 
 
 def _pil_detail(ex: BaseException) -> str:
-    text = str(ex) or type(ex).__name__
-    return _clean(text)
+    return _clean(str(ex) or type(ex).__name__)
 
 
 def _clean(text: str) -> str:
@@ -212,24 +203,16 @@ def _clean(text: str) -> str:
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """8-bit RGB from any PIL mode.
-
-    - L, 1, CMYK, YCbCr and the like: PIL's conversion.
-    - Alpha (RGBA, LA, PA, and P with a transparent colour) is dropped, not composited, as
-      torchvision's and timm's loaders do (the pipelines pretrained weights and published results
-      come from). Palette images with transparency go through RGBA, as PIL itself asks.
-    - 16-bit (I;16, I;16L, I;16B): the high byte, so 30000 of 65535 is mid-grey, not PIL's white.
-    - 32-bit integer (I): as 16-bit when every value is in 0..65535 (how older PIL opened 16-bit
-      PNG and how most 16-bit TIFFs arrive), else stretched from the image's minimum to maximum.
-    - Float (F): values in [0, 1] scaled by 255, any other range stretched from minimum to maximum;
-      NaN becomes 0."""
+    """8-bit RGB from any PIL mode: PIL's conversion for L, 1, CMYK, YCbCr and the like. Alpha is
+    dropped, not composited, as torchvision's and timm's loaders do (palette transparency through
+    RGBA, as PIL asks). 16-bit: the high byte (30000 of 65535 is mid-grey, not PIL's white); 32-bit
+    integer (I): the same when every value is in 0..65535 (older PIL's 16-bit PNG, most 16-bit TIFFs),
+    else stretched from minimum to maximum. Float (F): [0, 1] scaled by 255, any other range
+    stretched; NaN becomes 0."""
     mode = image.mode
     if mode == "RGB":
         return image
-    if mode.startswith("I;16"):
-        values = np.asarray(image).astype(np.uint32)
-        return _grey_to_rgb((values >> 8).astype(np.uint8))
-    if mode == "I":
+    if mode == "I" or mode.startswith("I;16"):
         values = np.asarray(image).astype(np.int64)
         if values.size and values.min() >= 0 and values.max() <= 0xFFFF:
             return _grey_to_rgb((values >> 8).astype(np.uint8))
@@ -309,25 +292,19 @@ def read_list(path: Path) -> list[BadFile]:
         fields = [_tsv_unfield(v) for v in line.split("\t")]
         if len(fields) < 3:
             continue  # a line cut short by a crash mid-write
-        record = BadFile(fields[0], fields[1], fields[2], fields[3] if len(fields) > 3 else "")
-        records.setdefault(record.path, record)
+        records.setdefault(fields[1], BadFile(*fields[:4]))
     return list(records.values())
 
 
 class BadFileList:
-    """The bad files of one data set: those the scan found and those found while loading.
-
-    In memory always; in ``bad_files.tsv`` once `attach` has named the run folder. The scan's list
-    is written whole and atomically; a file found later, possibly in a loader worker whose memory the
-    main process never sees, is appended with one ``os.write`` on an ``O_APPEND`` descriptor (short
-    lines from several processes do not interleave), and `records` reads the file back."""
+    """The bad files of one data set: those the scan found and those found while loading; in
+    ``bad_files.tsv`` too once `attach` has named the run folder. A file found later, possibly in a
+    loader worker, is appended with one ``os.write`` on an ``O_APPEND`` descriptor (short lines from
+    several processes do not interleave), and `records` reads the file back."""
 
     def __init__(self, policy: Policy, scan: Scan, max_share: float, totals: dict[str, int],
                  scanned: Iterable[BadFile]) -> None:
-        self.policy = policy
-        self.scan = scan
-        self.max_share = max_share
-        self.totals = dict(totals)
+        self.policy, self.scan, self.max_share, self.totals = policy, scan, max_share, dict(totals)
         self.path: Optional[Path] = None
         self._records: dict[str, BadFile] = {}
         for record in scanned:
@@ -370,9 +347,6 @@ class BadFileList:
     def count(self, split: str) -> int:
         return sum(1 for r in self.records() if r.split == split)
 
-    def share(self, split: str) -> float:
-        total = self.totals.get(split, 0)
-        return self.count(split) / total if total else 0.0
 
     def check_share(self, split: str) -> None:
         count, total = self.count(split), self.totals.get(split, 0)
@@ -391,35 +365,22 @@ class BadFileList:
 
     def summary(self) -> dict[str, Any]:
         records = self.records()
-        by_reason: dict[str, int] = {}
-        by_split: dict[str, int] = {}
-        for r in records:
-            by_reason[r.reason] = by_reason.get(r.reason, 0) + 1
-            by_split[r.split] = by_split.get(r.split, 0) + 1
+        by_split = dict(Counter(r.split for r in records))
         shares = [by_split.get(s, 0) / n for s, n in self.totals.items() if n]
-        return {
-            "policy": self.policy,
-            "scan": self.scan,
-            "count": len(records),
-            "share": round(max(shares, default=0.0), 6),
-            "by_reason": dict(sorted(by_reason.items())),
-            "by_split": by_split,
-            "list": str(self.path) if self.path is not None else None,
-        }
+        return {"policy": self.policy, "scan": self.scan, "count": len(records),
+                "share": round(max(shares, default=0.0), 6),
+                "by_reason": dict(sorted(Counter(r.reason for r in records).items())), "by_split": by_split,
+                "list": str(self.path) if self.path is not None else None}
 
 
 # -- the data set ---------------------------------------------------------------------------------------
 class ImageFiles(Dataset[tuple[Any, int]]):
     """(transformed image, label) for a list of files of one split, loaded with `load_rgb`.
 
-    Policy ``skip``: a file that fails to load is recorded in `bad_list` and its sample replaced by
-    the next loadable index of the split (wrapping around, with that file's label): it depends only
-    on the files, never on which worker or epoch met the bad file, so runs stay reproducible. Policy
-    ``error``: the `BadImageError` stops the run.
-
-    An item is an index, ``(index, sample_seed)`` for data sets that draw their crops from the seed
-    (`takes_seeds`, trainer/data/resumable.py), or ``(index, sample_seed, size)`` with progressive
-    resizing (`use_size`). trainer/data/decode.py's fast and device paths override `load`."""
+    Policy ``skip``: a file that fails to load is listed in `bad_list` and its sample replaced by the
+    next loadable index of the split (with that file's label), whichever worker or epoch met it, so
+    runs stay reproducible; ``error``: the `BadImageError` stops the run. An item is an index,
+    ``(index, sample_seed)`` or ``(index, sample_seed, size)`` (progressive resizing, `use_size`)."""
 
     #: Items arrive as (index, seed) and `load` draws from the seed (else `SeededSamples` seeds the
     #: global RNG around the call, which torchvision's random transforms use).

@@ -25,9 +25,8 @@ AUTO_BATCH_START = 8
 
 
 class KindRecord:
-    """What one kind of data says of its samples (`DataInfo.record`): the kind's own fields, one
-    sample's input shape, and what the `model` group fills into a network's constructor from them.
-    The framework's kinds are below; a team's own kind is a frozen dataclass subclassing this one."""
+    """What one kind of data says of its samples (`DataInfo.record`); a team's own kind is a frozen
+    dataclass subclassing this one."""
 
     kind: ClassVar[str]
 
@@ -86,9 +85,8 @@ class FeatureRecord(KindRecord):
 
 @dataclass(frozen=True)
 class DataInfo:
-    """What the model and the run need to know of a data set before any batch is read: what every
-    kind has here, the kind's own fields in `record` (an `ImageRecord`, `TokenRecord`,
-    `FeatureRecord` or a team's own `KindRecord`)."""
+    """What the model and the run need to know of a data set before any batch is read; the kind's
+    own fields are in `record`."""
 
     record: KindRecord
     #: Samples per split ("train", "val", "test").
@@ -120,23 +118,18 @@ class DataInfo:
         return tuple(self.record.sample_shape())
 
     def summary(self) -> dict[str, Any]:
-        """For summary.json: the kind, its record's fields beside it (an image data set's in_channels and
-        image_size, as before records) and the rest."""
+        """For summary.json: the kind, its record's fields beside it, and the rest."""
         return {"kind": self.kind, "num_classes": self.num_classes, **dataclasses.asdict(cast(Any, self.record)),
                 "inputs": self.model_inputs(), "sizes": self.sizes, "notes": self.notes,
                 "baselines": dict(self.baselines)}
 
 
 class DataModule(L.LightningDataModule):
-    """Base of every data module of the framework, whatever its kind: the batch size, the loaders and
-    their rules, the training order that resumes mid-epoch, the copy to the device. Image data sets
-    start from `ImageData` below (adding how image files are decoded); text and tables from this.
-
-    Subclasses implement `inspect` (cheap checks of the source, a `UserError` naming the ``data.*``
-    key) and `setup` (``train_set``, ``val_set``, ``test_set``), and may override `device_transform`
-    to augment or normalize whole batches on the device. `device_normalize` (default true) finishes
-    batches there (timm's PrefetchLoader idea); false finishes them on the host, one sample at a
-    time, as a plain PyTorch pipeline does (the baseline a ladder starts from)."""
+    """Base of every data module, whatever its kind: the batch size, the loaders, the training order
+    that resumes mid-epoch, the copy to the device. Subclasses implement `inspect` (cheap checks of
+    the source, a `UserError` naming the ``data.*`` key) and `setup` (``train_set``, ``val_set``,
+    ``test_set``), and may override `device_transform` to finish whole batches on the device
+    (``device_normalize``, timm's PrefetchLoader idea; false: per sample on the host)."""
 
     #: The data set lives in memory as tensors: loader workers would only add copies.
     in_memory: ClassVar[bool] = False
@@ -172,8 +165,7 @@ class DataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.device_normalize = device_normalize
-        #: batch_size=auto: sized by the batch finder (trainer/modes/batch_finder.py), applied with the plan;
-        #: until then the smallest batch it would choose stands in.
+        #: batch_size=auto: sized by the batch finder (trainer/modes/batch_finder.py); until then its smallest.
         self.batch_size_auto = batch_size == "auto"
         self.memory_budget_gb = memory_budget_gb
         self._eval_batch_size = eval_batch_size
@@ -186,8 +178,7 @@ class DataModule(L.LightningDataModule):
         self.train_set: Dataset[Any] | None = None
         self.val_set: Dataset[Any] | None = None
         self.test_set: Dataset[Any] | None = None
-        #: Set by the run (`attach_run`): its folder, for reports a module writes, and its seed,
-        #: from which the training order of every epoch follows.
+        #: Set by the run (`attach_run`): its folder, for reports, and its seed, for the training order.
         self.run_dir: Path | None = None
         self.run_seed = 0
         self._train_sampler: EpochSampler | None = None
@@ -206,15 +197,12 @@ class DataModule(L.LightningDataModule):
         return images
 
     def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        """(the decode mode to use, how it was chosen), changing nothing (`apply_decode` applies it):
-        none, for data that are not image files (`ImageData` decides for images)."""
+        """(the decode mode to use, how it was chosen), changing nothing (`apply_decode` applies it)."""
         return "none", "no image files: nothing to decode"
 
     def inference_preprocessing(self) -> dict[str, Any]:
         """How a raw sample becomes the network's input at evaluation, for the model card (export,
-        serving): an image's resize, crop, scale and normalization; a table's feature scales and
-        means, as the data module declares them. Empty when there is nothing a client could send
-        (e.g. data made on the device)."""
+        serving); empty when there is nothing a client could send (e.g. data made on the device)."""
         return {}
 
     def decode_choices(self) -> tuple[str, ...]:
@@ -229,14 +217,11 @@ class DataModule(L.LightningDataModule):
         raise NotImplementedError(f"{type(self).__name__} decodes nothing")
 
     def resize_schedule(self, epochs: int) -> Any:
-        """Progressive resizing's crop side per epoch for a run of `epochs` epochs (a
-        `trainer.data.progressive_resize.ResizeSchedule`); None: every epoch at one size, as for
-        data held decoded."""
+        """Progressive resizing's `ResizeSchedule` for a run of `epochs` epochs; None: one size throughout."""
         return None
 
     def apply_resize(self, schedule: Any) -> None:
-        """Train with `schedule`'s sizes (the plan's, applied by the build phase); only image sources
-        that crop while decoding can."""
+        """Train with `schedule`'s sizes (the plan's); only image sources that crop while decoding can."""
         if schedule is not None:
             raise NotImplementedError(f"{type(self).__name__} cannot resize per epoch")
 
@@ -248,9 +233,8 @@ class DataModule(L.LightningDataModule):
     # -- shared ---------------------------------------------------------------------------------
     def loader_settings(self, cuda: bool, batch_bytes: int | None = None,
                         available_bytes: int | None = None) -> LoaderSettings:
-        """This module's loader request (`auto` values) resolved for the device, changing nothing
-        (`apply_loader` applies it); `batch_bytes`, one batch as the loader ships it, and
-        `available_bytes`, the memory available (None: read now), bound the prefetch depth."""
+        """This module's loader request resolved for the device, changing nothing (`apply_loader`
+        applies it); `batch_bytes` and `available_bytes` (None: read now) bound the prefetch depth."""
         return resolve_loader(*self._loader_request, in_memory=self.in_memory, cuda=cuda, batch_bytes=batch_bytes,
                               available_bytes=available_bytes, copy_overlap=self._copy_overlap)
 
@@ -285,20 +269,13 @@ class DataModule(L.LightningDataModule):
             return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=share,
                               generator=own_generator(self.run_seed), collate_fn=collate,
                               **loader.dataloader_kwargs(rank))
-        # Training: an order that follows from (seed, epoch) and can resume mid-epoch, replacing
-        # shuffle=True (see trainer/data/resumable.py for why).
+        # Training: an order from (seed, epoch) that resumes mid-epoch, not shuffle=True (trainer/data/resumable.py);
+        # drop_last: a short last batch skews BatchNorm statistics and recompiles compiled graphs.
         seeded = self.random_on_host or host_finishing
         sampler = self.train_sampler(len(sized), self.batch_size, seeded=seeded)
-        return DataLoader(
-            SeededSamples(dataset) if seeded else dataset,
-            sampler=sampler,
-            batch_size=self.batch_size,
-            # A short last batch skews BatchNorm statistics and recompiles compiled graphs.
-            drop_last=True,
-            generator=own_generator(self.run_seed),
-            collate_fn=collate,
-            **loader.dataloader_kwargs(rank),
-        )
+        return DataLoader(SeededSamples(dataset) if seeded else dataset, sampler=sampler, batch_size=self.batch_size,
+                          drop_last=True, generator=own_generator(self.run_seed), collate_fn=collate,
+                          **loader.dataloader_kwargs(rank))
 
     def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:
         """The training loader's sampler, placed where a resumed checkpoint left off; with several
@@ -318,10 +295,9 @@ class DataModule(L.LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    # The place in the data order travels with the data module's state, which Lightning saves in every
-    # checkpoint and restores before anything asks for a loader. (Lightning's own route, the DataLoader's
-    # `state_dict`, is loaded only after `configure_optimizers` has made the loader and its first
-    # iterator, and is then never applied: it resumed every epoch from its first batch in our tests.)
+    # The place in the data order travels with the data module's state, restored before any loader is
+    # made. (The DataLoader's own `state_dict` is loaded only after the loader and its first iterator
+    # exist, and is then never applied: it resumed every epoch from its first batch in our tests.)
     def state_dict(self) -> dict[str, Any]:
         if self._train_sampler is None or self.trainer is None:
             return {}
@@ -332,9 +308,7 @@ class DataModule(L.LightningDataModule):
         self._resume_position = state_dict.get("train_position")
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Lightning's move, on a side stream where the plan says so (trainer/data/transfer.py): the
-        batch's copy then overlaps the step before. Batches stay in order, one per call, so the
-        resume position counted in `on_after_batch_transfer` is unchanged."""
+        """Lightning's move, on a side stream where the plan says so (trainer/data/transfer.py)."""
         if self.loader is not None and self.loader.copy_overlap:
             return self._side_stream_copy(batch, device)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
@@ -354,9 +328,8 @@ class DataModule(L.LightningDataModule):
 
 
 class ImageData(DataModule):
-    """Base of the image data modules: `DataModule` and `data.decode`, how image files become
-    training crops (trainer/data/decode.py). Images held decoded in memory (digits, CIFAR-10, the
-    synthetic set) take the key and have nothing to decode; `EncodedImagesData` decodes files."""
+    """Base of the image data modules: `DataModule` and `data.decode`. Images held decoded in memory
+    (digits, CIFAR-10, the synthetic set) have nothing to decode; `EncodedImagesData` decodes files."""
 
     def __init__(
         self,
@@ -372,7 +345,6 @@ class ImageData(DataModule):
         self.decode = decode
 
     def resolve_decode(self, cuda: bool) -> tuple[str, str]:
-        """Data sets held decoded decode nothing (`EncodedImagesData` decides for files)."""
         held = "images held decoded: nothing to decode"
         if self.decode == "auto":
             return "none", f"auto -> none ({held})"
@@ -385,10 +357,8 @@ ImageClassificationData = DataModule
 
 class EvalShare(DistributedSampler):
     """One process's share of an evaluation split: every sample exactly once over all processes.
-
-    Deliberately not Lightning's DistributedSampler, which pads the split with repeated samples to
-    equal counts, so val/test metrics would count some samples twice. Unequal shares are safe:
-    metrics sync once at the epoch's end (torchmetrics, ``sync_dist``), not per batch. Being a
+    Not Lightning's DistributedSampler, which pads the split with repeated samples (metrics would
+    count some twice); unequal shares are safe as metrics sync once at the epoch's end. Being a
     DistributedSampler keeps Lightning from replacing it."""
 
     def __init__(self, size: int, replicas: int, rank: int) -> None:  # no process group needed

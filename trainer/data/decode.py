@@ -248,8 +248,21 @@ def finish_on_host(image: torch.Tensor, geometry: Geometry, generator: Optional[
     return normalize(image.unsqueeze(0), mean, std).squeeze(0)
 
 
-class DecodedFiles(ImageFiles):
-    """``data.decode=fast``: each sample decoded and cropped in the loader worker (`decode_on_host`)."""
+def host_sample(path: str, data: bytearray, geometry: Geometry, augment: Optional[Callable[[torch.Tensor], torch.Tensor]],
+                seed: Optional[int]) -> torch.Tensor:
+    """``data.decode=fast``'s sample: decoded and cropped, augmented and finished on the host where asked."""
+    generator = _generator(seed)
+    image = decode_on_host(path, data, geometry, generator)
+    if augment is not None:
+        image = augment_seeded(augment, image, generator)
+    if geometry.host_finish is not None:
+        image = finish_on_host(image, geometry, generator)
+    return image
+
+
+class _CroppedFiles(ImageFiles):
+    """Files cropped by `geometry` from each sample's seed (the fast and device paths); `augment`: the
+    fast path's policy."""
 
     takes_seeds = True
 
@@ -263,15 +276,13 @@ class DecodedFiles(ImageFiles):
     def use_size(self, size: int) -> None:
         self.geometry = self.full_geometry.at(size)
 
+
+class DecodedFiles(_CroppedFiles):
+    """``data.decode=fast``: each sample decoded and cropped in the loader worker (`host_sample`)."""
+
     def load(self, index: int, seed: Optional[int]) -> torch.Tensor:
         path = self.samples[index][0]
-        generator = _generator(seed)
-        image = decode_on_host(path, read_bytes(path), self.geometry, generator)
-        if self.augment is not None:
-            image = augment_seeded(self.augment, image, generator)
-        if self.geometry.host_finish is not None:
-            image = finish_on_host(image, self.geometry, generator)
-        return image
+        return host_sample(path, read_bytes(path), self.geometry, self.augment, seed)
 
 
 # -- the device path -----------------------------------------------------------------------------------
@@ -285,6 +296,21 @@ class EncodedImage:
     seed: Optional[int]
     #: The crop's side (progressive resizing: the epoch's; None: the split's geometry's).
     size: Optional[int] = None
+
+    def on_host(self, path: str, geometry: Geometry) -> torch.Tensor:
+        """Decoded on the host from the same seed (the same box): a JPEG the device decoder refused."""
+        return decode_on_host(path, bytearray(self.data.numpy()), geometry.at(self.size), _generator(self.seed))
+
+
+def device_sample(path: str, data: bytearray, index: int, seed: Optional[int],
+                  geometry: Geometry) -> Union[EncodedImage, torch.Tensor]:
+    """``data.decode=device``'s sample: the JPEG's bytes and crop box, or decoded here on the host
+    when the device decoder is not given the file (not a JPEG, CMYK, 12-bit, cut short...)."""
+    header = jpeg_header(data)
+    if header is None or not header.device_decodable:
+        return decode_on_host(path, data, geometry, _generator(seed))
+    box = geometry.box(header.height, header.width, _generator(seed))
+    return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, index, seed, geometry.size)
 
 
 class EncodedBatch:
@@ -342,28 +368,12 @@ class CollateEncoded:
         return EncodedBatch(self.split, samples)
 
 
-class EncodedFiles(ImageFiles):
-    """``data.decode=device``: the worker reads the file, reads its JPEG header and draws the crop
-    box; a file the device is not given is decoded here on the host, as the fast path does."""
-
-    takes_seeds = True
-
-    def __init__(self, split: str, samples: Sequence[tuple[str, int]], classes: Sequence[str], *, policy: Policy,
-                 bad_list: BadFileList, geometry: Geometry) -> None:
-        super().__init__(split, samples, classes, None, policy, bad_list)
-        self.geometry = self.full_geometry = geometry
-
-    def use_size(self, size: int) -> None:
-        self.geometry = self.full_geometry.at(size)
+class EncodedFiles(_CroppedFiles):
+    """``data.decode=device``: the worker reads the file and draws the crop box (`device_sample`)."""
 
     def load(self, index: int, seed: Optional[int]) -> Union[EncodedImage, torch.Tensor]:
         path = self.samples[index][0]
-        data = read_bytes(path)
-        header = jpeg_header(data)
-        if header is None or not header.device_decodable:
-            return decode_on_host(path, data, self.geometry, _generator(seed))
-        box = self.geometry.box(header.height, header.width, _generator(seed))
-        return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, index, seed, self.geometry.size)
+        return device_sample(path, read_bytes(path), index, seed, self.geometry)
 
     def collate_fn(self) -> Callable[[list[Any]], Any]:
         return CollateEncoded(self.split)
@@ -372,9 +382,8 @@ class EncodedFiles(ImageFiles):
         """A file the device decoder refused: decoded on the host from the same seed (the same box);
         when the host cannot either, policy skip takes the next loadable file, as in every mode."""
         path, label = self.samples[item.index]
-        geometry = self.full_geometry.at(item.size)
         try:
-            return decode_on_host(path, bytearray(item.data.numpy()), geometry, _generator(item.seed)), label
+            return item.on_host(path, self.full_geometry), label
         except BadImageError as ex:
             self.found_bad(item.index, ex)
         if item.size is not None:

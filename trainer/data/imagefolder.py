@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Sequence
@@ -95,8 +96,6 @@ class ImageFolderDataModule(EncodedImagesData):
         self.bad_files = bad_files
         self.max_bad_share = float(max_bad_share)
         self.scan = scan
-        #: The run folder, for ``bad_files.tsv``; set by the run before `inspect` (None: list in memory).
-        self.run_dir: Optional[Path] = getattr(self, "run_dir", None)
         self._classes: Optional[dict[str, int]] = None
         self._splits: dict[str, Path] = {}
         self._scanned: Optional[_Scanned] = None
@@ -225,21 +224,17 @@ class ImageFolderDataModule(EncodedImagesData):
 
     def _bad_note(self, bad: list[BadFile]) -> str:
         assert self._bad_list is not None
-        by_split = ", ".join(f"{split} {sum(1 for b in bad if b.split == split)}"
-                             for split in SPLITS if any(b.split == split for b in bad))
-        reasons: dict[str, int] = {}
-        for b in bad:
-            reasons[b.reason] = reasons.get(b.reason, 0) + 1
-        by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(reasons.items()))
+        splits = Counter(b.split for b in bad)
+        by_split = ", ".join(f"{split} {splits[split]}" for split in SPLITS if split in splits)
+        by_reason = ", ".join(f"{reason} {n}" for reason, n in sorted(Counter(b.reason for b in bad).items()))
         where = f": listed in {self._bad_list.path}" if self._bad_list.path else ""
         return f"{_plural(len(bad), 'unreadable file')} skipped (by split: {by_split}; by reason: {by_reason}){where}"
 
     def bad_files_summary(self) -> dict[str, Any]:
         """What was found unreadable: by the scan and since, while loading (also in worker processes,
         read back from ``bad_files.tsv``), each file counted once. For summary.json's data.bad_files."""
-        if self._bad_list is None:
-            return {"policy": self.bad_files, "scan": self.scan, "count": 0, "share": 0.0, "by_reason": {},
-                    "by_split": {}, "list": None}
+        if self._bad_list is None:  # not inspected: nothing found
+            return BadFileList(self.bad_files, self.scan, self.max_bad_share, {}, []).summary()
         summary = self._bad_list.summary()
         if self._scanned is not None:
             summary["scan_seconds"] = round(self._scanned.seconds, 3)

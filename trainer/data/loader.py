@@ -33,11 +33,8 @@ class LoaderSettings:
     copy_overlap: bool = False
 
     def dataloader_kwargs(self, rank: int = 0) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers,
-        }
+        kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory,
+                                  "persistent_workers": self.persistent_workers}
         if self.num_workers > 0:
             kwargs["worker_init_fn"] = WorkerStart(rank)
             if self.prefetch_factor is not None:
@@ -46,11 +43,10 @@ class LoaderSettings:
 
 
 class WorkerStart:
-    """A loader worker's `worker_init_fn`. SLURM signals every process of a job step, loader workers
-    included: USR2's default action would kill a worker mid-epoch, and the training process would
-    fail on the dead worker before it could write its checkpoint. Workers ignore the scheduler's
-    signals and leave them to the training process, which stops them when it stops. Lightning's own
-    worker_init_fn (``seed_everything(workers=True)``, added only where none is set) is called here."""
+    """A loader worker's `worker_init_fn`. SLURM signals every process of a job step: USR2's default
+    action would kill a worker mid-epoch, and the training process would fail on it before writing its
+    checkpoint. Workers ignore the scheduler's signals and leave them to the training process.
+    Lightning's own worker_init_fn (``seed_everything(workers=True)``) is called here."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -168,14 +164,10 @@ _WORKER_DIED = re.compile(r"DataLoader worker \(pids?(?:\(s\))? (?P<pids>[\d, ]+
 
 
 def loader_failure(ex: BaseException) -> UserError | None:
-    """One actionable line for a failure inside a DataLoader worker, or None if `ex` is not one.
-
-    PyTorch reports these as ``Caught X in DataLoader worker process N`` and a whole traceback, or,
-    for a worker that died (the OOM killer, a bus error when /dev/shm is full), a bare "exited
-    unexpectedly" or "is killed by signal". Here a `UserError` raised by the data set (in a worker or
-    with ``num_workers=0``) is returned as it is; any other worker exception becomes its last line
-    and the hint ``data.num_workers=0`` (the full traceback then appears in the main process); a dead
-    worker, its signal or exit code, the likely causes and what to try."""
+    """One actionable line for a failure inside a DataLoader worker, or None if `ex` is not one:
+    a `UserError` of the data set as it is; another worker exception as its last line and the hint
+    ``data.num_workers=0``; a dead worker (the OOM killer, SIGBUS when /dev/shm is full) with its
+    signal or exit code, the likely causes and what to try."""
     for cause in _chain(ex):
         if isinstance(cause, UserError):
             return cause
@@ -251,18 +243,9 @@ def _user_error_class(line: str) -> type | None:
 
 def _signal_name(description: str | int) -> str:
     """``SIGKILL (Killed)`` from a signal number or the description PyTorch prints (``strsignal``'s text)."""
-    if isinstance(description, int):
-        try:
-            sig = signal.Signals(description)
-        except ValueError:
-            return f"signal {description}"
-        return f"{sig.name} ({signal.strsignal(sig)})"
     for sig in signal.Signals:
-        try:
-            if signal.strsignal(sig) == description:
-                return f"{sig.name} ({description})"
-        except ValueError:
-            continue
+        if description in (sig.value, signal.strsignal(sig)):
+            return f"{sig.name} ({signal.strsignal(sig)})"
     return f"signal {description}"
 
 

@@ -1,11 +1,9 @@
 """``data=shards``: images streamed from LitData shards in a folder or on object storage.
 
-Written by ``python -m trainer.data.prepare SRC DST --format shards`` (trainer/data/prepare_shards.py);
-the cache, each rank's share and resuming mid-epoch are described in docs/data.md. Validation and
-test read each process's block of the split by index (`EvalBlocks`). The images are decoded and
-cropped by the image folder's code (trainer/data/images.py), with the folder source's per-sample
-seed ``(seed, epoch, its place in the folder's order)``, so an image gets the same crop in the same
-epoch from either source, bit for bit. The loader's place is restored by `ShardLoader`."""
+Written by ``python -m trainer.data.prepare SRC DST --format shards``; the cache, each rank's share
+and resuming mid-epoch are described in docs/data.md. The images are decoded and cropped by the
+image folder's code with the folder source's per-sample seed, so an image gets the same crop in the
+same epoch from either source, bit for bit."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.badfiles import BadImageError, WorkerSafeUserError, load_rgb
 from trainer.data.base import DataInfo, EvalShare, ImageRecord
-from trainer.data.decode import (CollateEncoded, EncodedImage, Geometry, augment_seeded, decode_on_host, finish_on_host,
-                                 jpeg_header)
+from trainer.data.decode import CollateEncoded, EncodedImage, Geometry, device_sample, host_sample
 from trainer.data.images import EncodedImagesData
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, store_error
 from trainer.data.prepare_shards import DATASET_NAME, FORMAT
@@ -55,7 +52,7 @@ class ShardStream(StreamingDataset):
         self.endpoint_url = endpoint_url
         # Progressive resizing: each worker learns the epoch from LitData, so it picks the epoch's
         # size itself (the image folder's sampler sends it instead).
-        self.full_geometry, self.full_pil = geometry, pil
+        self.full_geometry = geometry
         self.resize, self.pil_by_size = (resize, pil_by_size) if train else (None, None)
 
     def __getitem__(self, index: Any) -> tuple[Any, int]:
@@ -83,19 +80,9 @@ class ShardStream(StreamingDataset):
         try:
             if self.mode == "pil":
                 return self._with_pil(name, data, seed)
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
             if self.mode == "device":
-                header = jpeg_header(data)
-                if header is not None and header.device_decodable:
-                    box = self.geometry.box(header.height, header.width, generator)
-                    return EncodedImage(torch.frombuffer(data, dtype=torch.uint8), box, int(item["index"]), seed,
-                                        self.geometry.size)
-            image = decode_on_host(name, data, self.geometry, generator)
-            if self.augment is not None:
-                image = augment_seeded(self.augment, image, generator)
-            if self.geometry.host_finish is not None:
-                image = finish_on_host(image, self.geometry, generator)
-            return image
+                return device_sample(name, data, int(item["index"]), seed, self.geometry)
+            return host_sample(name, data, self.geometry, self.augment, seed)
         except BadImageError as ex:
             raise ShardSampleError(name, f"damaged in the shard ({ex.reason}: {ex.detail})",
                                    "shards written whole by python -m trainer.data.prepare") from None
@@ -110,9 +97,7 @@ class ShardStream(StreamingDataset):
 
     def on_host(self, item: EncodedImage) -> tuple[torch.Tensor, Optional[int]]:
         """A JPEG the device decoder refused, decoded here from the same seed (the same box)."""
-        generator = torch.Generator().manual_seed(item.seed) if item.seed is not None else None
-        return decode_on_host(self.split, bytearray(item.data.numpy()), self.full_geometry.at(item.size),
-                              generator), None
+        return item.on_host(self.split, self.full_geometry), None
 
 class ShardLoader(StreamingDataLoader):
     """LitData's loader, whose position travels with the data module's state instead of Lightning's
@@ -120,10 +105,9 @@ class ShardLoader(StreamingDataLoader):
     steps taken, and would restore it so (the batch fetched but not trained on would be lost)."""
 
     def _get_iterator(self) -> Any:
-        # LitData iterates torch's iterator inside a generator, out of Lightning's reach: kept here so that
-        # `close` can stop its workers when the run fails (they ignore SIGTERM, trainer/data/loader.py, and
-        # the interpreter's exit would wait for them forever). Weakly: an iterator nobody holds any more
-        # still shuts its workers down when it is collected, as torch's do.
+        # LitData iterates torch's iterator out of Lightning's reach: kept so that `close` can stop its
+        # workers when the run fails (they ignore SIGTERM, and the exit would wait for them forever).
+        # Weakly: an iterator nobody holds still shuts its workers down when collected, as torch's do.
         iterator = super()._get_iterator()
         self.live: Optional[weakref.ref[Any]] = weakref.ref(iterator)
         return iterator
@@ -285,6 +269,7 @@ class ShardsDataModule(EncodedImagesData):
         settings = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
         replicas, rank = self._process_share()
         kwargs = settings.dataloader_kwargs(rank)
+        collate = CollateEncoded(dataset.split) if self.decode_in_use == "device" else None
         if not train:
             # Evaluation reads each process's block of the split by index, every sample once, as the
             # image folder's EvalShare does. LitData's own split of a small split can give one rank
@@ -293,16 +278,12 @@ class ShardsDataModule(EncodedImagesData):
             size = int(self._described["sizes"][dataset.split])
             return DataLoader(_Indexed(dataset, size), batch_size=self.eval_batch_size, shuffle=False,
                               sampler=EvalBlocks(size, replicas, rank) if replicas > 1 else None,
-                              collate_fn=CollateEncoded(dataset.split) if self.decode_in_use == "device" else None,
-                              generator=own_generator(self.run_seed), **kwargs)
+                              collate_fn=collate, generator=own_generator(self.run_seed), **kwargs)
         # Each epoch's workers get the dataset with that epoch's number (LitData shuffles by it and
         # the crops' seeds follow it); persistent workers would keep the first epoch's copy.
         kwargs["persistent_workers"] = False
-        collate = CollateEncoded(dataset.split) if self.decode_in_use == "device" else None
-        # Its own generator: making an iterator then never draws from the global RNG that the
-        # device-side flips use (trainer/data/resumable.py says why).
-        return ShardLoader(dataset, batch_size=self.batch_size if train else self.eval_batch_size,
-                           drop_last=train, collate_fn=collate, generator=own_generator(self.run_seed), **kwargs)
+        return ShardLoader(dataset, batch_size=self.batch_size, drop_last=True, collate_fn=collate,
+                           generator=own_generator(self.run_seed), **kwargs)
 
     # -- the place in the epoch ---------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
