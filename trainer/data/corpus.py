@@ -1,17 +1,11 @@
 """The text a language model learns from, from files to token arrays kept in a cache (data=text).
 
-A corpus is a folder (its files matching a pattern, read recursively) or the built-in one: the
-Python standard library's own sources, which every machine with Python has, so nothing is ever
-downloaded. A document is a file, or a piece of about `DOCUMENT_CHARS` of a longer file cut at a
-line break (so that one long file, a novel or a log, still reaches every split); each document
-goes to train, val or test by a hash of its name, so the split never depends on which other files
-are there.
-
-`prepare` trains the tokenizer on the training documents only, encodes every split into one flat
-token file, and keeps the result in a folder named by everything that shapes it (the corpus's
-content, the tokenizer settings, the split), written under a temporary name and renamed into place
-so that a crash or a second process never sees half of it. Free of torch: the data module
-(trainer/data/text.py) reads what is written here."""
+A corpus is a folder or the Python standard library's own sources. A document is a file, or a piece
+of about `DOCUMENT_CHARS` of a longer one cut at a line break (so one long file still reaches every
+split), and goes to train, val or test by a hash of its name. `prepare` trains the tokenizer on the
+training documents only, encodes every split into one flat token file, and keeps the result in a
+folder named by everything that shapes it, renamed into place once whole. Free of torch: the data
+module (trainer/data/text.py) reads what is written here."""
 
 from __future__ import annotations
 
@@ -118,7 +112,8 @@ def folder_corpus(root: str, pattern: Optional[str]) -> Corpus:
     if not folder.is_dir():
         raise UserError("data.root", f"'{root}' is not a folder", "a folder of text files, or null for the "
                         "built-in corpus (the Python standard library's sources)")
-    everything = [path for path in folder.rglob("*") if path.is_file() and not _hidden(path.relative_to(folder))]
+    everything = [path for path in folder.rglob("*")
+                  if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)]
     if not everything:
         raise UserError("data.root", f"'{root}' holds no files", "a folder of text files")
     patterns = (pattern,) if pattern else DEFAULT_PATTERNS
@@ -131,9 +126,6 @@ def folder_corpus(root: str, pattern: Optional[str]) -> Corpus:
     size = sum((folder / name).stat().st_size for name in files)
     return Corpus(folder, tuple(files), f"{folder}: {len(files)} files, {size / 1e6:.2f} MB", "data.root")
 
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
 
 
 def stdlib_files() -> tuple[Path, list[str]]:
@@ -173,14 +165,8 @@ def byte_symbols() -> list[str]:
     which `tokenizers`' ByteLevel pre-tokenizer uses): printable Latin-1 bytes stand for
     themselves, the others for the characters from U+0100 on, in byte order."""
     printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    symbols, extra = [], 0
-    for byte in range(256):
-        if byte in printable:
-            symbols.append(chr(byte))
-        else:
-            symbols.append(chr(256 + extra))
-            extra += 1
-    return symbols
+    others = {byte: chr(256 + n) for n, byte in enumerate(sorted(set(range(256)) - printable))}
+    return [chr(byte) if byte in printable else others[byte] for byte in range(256)]
 
 
 def _byte_level(model: Any) -> Any:
@@ -327,10 +313,8 @@ def _make(corpus: Corpus, settings: TokenSettings, out: Path) -> dict[str, Any]:
         return corpus.documents(settings.val_fraction, settings.test_fraction)
 
     byte_ids = settings.tokenizer == "byte"
-    if byte_ids:
-        tokenizer = byte_tokenizer()
-    else:
-        tokenizer = train_bpe((text for split, text in documents() if split == "train"), settings.vocab_size)
+    tokenizer = (byte_tokenizer() if byte_ids
+                 else train_bpe((text for split, text in documents() if split == "train"), settings.vocab_size))
     # Loader workers forked after the tokenizer used its threads would each warn that tokenizers'
     # parallelism is now off; they never tokenize, so say so once (a person's own setting stands).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -180,12 +180,9 @@ class ImageFolderDataModule(EncodedImagesData):
             log.warning("%s in the image folder (%s): %s", _plural(len(bad), "unreadable file"),
                         "skipped" if self.bad_files == "skip" else "data.bad_files=error", listed)
         if bad and self.bad_files == "error":
-            first = bad[0]
-            more = ""
-            if len(bad) > 1:
-                more = f"{_plural(len(bad) - 1, 'more unreadable file')} " + (
-                    f"listed in {self._bad_list.path}" if self._bad_list.path else "found by the scan")
-            raise BadImageError(first.path, first.reason, first.detail, note=more)
+            more = f"{_plural(len(bad) - 1, 'more unreadable file')} " + (
+                f"listed in {self._bad_list.path}" if self._bad_list.path else "found by the scan")
+            raise BadImageError(bad[0].path, bad[0].reason, bad[0].detail, note=more if len(bad) > 1 else "")
         for split in scanned.totals:
             self._bad_list.check_share(split)
         notes = []

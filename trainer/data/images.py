@@ -1,10 +1,6 @@
 """What every source of encoded images shares (an image folder, shards): the crops, the decode
-paths and where batches are finished.
-
-Training takes a RandomResizedCrop (and a flip and the normalization, on the host or the device);
-evaluation resizes the shorter side and takes the centre. The decode paths (trainer/data/decode.py)
-give an image the same crop for the same sample seed, whichever source the bytes came from. A
-subclass says where the bytes are: `inspect`, `setup`, and `_jpeg_share` for the line of the auto decode choice."""
+paths and where batches are finished. A subclass says where the bytes are: `inspect`, `setup`, and
+`_jpeg_share` for the line of the auto decode choice."""
 
 from __future__ import annotations
 
@@ -22,11 +18,9 @@ from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 
 
 class EncodedImagesData(ImageData):
-    """Decoded and cropped on the host by loader workers (RandomResizedCrop for training, resize and
-    centre crop for evaluation). Every image mode is converted to 8-bit RGB (`badfiles.to_rgb`).
-
-    With `device_normalize` (default) batches travel as uint8 (a quarter of float32's bytes over PCIe
-    and shared memory) and are flipped and normalized on the device; otherwise the workers do it."""
+    """Decoded and cropped by loader workers (RandomResizedCrop for training, resize and centre crop
+    for evaluation) as 8-bit RGB. With `device_normalize` (default) batches travel as uint8 (a quarter
+    of float32's bytes) and are flipped and normalized on the device; otherwise the workers do it."""
 
     finishes_on_host_itself = True  # torchvision transforms v2 in the workers, in float32
     random_on_host = True  # RandomResizedCrop in the workers: a seed per sample (trainer/data/resumable.py)

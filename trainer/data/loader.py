@@ -81,15 +81,14 @@ def resolve_loader(
     side stream would only add an event per batch)."""
     cpus = cpus or usable_cpus()
     reasons: dict[str, str] = {}
-    if num_workers == "auto":
-        if in_memory:
-            workers, reasons["num_workers"] = 0, "auto -> 0 (data set held in memory: workers would only add copies)"
-        else:
-            workers = max(0, min(8, cpus - 1))
-            reasons["num_workers"] = f"auto -> {workers} ({cpus} usable CPUs, one left for the training loop, at most 8)"
-    else:
+    if num_workers != "auto":
         workers = int(num_workers)
         reasons["num_workers"] = f"{workers} (as configured)"
+    elif in_memory:
+        workers, reasons["num_workers"] = 0, "auto -> 0 (data set held in memory: workers would only add copies)"
+    else:
+        workers = max(0, min(8, cpus - 1))
+        reasons["num_workers"] = f"auto -> {workers} ({cpus} usable CPUs, one left for the training loop, at most 8)"
     if pin_memory == "auto":
         pin = cuda and not in_memory
         reasons["pin_memory"] = f"auto -> {str(pin).lower()} ({'CUDA in use' if cuda else 'no CUDA'}" + (
@@ -105,8 +104,7 @@ def resolve_loader(
         reasons["persistent_workers"] = f"{str(persistent).lower()} (as configured" + (
             "; needs workers > 0)" if persistent_workers and workers == 0 else ")")
     if workers == 0:
-        prefetch = None
-        reasons["prefetch_factor"] = "none (no workers)"
+        prefetch, reasons["prefetch_factor"] = None, "none (no workers)"
     elif prefetch_factor == "auto" or prefetch_factor is None:
         prefetch, reasons["prefetch_factor"] = _bounded_prefetch(workers, batch_bytes, available_bytes, memory_fraction)
     else:

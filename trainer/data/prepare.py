@@ -193,9 +193,10 @@ def _run(todo: list[_Task], work: Callable[[_Task], _Done], workers: int, progre
          report: PrepareReport) -> None:
     with _pool(workers if len(todo) > 1 else 1) as pool:
         # Submitted before the progress bar starts its refresh thread: forked workers start with no
-        # other thread's state half-held.
-        results: Iterable[_Done] = (pool.map(work, todo, chunksize=_chunk(len(todo), workers))
-                                    if pool is not None else map(work, todo))
+        # other thread's state half-held. Chunks large enough to keep the inter-process traffic
+        # small, small enough to balance the load.
+        chunk = max(1, min(256, len(todo) // (workers * 16)))
+        results: Iterable[_Done] = pool.map(work, todo, chunksize=chunk) if pool is not None else map(work, todo)
         with _bar(progress) as bar:
             bar_task = bar.add_task("prepare", total=report.total + len(todo), completed=report.total)
             for done in results:
@@ -211,10 +212,6 @@ def _pool(workers: int) -> ContextManager[ProcessPoolExecutor | None]:
     context = multiprocessing.get_context("fork" if "fork" in methods else None)
     return ProcessPoolExecutor(workers, mp_context=context)
 
-
-def _chunk(count: int, workers: int) -> int:
-    # Large enough to keep the inter-process traffic small, small enough to balance the load.
-    return max(1, min(256, count // (workers * 16)))
 
 
 class _RateColumn(ProgressColumn):

@@ -1,9 +1,6 @@
-"""Progressive resizing: train the first epochs on smaller crops and raise the size to the final one.
-
-As FFCV's ResNet recipes (``min_res``/``max_res``, ``start_ramp``/``end_ramp``) and MosaicML
-Composer's ``ProgressiveResizing`` do: hold a low resolution, raise it linearly, end at full size.
-The schedule, why the size changes per epoch and not per step, and what each size costs are in
-docs/data.md ("Progressive resizing"). Evaluation always runs at the final size."""
+"""Progressive resizing: train the first epochs on smaller crops and raise the size to the final one,
+as FFCV's ResNet recipes and MosaicML Composer's ``ProgressiveResizing`` do (docs/data.md,
+"Progressive resizing"). Evaluation always runs at the final size."""
 
 from __future__ import annotations
 
@@ -61,10 +58,8 @@ class ResizeSchedule:
         return sum(size * size for size in self.sizes()) / (self.epochs * self.final * self.final)
 
     def describe(self) -> str:
-        runs: list[str] = []
         sizes = self.sizes()
-        for size in dict.fromkeys(sizes):
-            runs.append(f"{size} px x{sizes.count(size)}")
+        runs = [f"{size} px x{sizes.count(size)}" for size in dict.fromkeys(sizes)]
         return (f"{' -> '.join(runs)} epochs (start {self.start} px = {self.start / self.final:.2f} of "
                 f"{self.final}, raised over {self.ramp[0]:.0%}-{self.ramp[1]:.0%} of training in {self.step} px "
                 f"steps; {self.relative_cost():.2f}x the pixels of full size); evaluation at {self.final} px")

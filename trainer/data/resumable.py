@@ -1,13 +1,11 @@
 """A training loader that can stop mid-epoch and carry on exactly where it was.
 
 PyTorch's `RandomSampler` and loader workers draw their seeds from the global torch RNG when an
-epoch's iterator is created, so an epoch's order and the workers' random crops depend on everything
-that used the RNG before, which a resumed run cannot replay. Here `EpochSampler` orders each epoch
-from (seed, epoch) alone and restarts after the batches already trained on
-(`DataModule.load_state_dict` says why not through Lightning's stateful loaders),
-host-side random transforms draw from a seed given with each index (`SeededSamples`), and every
-loader has its own `torch.Generator`, so making an iterator never moves the global RNG that dropout
-and on-device augmentation use (trainer/callbacks/rng.py saves that one)."""
+epoch's iterator is created, which a resumed run cannot replay. Here `EpochSampler` orders each
+epoch from (seed, epoch) alone and restarts after the batches already trained on, host-side random
+transforms draw from a seed given with each index (`SeededSamples`), and every loader has its own
+`torch.Generator`, so making an iterator never moves the global RNG that dropout and on-device
+augmentation use."""
 
 from __future__ import annotations
 
@@ -40,19 +38,16 @@ def own_generator(seed: int) -> torch.Generator:
 class EpochSampler(DistributedSampler):
     """Indices of one epoch, shuffled from (seed, epoch) when `shuffle`; `seeded` yields
     ``(index, sample_seed)`` pairs for `SeededSamples`, and ``(index, sample_seed, size)`` with a
-    `sizes` schedule (progressive resizing: persistent loader workers keep their copy of the data set
-    from the first epoch, so only what the sampler sends reaches them each epoch).
+    `sizes` schedule (persistent loader workers keep their first copy of the data set, so only what
+    the sampler sends reaches them each epoch).
 
-    With several processes (`replicas`), process `rank` takes items ``rank, rank + replicas, ...`` of
-    each epoch's one order, every process the same count (the rest is left, as DistributedSampler
-    with ``drop_last`` does). A position counts the items all processes consumed, so a run can
-    resume on another number of processes. `taken` counts the batches training has consumed this
-    epoch on this process (counted as they reach the step, not when prefetched); `restore` makes the
-    next iterator skip what the checkpointed run had consumed."""
+    Process `rank` of `replicas` takes items ``rank, rank + replicas, ...`` of each epoch's one order,
+    every process the same count. A position counts the items all processes consumed, so a run can
+    resume on another number of processes. `taken` counts the batches that reached a training step
+    this epoch on this process; `restore` makes the next iterator skip what the checkpointed run had."""
 
-    # A DistributedSampler in Lightning's eyes, so that it is used as it is: Lightning wraps any other in
-    # its DistributedSamplerWrapper, whose own seed and epoch re-shuffle the indices and whose position
-    # cannot be restored. DistributedSampler.__init__ is not called: it asks a process group for the rank.
+    # A DistributedSampler, so that Lightning uses it as it is (its DistributedSamplerWrapper would
+    # re-shuffle the indices). DistributedSampler.__init__ is not called: it asks a process group for the rank.
     def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False, replicas: int = 1,
                  rank: int = 0, sizes: Optional[Callable[[int], int]] = None) -> None:
         if not 0 <= rank < replicas:
@@ -120,10 +115,8 @@ class EpochSampler(DistributedSampler):
         indices = remaining[self.rank::self.num_replicas][:share].tolist()
         if not self.seeded:
             return iter(indices)
-        if self.sizes is not None:
-            side = self.sizes(self.epoch)
-            return iter([(i, mix(self.seed, self.epoch, i, 1), side) for i in indices])
-        return iter([(i, mix(self.seed, self.epoch, i, 1)) for i in indices])
+        side = () if self.sizes is None else (self.sizes(self.epoch),)
+        return iter([(i, mix(self.seed, self.epoch, i, 1), *side) for i in indices])
 
     def __len__(self) -> int:
         return self.size // self.num_replicas
@@ -141,17 +134,14 @@ class SeededSamples(Dataset[Any]):
         return len(cast(Sized, self.dataset))  # Dataset's type has no __len__; map-style ones have it
 
     def __getitem__(self, item: Any) -> Any:
-        if not isinstance(item, tuple):  # a plain index (an evaluation loader)
-            return self.dataset[item]
-        if getattr(self.dataset, "takes_seeds", False):  # it draws from the seed itself, no global RNG
+        # A plain index (an evaluation loader), or a data set that draws from the seed itself.
+        if not isinstance(item, tuple) or getattr(self.dataset, "takes_seeds", False):
             return self.dataset[item]
         index, seed, *size = item
         if size:  # progressive resizing: the epoch's crop side
             self.dataset.use_size(size[0])  # type: ignore[attr-defined]
-        if get_worker_info() is not None:  # a worker's RNG serves nothing else
-            torch.manual_seed(seed)
-            return self.dataset[index]
-        with torch.random.fork_rng(devices=[]):  # in the training process: leave its RNG alone
+        # A worker's RNG serves nothing else; in the training process, leave its RNG alone.
+        with torch.random.fork_rng(devices=[], enabled=get_worker_info() is None):
             torch.manual_seed(seed)
             return self.dataset[index]
 

@@ -1,20 +1,10 @@
 """``data=text``: a language model's data from a folder of text files, or from the Python standard
-library's sources when no folder is given; nothing is downloaded.
+library's sources when no folder is given; nothing is downloaded (docs/data.md, "Text").
 
-The corpus is tokenized once and cached (trainer/data/corpus.py); the data sets read the cached
-token files through memory maps, opened in each loader process on first use. A batch is
-``(input_ids, targets)``, both int64 ``[B, T]``, the targets the next token of each input.
-
-- ``sequences: packed`` (default): the split's tokens end to end, documents separated by
-  ``<|endoftext|>``, sample i the tokens ``i*T .. i*T + T`` (T + 1 of them: inputs and shifted
-  targets). Every batch is full, nothing is padded.
-- ``sequences: bucketed``: each document cut into pieces of at most T tokens (plus the shifted
-  target), one piece a sample. Training batches hold pieces of similar length (`length_batches`)
-  and are padded to their longest piece rounded up to a multiple of 8: inputs with 0, targets with
-  -100, which the loss ignores. ``batch_size`` counts pieces and ``sizes`` in `inspect` counts
-  pieces too, so a batch holds at most ``batch_size * T`` tokens. The batches are grouped once per
-  batch size and their order is shuffled each epoch by the framework's resumable sampler (one item
-  of the loader is one whole batch), so a run killed mid-epoch resumes at the same batch.
+The corpus is tokenized once and cached (trainer/data/corpus.py); the data sets read the token
+files through memory maps. A batch is ``(input_ids, targets)``, both int64 ``[B, T]``, the targets
+the next token of each input: ``packed`` sequences cut the split's tokens every T, ``bucketed`` ones
+cut each document alone and pad batches of similar lengths (``batch_size`` then counts pieces).
 
 ``python -m trainer.data.text --root DIR`` prepares a corpus ahead of a run and says what it wrote."""
 
@@ -165,8 +155,6 @@ class TextData(DataModule):
     """A language model's data (see the module docstring). `inspect` prepares the corpus (or finds
     it in the cache) and copies its tokenizer to the run's folder as ``tokenizer.json``."""
 
-    # The token files are read through memory maps: a corpus may be larger than memory.
-    in_memory = False
     # Token ids reach the network as they are: nothing to finish on the host or the device.
     finishes_on_host_itself = True
 

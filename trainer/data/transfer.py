@@ -1,15 +1,7 @@
 """The host-to-device copy of a batch on a side CUDA stream (`SideStreamCopy`), so that it overlaps
-the compute of the step before instead of queueing behind it on the compute stream.
-
-Lightning copies a batch on the current (compute) stream: with ``non_blocking`` the host does not
-wait, but the copy still runs after every kernel of the previous step already queued there. On a
-stream of its own the copy of batch k+1 runs while step k computes, as long as the host is ahead of
-the device (the framework does not sync the host every step). The compute stream then waits on an
-event recorded after the copy, so the step never reads a half-copied batch, and every device tensor
-is marked as used by the compute stream (`record_stream`), so that the caching allocator, which
-tracks memory by the stream that allocated it (the side stream), does not hand it out again while
-the step still reads it. Where the copy cannot be asynchronous (not CUDA, or host memory not
-page-locked) this is Lightning's own move, unchanged."""
+the compute of the step before instead of queueing behind it on the compute stream (docs/config.md,
+"Loader keys"). Where the copy cannot be asynchronous (not CUDA, or host memory not page-locked)
+this is Lightning's own move, unchanged."""
 
 from __future__ import annotations
 
@@ -42,11 +34,9 @@ def can_overlap(batch: Any, device: torch.device) -> bool:
 
 
 class SideStreamCopy:
-    """Moves batches to a CUDA device on a side stream (one per device, made on first use).
-
-    `cuda` is `torch.cuda` (a stand-in in the tests, so the ordering can be checked on a CPU);
-    `move` is Lightning's move, used for the copy itself on the side stream and, unchanged, for
-    every batch that cannot overlap."""
+    """Moves batches to a CUDA device on a side stream (one per device, made on first use). `cuda` is
+    `torch.cuda` (a stand-in in the tests); `move` is Lightning's move, used on the side stream and,
+    unchanged, for every batch that cannot overlap."""
 
     def __init__(self, cuda: Any = None, move: Callable[[Any, torch.device], Any] = move_data_to_device) -> None:
         self._cuda = cuda
@@ -76,8 +66,8 @@ class SideStreamCopy:
             moved = self.move(batch, device)  # non_blocking: Lightning's move sets it for CUDA targets
             copied = self.cuda.Event()
             copied.record(side)
-        # The step's kernels, queued on the compute stream from here on, start after the copy ends;
-        # the host does not wait.
+        # The step's kernels start after the copy ends (the host does not wait); the allocator, which
+        # tracks memory by the side stream, must not hand the tensors out while the step reads them.
         compute.wait_event(copied)
         for tensor in tensors_of(moved):
             tensor.record_stream(compute)
