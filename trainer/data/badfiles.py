@@ -393,9 +393,7 @@ class ImageFiles(Dataset[tuple[Any, int]]):
         self.targets = [label for _, label in self.samples]
         self.classes = list(classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.transform = transform
-        self.policy = policy
-        self.bad_list = bad_list
+        self.transform, self.policy, self.bad_list = transform, policy, bad_list
         self._known_bad: set[int] = set()  # per process: a worker does not retry a file it saw fail
         #: Progressive resizing with decode=pil: the training pipeline per crop side.
         self.transforms_by_size: Optional[dict[int, Callable[[Image.Image], Any]]] = None

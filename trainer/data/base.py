@@ -292,8 +292,7 @@ class DataModule(L.LightningDataModule):
 
     def _process_share(self) -> tuple[int, int]:
         """(processes, this one's rank): each loads its share of every split (DDP, FSDP)."""
-        trainer = self.trainer
-        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
 
     # The place in the data order travels with the data module's state, restored before any loader is
     # made. (The DataLoader's own `state_dict` is loaded only after the loader and its first iterator
@@ -379,9 +378,7 @@ class _FinishedOnHost(Dataset[Any]):
 
     def __init__(self, dataset: Dataset[Any], transform: Callable[[torch.Tensor, bool], torch.Tensor],
                  training: bool) -> None:
-        self.dataset = dataset
-        self.transform = transform
-        self.training = training
+        self.dataset, self.transform, self.training = dataset, transform, training
 
     def __len__(self) -> int:
         return len(cast(Sized, self.dataset))  # Dataset's type has no __len__; map-style ones have it

@@ -95,8 +95,7 @@ class CIFAR10DataModule(ImageData):
         root = Path(self.root).expanduser()
         if not root.is_dir():
             raise UserError("data.root", f"'{root}' does not exist or is not a folder", f"the folder holding {FOLDER}/")
-        folder = root / FOLDER if (root / FOLDER).is_dir() else root
-        return folder
+        return root / FOLDER if (root / FOLDER).is_dir() else root
 
     def inspect(self) -> DataInfo:
         folder = self._folder()

@@ -1,15 +1,8 @@
-"""Image files to training crops, three ways (``data.decode``), each giving the same samples.
-
-- ``pil``: the reference: PIL decodes, torchvision's v2 transforms crop and resize (`ImageFiles`).
-- ``fast``: the same crops for less host time per image (`DecodedFiles`; how and how much: docs/data.md,
-  benchmarks/input_pipeline.py).
-- ``device``: loader workers read the bytes, parse the JPEG header and draw the crop box
-  (`EncodedFiles`); the training process decodes, crops and resizes each batch on the device
-  (`decode_batch`; on the CPU without CUDA). A file the device decoder is not given or refuses
-  (not a JPEG, CMYK, 12-bit, arithmetic-coded, a missing end marker) is decoded on the host.
-
-Every mode draws the crop box with torchvision's RandomResizedCrop algorithm from the sample's
-seed (`random_crop_box`), so a sample's boxes are the same in every mode."""
+"""Image files to training crops, three ways (``data.decode``), each giving the same samples
+(docs/data.md): ``pil``, the reference (`ImageFiles`); ``fast``, the same crops for less host time
+(`DecodedFiles`); ``device``, each batch decoded, cropped and resized on the device (`EncodedFiles`,
+`decode_batch`), a file the device decoder is not given or refuses decoded on the host. Every mode
+draws the crop box with torchvision's RandomResizedCrop algorithm from the sample's seed."""
 
 from __future__ import annotations
 
@@ -334,8 +327,7 @@ class EncodedBatch:
         self.size: Optional[int] = next((item.size for _, item in encoded), None)
         if self.size is None and host:
             self.size = int(host[0][1].shape[-1])
-        sizes = [item.data.numel() for _, item in encoded]
-        self.offsets = [0, *itertools.accumulate(sizes)]
+        self.offsets = [0, *itertools.accumulate(item.data.numel() for _, item in encoded)]
         self.data = _concatenated([item.data for _, item in encoded], self.offsets[-1])
         self.host_at = [i for i, _ in host]
         self.host_images = torch.stack([item for _, item in host]) if host else None
@@ -400,8 +392,7 @@ def decode_batch(batch: EncodedBatch, files: Any, device: torch.device) -> tuple
     the split's data set: its `geometry`, and `on_host` for a JPEG the device refused. The batch's
     own size wins over the geometry's (progressive resizing changes it per epoch in the workers)."""
     geometry = files.geometry.at(batch.size)
-    size = geometry.size
-    images = torch.empty((len(batch), 3, size, size), dtype=torch.uint8, device=device)
+    images = torch.empty((len(batch), 3, geometry.size, geometry.size), dtype=torch.uint8, device=device)
     labels = batch.labels.clone()
     encoded = batch.encoded()
     decoded = _decode_all([item.data for _, item in encoded], device)

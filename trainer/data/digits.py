@@ -75,14 +75,11 @@ class DigitsDataModule(ImageData):
         images, labels = self._load()
         parts = stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed)
         x = torch.from_numpy(images).unsqueeze(1) / 16.0
-        train_x = x[parts["train"]]
-        mean, std = train_x.mean(), train_x.std()
+        mean, std = x[parts["train"]].mean(), x[parts["train"]].std()
         self._standardized = (float(mean), float(std))
-        x = (x - mean) / std
-        y = torch.from_numpy(labels)
-        self.train_set, self.val_set, self.test_set = (
-            TensorDataset(x[parts[name]], y[parts[name]]) for name in ("train", "val", "test")
-        )
+        x, y = (x - mean) / std, torch.from_numpy(labels)
+        self.train_set, self.val_set, self.test_set = (TensorDataset(x[parts[name]], y[parts[name]])
+                                                       for name in ("train", "val", "test"))
 
     def inference_preprocessing(self) -> dict[str, Any]:
         """The data set's values 0..16 are an 8-bit image's values times 16/255: with ``scale`` 1/255
