@@ -89,16 +89,14 @@ def _run(args: argparse.Namespace) -> list[str]:
         from trainer.deploy.load import load_run
 
         _positive(args, "max_batch_size", "requests", "rounds")
-        concurrencies = _batch_sizes(args.concurrency, "--concurrency")
-        report = load_run(args.source, concurrencies, requests=args.requests, budget_s=args.budget_s,
-                                 rounds=args.rounds, max_batch_size=args.max_batch_size,
-                                 batch_timeout_ms=args.batch_timeout_ms, device=args.device)
+        report = load_run(args.source, _batch_sizes(args.concurrency, "--concurrency"), requests=args.requests,
+                          budget_s=args.budget_s, rounds=args.rounds, max_batch_size=args.max_batch_size,
+                          batch_timeout_ms=args.batch_timeout_ms, device=args.device)
         return [*report.lines(), f"written: {report.markdown} (and .json beside it)"]
     from trainer.deploy.bench import bench_run, table
 
-    sizes = _batch_sizes(args.batch_sizes)
-    timings, written = bench_run(args.source, sizes, warmup=args.warmup, calls=args.calls, budget_s=args.budget_s,
-                                 device=args.device)
+    timings, written = bench_run(args.source, _batch_sizes(args.batch_sizes), warmup=args.warmup, calls=args.calls,
+                                 budget_s=args.budget_s, device=args.device)
     return [*table(timings), f"written: {written} (and .json, .png beside it)"]
 
 

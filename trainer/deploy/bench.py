@@ -7,7 +7,6 @@ with the device synchronized before the clock is read. docs/deploy.md ("bench") 
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 from trainer.deploy.export import checked_eval, evaluation_images, export_folder, load_network, locate
-from trainer.infra.atomic import write_text_atomic
+from trainer.infra.atomic import write_json_atomic, write_text_atomic
 from trainer.infra.figures import new_figure, save_png
 from trainer.models.fuse import fuse_for_inference
 
@@ -152,10 +151,8 @@ def bench_run(source: Path, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, wa
              f"{budget_s:g} s per variant and batch size; variants interleaved per batch size.", "", *table(timings)]
     markdown = run_dir / "deploy_bench.md"
     write_text_atomic(markdown, "\n".join(lines) + "\n")
-    write_text_atomic(run_dir / "deploy_bench.json",
-                      json.dumps({"checkpoint": str(checkpoint), "device": where,
-                                  "timings": [t.__dict__ | {"images_per_s": t.images_per_s} for t in timings]},
-                                 indent=2) + "\n")
+    write_json_atomic(run_dir / "deploy_bench.json", {"checkpoint": str(checkpoint), "device": where, "timings": [
+        t.__dict__ | {"images_per_s": t.images_per_s} for t in timings]})
     plot(timings, run_dir / "deploy_bench.png")
     return timings, markdown
 

@@ -16,7 +16,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, cast
 
@@ -71,13 +71,11 @@ def locate(source: Path, which: str = "best") -> tuple[Path, Path]:
     if source.is_file() and source.suffix != ".ckpt":
         raise UserError(str(source), f"unknown format '{source.suffix or 'no extension'}'",
                         "a run folder, or a training checkpoint (.ckpt) in its checkpoints/")
+    run_dir = source
     if source.is_file():
         run_dir = source.parent.parent if source.parent.name == "checkpoints" else source.parent
-    else:
-        run_dir = source
     if not (run_dir / CONFIG_NAME).is_file():
-        raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})",
-                        RUN_FOLDER)
+        raise UserError(str(run_dir), f"is not a run folder (no {CONFIG_NAME})", RUN_FOLDER)
     return run_dir, source if source.is_file() else _checkpoint_of(run_dir, which)
 
 
@@ -248,8 +246,12 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
     model."""
     summary = _summary(run_dir)
     metrics = summary.get("metrics", {})
+    provenance = {"tested_weights": summary.get("tested_weights"),
+                  "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
+                  "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
+                  "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}}
     if info.kind == "tokens":
-        return _language_model_card(spec, info, summary, run_dir, checkpoint)
+        return {**_language_model_card(spec, info, metrics, run_dir), **provenance}
     card: dict[str, Any] = {"model": spec.model["_target_"], "task": spec.task["_target_"], "kind": info.kind}
     if info.num_classes:
         card["classes"] = list(info.class_names or [str(i) for i in range(info.num_classes)])
@@ -259,11 +261,7 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
         card["accuracy"] = {split: metrics.get(split, {}).get("acc") for split in ("val", "test")}
     return {**card,
             "metrics": {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)},
-            "preprocessing": datamodule.inference_preprocessing(),
-            "tested_weights": summary.get("tested_weights"),
-            "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
-            "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
-            "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}}
+            "preprocessing": datamodule.inference_preprocessing(), **provenance}
 
 
 def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -> dict[str, Any]:
@@ -274,30 +272,20 @@ def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -
 
     produced = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     names = ["output"] if len(produced) == 1 else [f"output_{i}" for i in range(len(produced))]
-    return {**card, "inputs": [spec("input", inputs)],
-            "outputs": [spec(name, tensor) for name, tensor in zip(names, produced) if isinstance(tensor, torch.Tensor)]}
+    return {**card, "inputs": [spec("input", inputs)], "outputs": [
+        spec(name, tensor) for name, tensor in zip(names, produced) if isinstance(tensor, torch.Tensor)]}
 
 
-def _language_model_card(spec: Any, info: Any, summary: dict[str, Any], run_dir: Path,
-                         checkpoint: Path) -> dict[str, Any]:
+def _language_model_card(spec: Any, info: Any, metrics: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """A language model's card: token ids in, next-token logits out, the tokenizer beside it. No
     preprocessing (the serving command answers images; `python -m trainer.generate` answers text)."""
-    metrics = summary.get("metrics", {})
-    return {
-        "model": spec.model["_target_"],
-        "task": "language_model",
-        "vocab_size": int(info.model_inputs()["vocab_size"]),
-        "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
-                  "batch": "dynamic"},
-        "output": "next-token logits, N x T x vocab_size",
-        "tokenizer": str(run_dir / "tokenizer.json"),
-        "preprocessing": {},
-        "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")},
-        "tested_weights": summary.get("tested_weights"),
-        "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
-        "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
-        "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"},
-    }
+    return {"model": spec.model["_target_"], "task": "language_model",
+            "vocab_size": int(info.model_inputs()["vocab_size"]),
+            "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
+                      "batch": "dynamic"},
+            "output": "next-token logits, N x T x vocab_size", "tokenizer": str(run_dir / "tokenizer.json"),
+            "preprocessing": {},
+            "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")}}
 
 
 def load_card(path: Path) -> dict[str, Any]:
@@ -349,8 +337,7 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
         if created is not None:  # the parents this export made for its folder, where still empty
             remove_empty_folders(folder.parent, below=created.parent)
         raise
-    return Exported(folder, checkpoint, files, exported.max_abs_diff, exported.images_checked,
-                    exported.folded_modules, exported.notes)
+    return replace(exported, folder=folder, files=files)
 
 
 def _write_export(net: nn.Module, images: torch.Tensor, card: dict[str, Any], checkpoint: Path,

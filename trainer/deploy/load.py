@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from trainer.infra.atomic import write_text_atomic
+from trainer.infra.atomic import write_json_atomic, write_text_atomic
 from trainer.deploy import DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE
 from trainer.deploy.bench import percentile
 from trainer.infra.errors import UserError
@@ -102,6 +101,7 @@ def _png_sample(image: Any, label: int, preprocessing: dict[str, Any]) -> Sample
 # -- the client --------------------------------------------------------------------------------------------
 async def _measure(url: str, samples: Sequence[Sample], concurrency: int, requests: int, budget_s: float,
                    server: str) -> LoadResult:
+    """QPS and latency of `url` at `concurrency` callers, bounded by `requests` and `budget_s`."""
     import aiohttp
 
     latencies: list[float] = []
@@ -140,12 +140,6 @@ async def _measure(url: str, samples: Sequence[Sample], concurrency: int, reques
 async def _post(session: Any, url: str, sample: Sample) -> tuple[int, dict[str, Any]]:
     async with session.post(url, data=sample.body, headers={"Content-Type": sample.content_type}) as response:
         return response.status, await response.json(content_type=None)
-
-
-def measure(url: str, samples: Sequence[Sample], concurrency: int, requests: int, budget_s: float,
-            server: str = "") -> LoadResult:
-    """QPS and latency of `url` at `concurrency` callers, bounded by `requests` and `budget_s`."""
-    return asyncio.run(_measure(url, samples, concurrency, requests, budget_s, server))
 
 
 # -- the servers ------------------------------------------------------------------------------------------
@@ -219,9 +213,9 @@ class ServerProcess:
 
 def measure_server(server: ServerProcess, samples: Sequence[Sample], concurrency: int, requests: int,
                    budget_s: float, name: str) -> LoadResult:
-    """`measure` on a server this process started, with the CPU each side spent per request."""
+    """`_measure` on a server this process started, with the CPU each side spent per request."""
     before, client = server.cpu_by_part(), time.process_time()
-    result = measure(server.url + "/predict", samples, concurrency, requests, budget_s, name)
+    result = asyncio.run(_measure(server.url + "/predict", samples, concurrency, requests, budget_s, name))
     after, client = server.cpu_by_part(), time.process_time() - client
     # the untimed first requests (one per connection) are in the CPU figures too
     answered = result.requests + concurrency
@@ -326,6 +320,6 @@ def write_report(report: LoadReport, folder: Path, images: int) -> None:
              f"{where}. Row = the round with the median QPS.", "", *table(report.rows, report.rounds), "",
              *(f"- {line}" for line in report.notes())]
     write_text_atomic(report.markdown, "\n".join(lines) + "\n")
-    write_text_atomic(report.markdown.with_suffix(".json"), json.dumps(
-        {"export": str(folder), "machine": where, "cpu_at_rest_percent": report.at_rest,
-         "rounds": [asdict(r) | {"qps": r.qps} for r in report.rounds]}, indent=2) + "\n")
+    write_json_atomic(report.markdown.with_suffix(".json"), {
+        "export": str(folder), "machine": where, "cpu_at_rest_percent": report.at_rest,
+        "rounds": [asdict(r) | {"qps": r.qps} for r in report.rounds]})

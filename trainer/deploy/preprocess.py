@@ -40,7 +40,6 @@ class TooManyPixels(ValueError):
     one-line reason, naming the image's size and the limit."""
 
     def __init__(self, width: int | None, height: int | None, limit: int | None, detail: str = "") -> None:
-        self.width, self.height, self.limit = width, height, limit
         if width is not None and height is not None and limit is not None:
             text = (f"image of {width:,} x {height:,} = {width * height:,} pixels is over the limit of "
                     f"{limit:,} pixels")
@@ -96,7 +95,6 @@ class Preprocessing:
         """uint8 (C, H, W) as the network's evaluation input before scaling; NotAnImage when `data`
         is not a whole image PIL can decode, TooManyPixels (before decoding) when its header declares
         more than `max_pixels` pixels or more than PIL's own limit (``Image.MAX_IMAGE_PIXELS``)."""
-
         from torchvision.transforms import v2
 
         from trainer.data.badfiles import TOO_LARGE, BadImageError, load_rgb
@@ -115,21 +113,18 @@ class Preprocessing:
             raise NotAnImage(f"not a usable image: {ex.reason} ({detail})") from None
         if self.color == "L":
             image = image.convert("L")  # R=G=B stays exact: PIL's luma weights sum to one
-        tensor = v2.functional.pil_to_tensor(image)
-        tensor = self._resized(tensor)
+        tensor = self._resized(v2.functional.pil_to_tensor(image))
         if self.center_crop is not None:
             tensor = v2.functional.center_crop(tensor, list(self.center_crop))
         return tensor.numpy()
 
     def _resized(self, tensor: torch.Tensor) -> torch.Tensor:
         from torchvision.transforms import v2
-        from torchvision.transforms.v2 import functional as TF
 
         if self.interpolation == "bilinear":
             sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize)
-            return TF.resize(tensor, sizes, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
-        height, width = tensor.shape[-2:]
-        size = _shorter_side((height, width), self.resize) if isinstance(self.resize, int) else self.resize
+            return v2.functional.resize(tensor, sizes, interpolation=v2.InterpolationMode.BILINEAR, antialias=True)
+        size = _shorter_side(tensor.shape[-2:], self.resize) if isinstance(self.resize, int) else self.resize
         if tuple(tensor.shape[-2:]) == tuple(size):
             return tensor
         area = F.interpolate(tensor[None].float(), size=size, mode="area")[0]
@@ -157,7 +152,7 @@ def _pair(value: Sequence[Any]) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-def _shorter_side(size: tuple[int, int], shorter: int) -> tuple[int, int]:
+def _shorter_side(size: Sequence[int], shorter: int) -> tuple[int, int]:
     h, w = size
     if h <= w:
         return shorter, max(1, int(shorter * w / h))

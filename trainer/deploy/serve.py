@@ -1,14 +1,11 @@
 """``python -m trainer.deploy serve RUN_DIR|CKPT|EXPORT_DIR``: the exported model behind a batching HTTP server.
 
 Built on LitServe (its inference worker, dynamic batching, ``/health`` and graceful shutdown); the
-API and where LitServe's behaviour is replaced, and why, are in docs/deploy.md. LitServe reads every
-non-form body as JSON (LitServe #732), so the handler is ours, and the image is checked and decoded
-in the HTTP process, before queueing: a bad one is a 4xx for its request alone (in LitServe's batched
-loop one failing ``decode_request`` fails its whole batch); the worker gets uint8 pixels and normalizes
-whole batches. SIGTERM takes LitServe's Ctrl+C path: LitServe installs no handler, and the process
-would die leaving its queue manager's children behind. LitServe's ``/info`` is replaced (it reports
-its own unused ``max_payload_size``, not this server's limits), and ``/metrics`` is ours (LitServe
-has none without its Prometheus logger, which counts in the inference worker)."""
+API and where LitServe's behaviour is replaced, and why, are in docs/deploy.md. In short: LitServe
+reads every non-form body as JSON (LitServe #732), so the handler is ours, and it checks and decodes
+the image before queueing (in LitServe's batched loop one failing ``decode_request`` fails its whole
+batch); SIGTERM takes LitServe's Ctrl+C path (it installs no handler, and the process would die
+leaving its queue manager's children behind); ``/info`` and ``/metrics`` are ours."""
 
 from __future__ import annotations
 
@@ -338,7 +335,8 @@ class WaitingBatchLoop(BatchedLoop):
 
 class ClassifierAPI(ls.LitAPI):
     """Runs in LitServe's inference worker process: a request is already checked, decoded uint8 pixels
-    (see `ImageRequestHandler`); batches are normalized and classified together.
+    (see `ImageRequestHandler`; LitAPI's own decode_request and encode_response pass requests and
+    answers through); batches are normalized and classified together.
 
     The worker is a fresh interpreter (spawned) that imports this module: the card is read by the main
     process and travels with this object, so that the worker never imports the exporter (which brings
@@ -368,9 +366,6 @@ class ClassifierAPI(ls.LitAPI):
         for batch in range(1, self.max_batch_size + 1):
             self.model(self.normalize(np.zeros((batch, *size), np.uint8)))
 
-    def decode_request(self, request: dict[str, Any]) -> dict[str, Any]:
-        return request  # checked and decoded in the HTTP process already
-
     def predict(self, x: Any) -> Any:
         requests = x if isinstance(x, list) else [x]  # unbatched: one request, not a list
         pixels = np.stack([r["pixels"] for r in requests])
@@ -384,22 +379,15 @@ class ClassifierAPI(ls.LitAPI):
         return {"top_k": [{"class": self.classes[i], "index": i, "probability": round(v, 6)}
                           for v, i in zip(values.tolist(), indices.tolist())], "batch": batch}
 
-    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
-        return output
-
-
 # -- the HTTP side ---------------------------------------------------------------------------------------
 class ImageRequestHandler(RegularRequestHandler):
     """LitServe's request handler, reading the raw image body instead of JSON (see the module's
     docstring): content type, size and the image itself are checked here, one 4xx line each."""
 
-    def __init__(self, lit_api: ls.LitAPI, server: "ImageServer") -> None:
-        super().__init__(lit_api, server)
-        self.preprocessing = server.preprocessing
-        self.max_bytes, self.max_pixels = server.max_bytes, server.max_pixels
-        self.default_k = server.default_k
+    server: "ImageServer"
 
     async def _prepare_request(self, request: Request, request_type: Any) -> dict[str, Any]:
+        max_bytes = self.server.max_bytes
         content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if content_type not in (*CONTENT_TYPES, JSON_TYPE, TEXT_TYPE):
             raise HTTPException(415, f"Content-Type '{content_type or 'none'}' is not an image; allowed: "
@@ -407,7 +395,7 @@ class ImageRequestHandler(RegularRequestHandler):
                                      f"{JSON_TYPE} with the image base64-encoded as \"image\", or {TEXT_TYPE} "
                                      "with a data URL (data:image/png;base64,...)")
         encoded = content_type in (JSON_TYPE, TEXT_TYPE)
-        body = bytes(await self._body(request, encoded_limit(self.max_bytes) if encoded else self.max_bytes))
+        body = bytes(await self._body(request, encoded_limit(max_bytes) if encoded else max_bytes))
         k = self._k(request.query_params.get("k"))
         if _is_data_url(body):  # whatever the Content-Type: a browser's fetch() sends a string as text/plain
             body = image_from_data_url(body.decode("latin-1"))
@@ -419,11 +407,11 @@ class ImageRequestHandler(RegularRequestHandler):
                                      "image/png, or a data URL")
         if not body:
             raise HTTPException(400, "empty body; allowed: the bytes of a JPEG or PNG image")
-        if len(body) > self.max_bytes:
-            raise HTTPException(413, f"image of {len(body):,} bytes is over the limit of {self.max_bytes:,} "
+        if len(body) > max_bytes:
+            raise HTTPException(413, f"image of {len(body):,} bytes is over the limit of {max_bytes:,} "
                                      "(--max-bytes)")
         try:
-            pixels = self.preprocessing.pixels(body, max_pixels=self.max_pixels)
+            pixels = self.server.preprocessing.pixels(body, max_pixels=self.server.max_pixels)
         except TooManyPixels as ex:
             raise HTTPException(413, f"{ex} (--max-pixels); checked before decoding: send a smaller image") from None
         except NotAnImage as ex:
@@ -463,7 +451,7 @@ class ImageRequestHandler(RegularRequestHandler):
 
     def _k(self, text: Optional[str]) -> int:
         if text is None:
-            return self.default_k
+            return self.server.default_k
         if not text.isdigit() or int(text) < 1:
             raise HTTPException(422, f"k='{text}' is not a positive integer")
         return int(text)
@@ -497,7 +485,8 @@ class ImageServer(ls.LitServer):
         api = self.lit_api if isinstance(self.lit_api, ls.LitAPI) else None
         return JSONResponse({"model": self.model_metadata, "server": {
             "devices": self.devices, "workers_per_device": self.workers_per_device, "timeout": self.timeout,
-            "stream": {lit_api.api_path: lit_api.stream for lit_api in self.litapi_connector}, "track_requests": self.track_requests,
+            "stream": {lit_api.api_path: lit_api.stream for lit_api in self.litapi_connector},
+            "track_requests": self.track_requests,
             # LitServe's key, meaning the largest body: here the image's bytes (base64 may take a third more)
             "max_payload_size": self.max_bytes,
             "max_body_bytes": {"image": self.max_bytes, "base64": encoded_limit(self.max_bytes)},
