@@ -4,6 +4,7 @@ so the report and the CLI can use it without importing it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,29 +32,23 @@ def replace_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    # The rename itself is durable only once the folder's entry is on disk.
-    try:
+    # The rename itself is durable only once the folder's entry is on disk; some file systems
+    # cannot sync a folder, and the rename is still atomic.
+    with contextlib.suppress(OSError):
         folder = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)
-    except OSError:
-        pass  # some file systems cannot sync a folder; the rename is still atomic
-    finally:
-        os.close(folder)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def _umask() -> int:
     # Linux reports it without changing it; os.umask() can only be read by setting it, which
     # for a moment would apply to files other threads create.
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -79,9 +74,7 @@ def _jsonable(value: Any) -> Any:
         return str(value)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
-    if isinstance(value, Path):
-        return str(value)
-    return str(value)
+    return str(value)  # a Path, or anything else
 
 
 def remove_empty_folders(folder: Path, below: Path) -> None:

@@ -27,11 +27,7 @@ WRAPPER_PREFIX = "module."
 
 def clean_key(key: str) -> str:
     """The key as the plain model names it."""
-    if key.startswith(WRAPPER_PREFIX):
-        key = key[len(WRAPPER_PREFIX):]
-    if key.startswith(COMPILE_PREFIX):
-        key = key[len(COMPILE_PREFIX):]
-    return key.replace("." + COMPILE_PREFIX, ".")
+    return key.removeprefix(WRAPPER_PREFIX).removeprefix(COMPILE_PREFIX).replace("." + COMPILE_PREFIX, ".")
 
 
 def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:

@@ -93,9 +93,7 @@ def check_launch(processes: int, multirun: bool, launcher_target: str, strategy:
             raise UserError("trainer.devices", f"{launcher} started {started} processes but the config trains "
                             f"on {processes} (devices x num_nodes)",
                             f"trainer.devices and trainer.num_nodes whose product is {started}")
-    if processes <= 1:
-        return
-    if not multirun:
+    if processes <= 1 or not multirun:
         return
     if "submitit" in launcher_target and "slurm" in launcher_target.lower() and launcher == "slurm":
         return  # each job is an srun of one task per device: Lightning's SLURM environment

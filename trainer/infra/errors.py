@@ -24,10 +24,7 @@ class UserError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        text = f"{self.where}: {self.problem}"
-        if self.allowed:
-            text += f"; allowed: {self.allowed}"
-        return one_line(text)
+        return one_line(f"{self.where}: {self.problem}" + (f"; allowed: {self.allowed}" if self.allowed else ""))
 
 
 def choices(values: Iterable[object]) -> str:

@@ -1,34 +1,26 @@
 """Three fast paths in Lightning's per-step host work, for the Trainers the framework builds.
 
-A GPU hides the host's work only while the device is busier than the host; a small model or a fast
-GPU exposes every microsecond (docs/diagnosis.md, "Host time per step"). Measured with
-benchmarks/host_overhead.py, two parts of Lightning 2.6's step loop cost far more than the work
-they do, and they are replaced here, deliberately, with code that does the same work:
+Measured with benchmarks/host_overhead.py (docs/diagnosis.md, "Host time per step"), three parts of
+Lightning 2.6's step loop cost far more than the work they do; they are replaced here, deliberately,
+with code that does the same work:
 
-- **Callback dispatch.** Lightning calls every hook of every callback at every step, whether the
-  callback overrides it or not, each call inside a profiler context and with the callback's state
-  key formatted (`lightning.pytorch.trainer.call._call_callback_hooks`): about 25 us per callback
-  per hook on one CPU core, so the framework's dozen callbacks cost about 2 ms a step doing nothing.
-  `lean_dispatch` calls only the hooks a callback's class (or the instance) defines beyond
-  `Callback`'s no-ops, in the same order with the same arguments; with a profiler other than
-  Lightning's pass-through one, Lightning's own dispatch runs, so the profile names every hook.
-  Only Trainers marked by `mark_lean` (the framework's, trainer/groups/trainer.py) take it.
-- **Calling a LightningModule or strategy hook.** Lightning runs each of the step's dozen and a
-  half module and strategy hooks (`training_step`, `backward`, `optimizer_step`, the batch hooks)
-  through `call._call_lightning_module_hook` / `_call_strategy_hook`: a debug line formatted
-  whether logged or not, a profiler context, and `pl_module._current_fx_name` set and put back
-  through `nn.Module.__setattr__` (4 us a set, its parameter and buffer checks, for a string).
-  `lean_module_hook` and `lean_strategy_hook` call the same hook with the same bookkeeping, set as
-  a plain attribute, for marked Trainers under the pass-through profiler (about 0.1 ms a step).
-- **Moving a logged value's state.** Every `LightningModule.log` call moves the value's
-  `_ResultMetric` to the value's device (`_ResultCollection.log`: `self[key].to(value.device)`),
-  which walks its whole `__dict__` and deep-copies its metadata even when everything is already
-  there: about 0.7 ms a call. `_ResultMetric.to` returns at once when every tensor (and metric) it
-  holds is already on that device, which is what the walk would have found.
+- **Callback dispatch** (`lean_dispatch`): Lightning calls every hook of every callback at every
+  step, each inside a profiler context and with the callback's state key formatted
+  (`call._call_callback_hooks`: about 25 us per callback and hook on one CPU core); here only the
+  hooks a callback's class (or the instance) defines beyond `Callback`'s no-ops are called, in the
+  same order with the same arguments.
+- **Module and strategy hooks** (`lean_module_hook`, `lean_strategy_hook`): Lightning formats a
+  debug line whether logged or not, opens a profiler context and sets `pl_module._current_fx_name`
+  through `nn.Module.__setattr__` (4 us a set); here the same hook runs with the same bookkeeping,
+  the name set as a plain attribute.
+- **Moving a logged value's state**: `_ResultCollection.log` moves the value's `_ResultMetric` to its
+  device, walking its `__dict__` and deep-copying its metadata (about 0.7 ms a call); `_result_to`
+  returns at once when every tensor and metric it holds is already there.
 
-All are pinned against the Lightning we admit by tests/unit/test_lean_lightning.py (the functions
-and attributes they rely on, and that a run's hooks and logged values are the same with and without
-them)."""
+The first two apply to Trainers marked by `mark_lean` (the framework's, trainer/groups/trainer.py)
+under Lightning's pass-through profiler (with another, Lightning's own calls name every hook). All
+are pinned against the Lightning we admit by tests/unit/test_lean_lightning.py (the functions and
+attributes they rely on, and that a run's hooks and logged values are the same with and without)."""
 
 from __future__ import annotations
 
@@ -58,14 +50,10 @@ def mark_lean(trainer: Any) -> None:
 
 def install() -> None:
     """Put the fast paths in place (idempotent; a Trainer without the mark keeps Lightning's calls)."""
-    if call._call_callback_hooks is not lean_dispatch:
-        call._call_callback_hooks = lean_dispatch
-    if call._call_lightning_module_hook is not lean_module_hook:
-        call._call_lightning_module_hook = lean_module_hook
-    if call._call_strategy_hook is not lean_strategy_hook:
-        call._call_strategy_hook = lean_strategy_hook
-    if result._ResultMetric.to is not _result_to:
-        result._ResultMetric.to = _result_to  # type: ignore[method-assign]
+    call._call_callback_hooks = lean_dispatch
+    call._call_lightning_module_hook = lean_module_hook
+    call._call_strategy_hook = lean_strategy_hook
+    result._ResultMetric.to = _result_to  # type: ignore[method-assign]
 
 
 _OVERRIDES: dict[tuple[type, str], bool] = {}

@@ -82,14 +82,12 @@ class DeviceValues:
         """Append `value` (a 0-d tensor) where the 0-d bool `when` holds; no host read."""
         self.bind(value.device)
         assert self._values is not None and self._count is not None and self._next is not None
+        # Filled in order and never wrapped, the next slot is the count, and a full store has none.
+        slot = (self._slots == (self._next if self.ring else self._count)) & when
+        self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
         if not self.ring:
-            # Filled in order and never wrapped: the next slot is the count, and a full store has none.
-            slot = (self._slots == self._count) & when
-            self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
             self._count.add_(slot.any().long())
             return
-        slot = (self._slots == self._next) & when
-        self._values.copy_(torch.where(slot, value.to(self._values.dtype), self._values))
         taken = when.long()
         self._count.copy_(torch.clamp(self._count + taken, max=self.capacity))
         self._next.copy_((self._next + taken) % self.capacity)

@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import operator
 import os
 import sys
 import types
@@ -35,23 +36,19 @@ class Range:
     le: float | None = None
 
     def text(self) -> str:
-        parts = [f"{op} {bound}" for op, bound in ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le)) if bound is not None]
-        return " and ".join(parts)
+        return " and ".join(f"{op} {bound}" for op, bound, _ in self._limits() if bound is not None)
 
     def violation(self, value: float) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
         if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
-        if self.gt is not None and not value > self.gt:
-            return f"must be > {self.gt}"
-        if self.ge is not None and not value >= self.ge:
-            return f"must be >= {self.ge}"
-        if self.lt is not None and not value < self.lt:
-            return f"must be < {self.lt}"
-        if self.le is not None and not value <= self.le:
-            return f"must be <= {self.le}"
-        return None
+        return next((f"must be {op} {bound}" for op, bound, holds in self._limits()
+                     if bound is not None and not holds(value, bound)), None)
+
+    def _limits(self) -> tuple[tuple[str, float | None, Callable[[float, float], bool]], ...]:
+        return ((">", self.gt, operator.gt), (">=", self.ge, operator.ge), ("<", self.lt, operator.lt),
+                ("<=", self.le, operator.le))
 
 
 @dataclass(frozen=True)
@@ -83,9 +80,6 @@ class Schema:
 
     fields: Mapping[str, Field]
     open: bool = False
-
-
-_UNCHECKABLE = object()
 
 
 def schema_of_dataclass(cls: type) -> Schema:
@@ -279,12 +273,7 @@ def describe(annotation: Any) -> str:
         bounds = [b for b in args[1:] if isinstance(b, Range)]
         return " ".join([describe(args[0])] + [b.text() for b in bounds])
     if origin is Union or origin is types.UnionType:
-        parts = []
-        for arg in args:
-            part = describe(arg)
-            if part not in parts:
-                parts.append(part)
-        return " or ".join(parts)
+        return " or ".join(dict.fromkeys(describe(arg) for arg in args))
     if origin is Literal:
         return "one of " + choices(_show(a) for a in args)
     if annotation is None or annotation is type(None):

@@ -73,10 +73,8 @@ def log_result(summary: dict[str, Any]) -> None:
     throughput = summary["throughput"]
     parts = [f"{split}/{name} {value:.4f}" for split in ("val", "test") for name, value in metrics.get(split, {}).items()]
     log.info("done: %s", "  ".join(parts))
-    rate = throughput.get("samples_per_s")
     unit = throughput.get("unit", "samples")
-    if unit != "samples":
-        rate = throughput.get(f"{unit}_per_s")
+    rate = throughput.get(f"{unit}_per_s")
     log.info("training throughput %s %s/s (%s; %s)", f"{rate:.0f}" if rate else "n/a", unit,
              throughput["method"], throughput["includes"])
     # Reference values the data give (a text corpus's unigram perplexity), beside the run's own.
