@@ -155,4 +155,3 @@ def bench_run(source: Path, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, wa
         t.__dict__ | {"images_per_s": t.images_per_s} for t in timings]})
     plot(timings, run_dir / "deploy_bench.png")
     return timings, markdown
-

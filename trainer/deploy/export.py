@@ -1,12 +1,10 @@
 """``python -m trainer.deploy export RUN_DIR|CKPT``: the inference form of a trained run.
 
-From the run folder alone (its ``config_resolved.yaml``, its best or last checkpoint, its
-``summary.json``): the network rebuilt and loaded, eval mode checked module by module, Conv-BN pairs
-folded (`trainer.models.fuse.fuse_for_inference`), and ``model.onnx``, ``model.pt2``,
-``weights.safetensors`` (unfolded, for `build_model`) and ``model.json`` written into
-``RUN_DIR/export/``, each checked against PyTorch; docs/deploy.md ("export") gives the details.
-``python -m trainer.deploy weights CKPT OUT.safetensors`` writes a checkpoint's weights alone
-(`export_safetensors`), from any checkpoint, with no run folder needed."""
+From the run folder alone: the network rebuilt and loaded, eval mode checked module by module,
+Conv-BN pairs folded, and ``model.onnx``, ``model.pt2``, ``weights.safetensors`` (unfolded, for
+`build_model`) and ``model.json`` written into ``RUN_DIR/export/``, each checked against PyTorch
+(docs/deploy.md, "export"). ``python -m trainer.deploy weights CKPT OUT.safetensors`` writes any
+checkpoint's weights alone (`export_safetensors`), with no run folder needed."""
 
 from __future__ import annotations
 

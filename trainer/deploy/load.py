@@ -107,9 +107,8 @@ async def _measure(url: str, samples: Sequence[Sample], concurrency: int, reques
     latencies: list[float] = []
     batches: list[int] = []
     hits, errors, issued = 0, 0, 0
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, force_close=False),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
         # one untimed request per connection first: connections open, the server's first calls done
         await asyncio.gather(*(_post(session, url, samples[i % len(samples)]) for i in range(concurrency)))
         start = time.perf_counter()

@@ -379,6 +379,7 @@ class ClassifierAPI(ls.LitAPI):
         return {"top_k": [{"class": self.classes[i], "index": i, "probability": round(v, 6)}
                           for v, i in zip(values.tolist(), indices.tolist())], "batch": batch}
 
+
 # -- the HTTP side ---------------------------------------------------------------------------------------
 class ImageRequestHandler(RegularRequestHandler):
     """LitServe's request handler, reading the raw image body instead of JSON (see the module's
@@ -520,7 +521,6 @@ class ImageServer(ls.LitServer):
                                responses=ERROR_RESPONSES, openapi_extra=_openapi_extra(self.max_bytes))
 
 
-
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
           batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS, top_k: int = 5, max_bytes: int = DEFAULT_MAX_BYTES,
           max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "auto", device: Optional[str] = None,
@@ -592,5 +592,3 @@ def _interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
     if os.getppid() != _MAIN_PID:
         os._exit(0)
-
-

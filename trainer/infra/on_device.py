@@ -4,12 +4,8 @@ Every read of a tensor's value on the host (`.item()`, `.tolist()`, `bool(t)`, `
 for all the kernels queued before it: a step that reads one cannot launch the next step's work while
 this one computes. Decisions a step makes from its own numbers (clip or not, skip or not) are
 therefore made here with device arithmetic (`torch.where`, masks, counters), and the host reads them
-later, at the log, checkpoint and epoch intervals, all in one read (`read_together`).
-
-`DeviceValues` holds up to `capacity` values appended under a device condition, optionally as a
-ring (the newest replace the oldest), and takes their percentile on the device exactly as
-`numpy.percentile(..., method="linear")` does (same index arithmetic, same interpolation formula).
-"""
+later, at the log, checkpoint and epoch intervals, all in one read (`read_together`);
+`DeviceValues` keeps such values, and their percentile, on the device."""
 
 from __future__ import annotations
 
@@ -65,7 +61,7 @@ class DeviceValues:
     def bind(self, device: torch.device) -> None:
         if self._values is not None and self._values.device == device:
             return
-        held = self.host_values() if self._values is not None else self._pending
+        held = self.host_values()
         dtype = value_dtype(device)
         self._values = torch.zeros(self.capacity, dtype=dtype, device=device)
         self._slots = torch.arange(self.capacity, device=device)
@@ -97,7 +93,8 @@ class DeviceValues:
         return self._count
 
     def percentile(self, q: float) -> torch.Tensor:
-        """The `q`th percentile of the values held, as numpy's linear method; NaN when none."""
+        """The `q`th percentile of the values held, exactly as `numpy.percentile(..., method="linear")`
+        (the same index arithmetic and interpolation formula); NaN when none."""
         assert self._values is not None and self._count is not None and self._slots is not None, "bind first"
         n = self._count
         ordered = torch.sort(torch.where(self._slots < n, self._values,

@@ -112,12 +112,10 @@ def schema_of_callable(target: Callable[..., Any], skip: tuple[str, ...] = ()) -
     if open_ and inspect.isclass(target):
         # A subclass that forwards **kwargs to its parent accepts the parent's keywords: follow
         # them up the hierarchy so a data module need not repeat its base's loader arguments.
-        for base in target.__mro__[1:]:
+        for base in target.__mro__[1:-1]:  # the parents, less `object` (always last)
             init = base.__dict__.get("__init__")
             if init is None:
                 continue
-            if base is object:
-                break
             open_ = _add_parameters(fields, inspect.signature(init), _type_hints(init), skip, inherited=True)
             if not open_:
                 break

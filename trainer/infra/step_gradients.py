@@ -1,13 +1,10 @@
 """The gradients of one optimizer step and their norms, taken once for every part that needs them.
 
 The non-finite guard (is every gradient finite?) and the clipping (the global norm) both start from
-the per-tensor 2-norms of the same gradients, just before the same optimizer step. Each used to take
-its own; `step_gradients` takes them once per optimizer and step, with one multi-tensor call per
-device and dtype (`torch._foreach_norm`, as `torch.nn.utils.get_total_norm` does), and hands the
-same result to whoever asks next at that step. The number of operations does not grow with the
-number of parameter tensors. The norms are stacked into one tensor when first read; a caller that
-keeps a row of its own (the guard's table) can have them stacked there with a value of its own after
-them (`stack_into`), one operation for both."""
+the per-tensor 2-norms of the same gradients, just before the same optimizer step: `step_gradients`
+takes them once per optimizer and step, with one multi-tensor call per device and dtype
+(`torch._foreach_norm`, as `torch.nn.utils.get_total_norm` does), whatever the number of parameter
+tensors, and hands the same result to whoever asks next at that step."""
 
 from __future__ import annotations
 

@@ -3,23 +3,20 @@
 `StepUndo.take` copies the parameters and the optimizer's state before the step; `undo_where(flag)`
 after it puts every tensor back to its copy where the 0-d bool `flag` is set, and leaves the step
 applied where it is not. Neither reads the flag on the host, and both are a fixed number of
-operations per (device, dtype) whatever the number of tensors:
-
-- take: one `_foreach_copy_` of every tensor's memory-order flat view into one flat buffer;
-- undo: one `cat` of the stepped tensors into a second buffer, one `where(flag, copy, stepped)`
-  into it, one `_foreach_copy_` back.
+operations per (device, dtype) whatever the number of tensors (`_Group`: flat buffers and views).
 
 A `where` selects, so a NaN the bad step left in the unselected tensors does not matter, and the
 copy comes back bit for bit (an interpolation with the flag as weight would take a host read: torch's
 `_foreach_lerp_` turns a tensor weight into a Python number). State the step creates (the first
 step's moments and counters) is zeroed where the flag is set, which is the fresh state of torch's
-optimizers (`state_before_step`, `zero_new_state`: also the guard's, after a fused step it skipped). The buffers are kept between steps while the tensors are the same ones."""
+optimizers (`state_before_step`, `zero_new_state`: also the guard's, after a fused step it skipped)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 import torch
+
 
 class _Group:
     """The tensors of one device and dtype, their flat views and the two flat buffers."""
