@@ -151,10 +151,8 @@ def _is_data_url(body: bytes | str) -> bool:
 
 
 class ServerMetrics:
-    """What `GET /metrics` tells Prometheus, counted in the HTTP process (where every request passes):
-    requests by status code, their latency from arrival to answer, and the batch each was served in,
-    under the ``trainer_serve_`` namespace; the HTTP process's own ``process_*`` (CPU, memory, open
-    files), ``python_gc_*`` and ``python_info``; and the memory of each of the server's processes."""
+    """What `GET /metrics` tells Prometheus (docs/deploy.md lists it), counted in the HTTP process,
+    where every request passes: the server's own under ``trainer_serve_``, and the HTTP process's."""
 
     def __init__(self, max_batch_size: int) -> None:
         self.registry = CollectorRegistry()  # the server's own: a second server in a process starts at 0
