@@ -37,25 +37,21 @@ class Curves(Callback):
 
     # -- recording --------------------------------------------------------------------------------
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking:
-            return
-        entry = self._metrics(trainer, "val/")
-        if entry:
-            self.validations.append({"epoch": float(trainer.current_epoch), "step": float(trainer.global_step), **entry})
+        if not trainer.sanity_checking:
+            self._record(self.validations, trainer, "val/")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        entry = self._metrics(trainer, "train/")
-        if entry:
-            self.epochs.append({"epoch": float(trainer.current_epoch), "step": float(trainer.global_step), **entry})
+        self._record(self.epochs, trainer, "train/")
 
     @staticmethod
-    def _metrics(trainer: L.Trainer, prefix: str) -> dict[str, float]:
-        out = {}
-        for name, value in trainer.callback_metrics.items():
-            if name.startswith(prefix) and not name.endswith("_step"):
-                number = float(value) if isinstance(value, (torch.Tensor, float, int)) else math.nan
-                out[name.removesuffix("_epoch")] = number
-        return out
+    def _record(entries: list[dict[str, float]], trainer: L.Trainer, prefix: str) -> None:
+        """The epoch's metrics under `prefix`, as logged on epoch (a value only logged on step left out)."""
+        numbers = (torch.Tensor, float, int)
+        entry = {name.removesuffix("_epoch"): float(value) if isinstance(value, numbers) else math.nan
+                 for name, value in trainer.callback_metrics.items()
+                 if name.startswith(prefix) and not name.endswith("_step")}
+        if entry:
+            entries.append({"epoch": float(trainer.current_epoch), "step": float(trainer.global_step), **entry})
 
     # -- drawing ----------------------------------------------------------------------------------
     def try_write_png(self, path: Path, title: str = "") -> Path | None:
@@ -85,11 +81,9 @@ class Curves(Callback):
         if window > 1:
             loss_axes.plot(steps[window - 1:], moving_average(losses, window), color="#08519c",
                            linewidth=1.6, label=f"mean of {window}")
-        for entry in self.validations:
-            if "val/loss" in entry:
-                loss_axes.plot(entry["step"], entry["val/loss"], "o", color="#e6550d", markersize=4)
-        if any("val/loss" in entry for entry in self.validations):
-            loss_axes.plot([], [], "o", color="#e6550d", markersize=4, label="validation")
+        validated = [(entry["step"], entry["val/loss"]) for entry in self.validations if "val/loss" in entry]
+        if validated:
+            loss_axes.plot(*zip(*validated), "o", color="#e6550d", markersize=4, label="validation")
         finite = [v for v in losses if math.isfinite(v) and v > 0]
         if finite and max(finite) / min(finite) > 50:
             loss_axes.set_yscale("log")

@@ -1,11 +1,10 @@
-"""Stop signals end a run at the next step boundary, after a checkpoint is written.
+"""Stop signals end a run at the next step boundary, after a checkpoint is written (docs/reliability.md,
+"Signals and crashes"; docs/scale-out.md, "Preemption and requeue").
 
-What a run does on a stop signal is in docs/reliability.md ("Signals and crashes") and
-docs/scale-out.md ("Preemption and requeue"). `SignalLatch` only records the signal; at the end of
-the training step `GracefulStop` writes `checkpoints/last.ckpt` and stops Lightning. The test stops
-early only when the final state is in a checkpoint (`final_checkpoint`). Under submitit the latch
-keeps submitit's handler (which exits on the spot, mid-step) and `StoppedBySignal.hand_over` calls it
-once the run has recorded how it ended: the requeue is deliberately delayed until then."""
+`SignalLatch` only records the signal; at the end of the training step `GracefulStop` writes
+`checkpoints/last.ckpt` and stops Lightning (the test stops early only when the final state is in a
+checkpoint). Submitit's handler exits on the spot, mid-step: the latch keeps it, and
+`StoppedBySignal.hand_over` calls it once the run has recorded how it ended."""
 
 from __future__ import annotations
 
@@ -41,10 +40,6 @@ class SignalLatch:
         self.received: int | None = None
         self._before_run: dict[int, Any] = {}
 
-    @staticmethod
-    def signals() -> tuple[signal.Signals, ...]:
-        return tuple(dict.fromkeys((signal.SIGTERM, signal.SIGINT, preemption_signal())))
-
     def handle(self, signum: int, frame: Any) -> None:
         if self.received == signal.SIGINT and signum == signal.SIGINT:
             raise KeyboardInterrupt  # asked twice: stop now
@@ -60,7 +55,8 @@ class SignalLatch:
         """Put the latch in front of whatever handles the signals now; returns those handlers."""
         if threading.current_thread() is not threading.main_thread():
             return {}
-        return {signum: signal.signal(signum, self.handle) for signum in self.signals()}
+        signals = dict.fromkeys((signal.SIGTERM, signal.SIGINT, preemption_signal()))  # each once
+        return {signum: signal.signal(signum, self.handle) for signum in signals}
 
     @staticmethod
     def put_back(handlers: dict[int, Any]) -> None:

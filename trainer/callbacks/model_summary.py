@@ -1,13 +1,10 @@
 """Lightning's model summary (the table of modules and parameter counts printed as fit starts),
 without its FLOP count.
 
-Why Lightning's is replaced: its summary counts FLOPs only by running `example_input_array`
-through the module, which the framework's task does not set, so it printed a FLOPs column of zeros
-and "Total FLOPs: 0" right below the plan's own count (`model.flops_per_sample`, forward and
-backward, from trainer/measure/mfu.py): two FLOP lines, one of them wrong. The summary is otherwise
-Lightning's: the same data (`ModelSummary._summary`), the Rich table where Rich is installed (as
-Lightning chooses), its plain table otherwise.
-"""
+Why: Lightning counts FLOPs only by running `example_input_array` through the module, which the
+framework's task does not set, so it printed a FLOPs column of zeros and "Total FLOPs: 0" right below
+the plan's own count (`model.flops_per_sample`). Otherwise Lightning's: the same data, the Rich table
+where Rich is installed (as Lightning chooses), its plain table otherwise."""
 
 from __future__ import annotations
 
@@ -16,7 +13,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
-from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
+from lightning.pytorch.utilities.model_summary.model_summary import (_format_summary_table, get_formatted_model_size,
+                                                                     get_human_readable_count)
 
 log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # where Lightning's table goes
 
@@ -46,17 +44,9 @@ class PlainModelSummary(ModelSummary):
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
                   model_size: float, total_training_modes: dict[str, int], total_flops: int,
                   **summarize_kwargs: Any) -> None:
-        columns = _without_flops(summary_data)
-        widths = [max([len(name), *(len(str(v)) for v in values)]) for name, values in columns]
-        rows = [" | ".join(name.ljust(w) for (name, _), w in zip(columns, widths))]
-        rule = "-" * (sum(widths) + 3 * len(columns))
-        rows.append(rule)
-        for row in zip(*(values for _, values in columns)):
-            rows.append(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)))
-        rows.append(rule)
-        rows += [f"{value:<10}{name}" for name, value in
-                 _totals(total_parameters, trainable_parameters, model_size, total_training_modes)]
-        log.info("\n" + "\n".join(rows))
+        table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes,
+                                      total_flops, *_without_flops(summary_data))
+        log.info("\n" + table.rsplit("\n", 1)[0])  # Lightning's table less its last line, "Total Flops"
 
 
 class RichModelSummaryWithoutFlops(RichModelSummary):

@@ -1,14 +1,9 @@
-"""NVTX ranges around the phases of a training step (data, forward, backward, optimizer), so that a
-capture with Nsight Systems (``nsys profile -t cuda,nvtx python train.py profile=true ...``) shows
-each step's phases above its kernels (docs/diagnosis.md, "NVTX ranges and Nsight Systems").
-
-The phases are read from Lightning's hooks: data from the end of a step (or the start of the
-epoch) to the start of the next, the batch's fetch and copy to the device; forward from the start
-of the step to `on_before_backward`; backward to `on_after_backward`; optimizer from there to the
-end of the step (clipping, the non-finite check, the optimizer's step and zero_grad). One range is
-open at a time, and every range pushed is popped, also when the fit stops on an exception. Only on
-CUDA: elsewhere (or a torch without NVTX) the callback does nothing. NVTX marks cost about a
-microsecond each and put no sync on the device."""
+"""NVTX ranges around the phases of a training step (data, forward, backward, optimizer), read from
+Lightning's hooks, so that a capture with Nsight Systems shows each step's phases above its kernels
+(docs/diagnosis.md, "NVTX ranges and Nsight Systems"). One range is open at a time, and every range
+pushed is popped, also when the fit stops on an exception. Only on CUDA: elsewhere (or a torch
+without NVTX) the callback does nothing. NVTX marks cost about a microsecond each and put no sync on
+the device."""
 
 from __future__ import annotations
 

@@ -16,12 +16,7 @@ log = logging.getLogger("trainer.progress")
 
 
 def format_metrics(metrics: dict[str, Any], keys: tuple[str, ...]) -> str:
-    parts = []
-    for key in keys:
-        if key in metrics:
-            value = float(metrics[key])
-            parts.append(f"{key} {value:.4f}")
-    return "  ".join(parts)
+    return "  ".join(f"{key} {float(metrics[key]):.4f}" for key in keys if key in metrics)
 
 
 class PlainProgress(Callback):
@@ -66,12 +61,10 @@ class PlainProgress(Callback):
 class LogStepRichProgressBar(RichProgressBar):
     """Lightning's Rich bar, whose metrics (train/loss) are read at Lightning's log steps only.
 
-    Deliberately replaces one behaviour of the library: Lightning's bar asks for its metrics after
-    every batch, and each ask reads the logged tensors' values on the host (`.item()`), which on a
-    GPU makes every step wait for the device. Between log steps the bar shows the last values read.
-    The training loss of each step is not a logged value (trainer/task.py logs it once an epoch), so
-    the bar shows `latest_loss()` (trainer/callbacks/loss_record.py) as train/loss_step, read at the
-    log steps too."""
+    Deliberately: Lightning's bar asks for its metrics after every batch, and each ask reads the
+    logged tensors on the host (`.item()`), which on a GPU makes every step wait for the device.
+    Between log steps the bar shows the last values read. The step's training loss is not a logged
+    value (trainer/task.py logs it once an epoch): the bar shows `latest_loss()` as train/loss_step."""
 
     def __init__(self, latest_loss: Callable[[], float | None] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -1,19 +1,15 @@
 """A training step's own values, written to the loggers at Lightning's log steps in one host read.
 
-`LightningModule.log` is the wrong tool for a value that only the loggers read (the clipping's norm,
+Deliberately not `LightningModule.log` for a value that only the loggers read (the clipping's norm,
 the non-finite guard's count, the throughput meter's rate): each call costs about 0.4 ms of host time
 here (Lightning's result bookkeeping; benchmarks/host_overhead.py), and Lightning then reads each
-logged tensor on the host separately. So, deliberately, such values take the route Lightning's own
-`LearningRateMonitor` takes for the lr: at each log step (`trainer.callbacks.steps.at_log_step`) the
-`StepLog` takes the step's loss as Lightning hands it to the callbacks (`train/loss_step`; unless the
-module logged it itself at that step, as the framework's task does once an epoch, `step_loss_logged`)
-and asks its sources for their latest values (device tensors or numbers), reads the tensors in one
-read (`trainer.infra.on_device.read_together`) and calls each logger's `log_metrics` with Lightning's
-own step number. Between log steps it does nothing, and with no logger it never reads.
+logged tensor on the host separately. Such values take the route of Lightning's `LearningRateMonitor`:
+at each log step (`trainer.callbacks.steps.at_log_step`) `StepLog` reads the step's loss and its
+sources' latest values in one read (`trainer.infra.on_device.read_together`) and hands them to each
+logger with Lightning's own step number. Between log steps, and with no logger, it never reads.
 
 A source is any object with `logged_values() -> Mapping[str, Tensor | float]`: its values of the
-step just taken, computed only when asked (the framework's callbacks that log, each keeping its last
-step's device values)."""
+step just taken, computed only when asked."""
 
 from __future__ import annotations
 

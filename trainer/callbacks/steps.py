@@ -18,16 +18,15 @@ def step_loss(outputs: Any) -> torch.Tensor | None:
 
 
 def at_log_step(trainer: L.Trainer) -> bool:
-    """Whether this training step is one of Lightning's log steps, where Lightning hands the logged
-    values to the loggers (every `trainer.log_every_n_steps` stepped batches, and when the fit is
-    stopping): the place for a callback's own reads of device values and for logging a step's values.
-    Lightning's own rule (its logger connector's `should_update_logs`), right from the training step
-    to the step's `on_train_batch_end`; outside a fit loop, every step.
+    """Whether this training step is one of Lightning's log steps (every `trainer.log_every_n_steps`
+    stepped batches, and when the fit is stopping): the place for a callback's own reads of device
+    values and for logging a step's values. Lightning's own rule (its logger connector's
+    `should_update_logs`), right from the training step to the step's `on_train_batch_end`.
 
-    Deliberately not Lightning's property alone while training: it finds the running loop through
+    Deliberately not Lightning's property while training: it finds the running loop through
     `trainer.training` (a string-folding enum comparison) and `_active_loop`, about 3.5 us of host
-    time, and several callbacks ask at every step. The fit loop's case is the same rule read directly
-    (tests/unit/test_lean_lightning.py holds the two equal); every other case is Lightning's property."""
+    time, and several callbacks ask at every step. The fit loop's case reads the same rule directly
+    (tests/unit/test_lean_lightning.py holds the two equal)."""
     every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by its logger connector
     if every and trainer.state.stage is RunningStage.TRAINING:
         # `+ 1` as Lightning has it: a step is counted as stepped from its start

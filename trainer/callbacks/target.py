@@ -53,9 +53,7 @@ class TargetWatch(L.Callback):
 
     def _check(self, trainer: L.Trainer) -> None:
         found = trainer.callback_metrics.get(self.metric)
-        if found is None:
-            return
-        value = float(found)
+        value = float(found) if found is not None else math.nan
         if math.isnan(value):
             return
         better = max if self.mode == "max" else min
@@ -84,11 +82,9 @@ class TargetWatch(L.Callback):
             best = f"best {self.best:.4g}" if self.best is not None else "never evaluated"
             return f"target {self.describe()}: not reached ({best})"
         r = self.reached
+        units = f" ({r[self.unit]:,} {self.unit})" if self.unit in r else ""
         return (f"target {self.describe()}: reached at step {r['steps']} (epoch {r['epoch']}), {r['wall_s']:.1f} s "
-                f"into training, {r['samples']:,} samples{self._units_seen(r)} ({self.metric} {r['value']:.4g})")
-
-    def _units_seen(self, reached: dict[str, Any]) -> str:
-        return f" ({reached[self.unit]:,} {self.unit})" if self.unit in reached else ""
+                f"into training, {r['samples']:,} samples{units} ({self.metric} {r['value']:.4g})")
 
     def state_dict(self) -> dict[str, Any]:
         return {"reached": self.reached, "best": self.best, "elapsed_s": self.elapsed()}

@@ -40,6 +40,12 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def _pooled(partial: list[tuple[int, float]]) -> float | None:
+    """The count per second over unfinished windows of (count, seconds), pooled; None without time."""
+    seconds = sum(t for _, t in partial)
+    return sum(n for n, _ in partial) / seconds if seconds > 0 else None
+
+
 class ThroughputMeter(Callback):
     INCLUDES = "data wait + forward + backward + optimizer step; excludes validation and warm-up"
     WARMUP_STEPS = 5
@@ -195,9 +201,7 @@ class ThroughputMeter(Callback):
             result.update(samples_per_s=statistics.median(self.window_rates), windows=len(self.window_rates),
                           method=f"median of {len(self.window_rates)} windows of {self.window_steps} steps")
         elif self._partial:
-            samples = sum(s for s, _ in self._partial)
-            seconds = sum(t for _, t in self._partial)
-            result.update(samples_per_s=samples / seconds, windows=0,
+            result.update(samples_per_s=_pooled(self._partial), windows=0,
                           method="run too short for a full window: all post-warm-up steps pooled")
         else:
             result.update(samples_per_s=None, windows=0, method="run too short: no step after warm-up")
@@ -225,10 +229,7 @@ class ThroughputMeter(Callback):
 
     def _unit_rate(self) -> float | None:
         """The median window's units per second (tokens/s), pooled like samples/s when no window filled."""
-        if self.window_unit_rates:
-            return statistics.median(self.window_unit_rates)
-        units, seconds = sum(u for u, _ in self._partial_units), sum(t for _, t in self._partial_units)
-        return units / seconds if seconds > 0 else None
+        return statistics.median(self.window_unit_rates) if self.window_unit_rates else _pooled(self._partial_units)
 
     def samples_per_s_by_side(self) -> dict[int, float]:
         """The median window of each image side (progressive resizing), smallest side first."""

@@ -1,19 +1,16 @@
-"""How busy the GPU was while the run trained, sampled through NVML: GPU utilisation (the share of
-time a kernel ran), memory-bandwidth utilisation (the share of time device memory was read or
-written) and power, every half second on a thread of its own from fit's start to its end.
+"""How busy the GPU was while the run trained (GPU and memory-bandwidth utilisation, power), sampled
+through NVML on a thread of its own from fit's start to its end: what is logged and summarised, and
+how to read it, is in docs/diagnosis.md ("GPU utilisation, memory bandwidth and power").
 
-Logged as ``device/gpu_util``, ``device/mem_bw_util`` (percent) and ``device/power_w`` (the means
-since the last log) every ``trainer.log_every_n_steps`` steps, and summarised for summary.json's
-``device_utilisation`` (`device_utilisation`) over the throughput meter's timed windows only: the
-means over the whole fit take in the start-up (building the loaders, cuDNN autotuning, compiling,
-the warm-up steps), which kept the first H200 check's short runs at 15-18% "GPU util" whatever
-they did. Each sample is stamped with `time.perf_counter()`, the meter's clock. Sampling reads
-NVML's counters only: it never synchronizes the device nor touches the training thread. Where it
-cannot sample (no CUDA, no pynvml, NVML refusing to start) the summary says why and the run goes
-on."""
+summary.json's ``device_utilisation`` is over the throughput meter's timed windows only: the means
+over the whole fit take in the start-up (building the loaders, cuDNN autotuning, compiling, the
+warm-up steps), which kept the first H200 check's short runs at 15-18% "GPU util" whatever they did.
+Each sample is stamped with `time.perf_counter()`, the meter's clock. Sampling reads NVML's counters
+only: it never synchronizes the device nor touches the training thread."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -147,10 +144,8 @@ class UtilisationSampler(Callback):
             self._ended = self._clock()
         if self._started_nvml:
             self._started_nvml = False
-            try:
+            with contextlib.suppress(Exception):  # NVML going away at the end must not fail a run
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001 - NVML going away at the end must not fail a run
-                pass
 
     def _open(self, device: torch.device) -> Any:
         """NVML's handle of `device`, or None with `why_not` set."""
@@ -237,13 +232,10 @@ class UtilisationSampler(Callback):
         count = f"{len(windows)} timed window{'s' if len(windows) != 1 else ''}"
         if inside:
             chosen, seconds, over = inside, timed, f"the throughput meter's {count} ({timed:.1f} s)"
-        elif windows:
-            chosen, seconds, over = samples, fit_seconds, (
-                f"the whole fit ({fit_seconds:.1f} s): no sample fell inside the throughput meter's {count} "
-                f"({timed:.2f} s, a sample every {self.interval_s:g} s)")
         else:
-            chosen, seconds, over = samples, fit_seconds, (
-                f"the whole fit ({fit_seconds:.1f} s): the throughput meter timed no window")
+            why = (f"no sample fell inside the throughput meter's {count} ({timed:.2f} s, a sample every "
+                   f"{self.interval_s:g} s)" if windows else "the throughput meter timed no window")
+            chosen, seconds, over = samples, fit_seconds, f"the whole fit ({fit_seconds:.1f} s): {why}"
         gpu = sorted(s.gpu for s in chosen)
         result: dict[str, Any] = {
             "sampled": True, "device": self.device_name, "over": over, "samples": len(chosen),
