@@ -25,8 +25,7 @@ class LoggedMetrics(Callback):
         self._trainer = trainer
 
     def state_dict(self) -> dict[str, Any]:
-        current = dict(self._trainer.callback_metrics) if self._trainer is not None else {}
-        return {"metrics": {**self.restored, **_floats(current)}}
+        return {"metrics": self.final(self._trainer) if self._trainer is not None else dict(self.restored)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restored = {str(k): float(v) for k, v in state_dict.get("metrics", {}).items()}

@@ -1,11 +1,7 @@
-"""optimizer.lr=find: the lr range test (Smith 2017, "Cyclical learning rates for training neural
-networks"), run by Lightning's tuner (`Tuner.lr_find`, its LearningRateFinder) before training.
-
-It runs between the build and the resolve phase, on rank 0 alone, on a Trainer of its own (the
-probe's accelerator, precision and kernel), and leaves the run's network, data module, TF32 setting,
-random generators and data order as they were: a run whose test suggests X trains exactly as a run
-given X does. How it runs and what it writes (lr_find.json, lr_find.png) are in docs/practices.md;
-the lr found is moved to the global batch by trainer/groups/optimizer/scaling.py `scale_found`."""
+"""optimizer.lr=find: Lightning's lr range test (`Tuner.lr_find`), run between the build and the
+resolve phase on rank 0 alone, on a Trainer of its own. It leaves the run's network, data module, TF32
+setting, random generators and data order as they were: a run whose test suggests X trains exactly as
+a run given X does. How it runs and what it writes are in docs/practices.md ("The lr range test")."""
 
 from __future__ import annotations
 

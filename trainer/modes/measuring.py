@@ -3,6 +3,7 @@ run's optimizer recipe with the kernel asked for."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -33,7 +34,4 @@ def memory_inputs(device: torch.device, channels_last: bool, recipe: OptimizerRe
     def optimizer_for(implementation: str) -> Callable[[torch.nn.Module], Any]:
         return lambda net: recipe.build(net, implementation)
 
-    def loss(outputs: Any, targets: Any) -> torch.Tensor:
-        return definition.loss(outputs, targets, training=True)
-
-    return MemoryInputs(device, make_batch, optimizer_for, loss)
+    return MemoryInputs(device, make_batch, optimizer_for, partial(definition.loss, training=True))

@@ -1,13 +1,6 @@
-"""The build phase: objects from the validated config, then the plan applied and the Lightning
-Trainer made from it.
-
-`build_parts` instantiates what the config names (data module, network, clipping and non-finite
-callbacks) before anything is resolved, each by its group's own builder; `build_task` applies the
-frozen `Plan` to the data module and the network and wraps the network in the LightningModule;
-`build_trainer` assembles the callbacks (the framework's, then the `callbacks` group's), loggers
-and `lightning.Trainer` (the `trainer` group's arguments plus what the plan decided). Nothing here
-decides a setting: that is the resolve phase's (trainer/phases/plan.py).
-"""
+"""The build phase: objects from the validated config (`build_parts`), then the frozen `Plan` applied
+to them (`build_task`) and the Lightning Trainer made with the callbacks and loggers (`build_trainer`).
+Nothing here decides a setting: that is the resolve phase's (trainer/phases/plan.py)."""
 
 from __future__ import annotations
 
@@ -144,10 +137,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     curves = Curves(losses, headline_metrics(task_metrics, objective_of(spec.task, spec.top.objective)))
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
     # The guard goes first: it flags a step from the gradients as backward left them (clipping then
-    # sees a skipped step's non-finite norm, counts it and records nothing).
-    # RNGState and LoggedMetrics: the random generators' states and the logged metrics go into
-    # every checkpoint and come back on resume.
-    # StepLog after the three whose values it writes at log steps (their own batch-end work first).
+    # sees a skipped step's non-finite norm, counts it and records nothing). StepLog after the three
+    # whose values it writes at log steps (their own batch-end work first).
     callbacks: list[Callback] = [parts.guard, parts.clipping, meter, StepLog([parts.guard, parts.clipping, meter]),
                                  losses, curves, stopper, RNGState(), logged]
     checkpoint = build_checkpointing(spec.checkpointing, run_dir)
@@ -174,9 +165,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
     if _model_summary_wanted(spec.trainer, callbacks):
-        # Lightning's default summary less its FLOP count, which only knew of zero
-        # (trainer/callbacks/model_summary.py); the Trainer is told not to add its own.
-        callbacks.append(model_summary())
+        callbacks.append(model_summary())  # Lightning's less its FLOPs; the Trainer is told not to add its own
     target = None
     if spec.target.metric is not None:
         assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value

@@ -77,10 +77,9 @@ RUN_START = HYDRA_START | {"run.json", "env.json", "config_resolved.yaml"}
 
 
 def remove_refused_folder(run_dir: Path) -> bool:
-    """A run refused before it trained (bad input): remove the folder this job made, where it still
-    holds only what the start wrote (`RUN_START`), so a mistake leaves no folder to mistake for a
-    run. The caller asks `made_by_this_job` first; a folder holding anything else is kept. True when
-    removed."""
+    """Remove the folder of a run refused before it trained (the caller asks `made_by_this_job` first),
+    where it still holds only what the start wrote (`RUN_START`): a mistake leaves no folder to mistake
+    for a run. True when removed."""
     try:
         entries = {entry.name for entry in run_dir.iterdir()}
     except OSError:

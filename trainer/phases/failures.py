@@ -1,11 +1,6 @@
-"""How a run that did not finish ends.
-
-A run stopped by a signal exits with the conventional status (128 + the signal) and one line on
-stderr; running out of device memory or a loader worker's failure becomes one line the person
-can act on; anything else keeps its traceback. A run refused before it trained leaves no folder
-behind where the folder is its own (`trainer.phases.compose.remove_refused_run`). How a failed job
-of a sweep reports to its sweeper is trainer/groups/sweeps.py's.
-"""
+"""How a run that did not finish ends: a run stopped by a signal exits with the conventional status
+(128 + the signal) and one line on stderr; running out of device memory or a loader worker's
+failure becomes one line the person can act on; anything else keeps its traceback."""
 
 from __future__ import annotations
 
@@ -32,12 +27,8 @@ def was_interrupted(ex: BaseException) -> bool:
 
 
 def ending_for(ex: BaseException, spec: RunSpec, batch_size: int, last_checkpoint: str | None) -> BaseException | None:
-    """The exception a failed fit should end the process with, or None to re-raise `ex` as it is.
-    `batch_size`: the per-device batch the run trained with (the plan's: what data.batch_size=auto
-    found, where it was asked to find one).
-
-    The summary and the checkpoints are already written when this is asked: nothing is lost.
-    """
+    """The exception a failed fit ends the process with, or None to re-raise `ex` as it is (the summary
+    and the checkpoints are already written). `batch_size`: the per-device batch the run trained with."""
     if isinstance(ex, SIGTERMException):  # Lightning's, outside the training steps
         sys.stderr.write("stopped by SIGTERM outside a training step; no checkpoint written for it\n")
         return SystemExit(SIGTERM_EXIT)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from contextlib import contextmanager
 from functools import partial
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -131,15 +130,9 @@ def _loss(definition: TaskDefinition, outputs: Any, targets: Any, shapes: str) -
 def _call(part: str, owner: Any, method: str, call: Any, context: str = "") -> Any:
     """`call()`, with its failure as one line naming the part (`data`, `model`, `task`), the class
     and method that failed and the shapes it was given. A `UserError` passes as it is."""
-    with _failure_as_line(part, f"{type(owner).__name__}.{method}() failed{context}"):
-        return call()
-
-
-@contextmanager
-def _failure_as_line(part: str, what: str) -> Iterator[None]:
     try:
-        yield
+        return call()
     except UserError:
         raise
     except Exception as ex:  # noqa: BLE001 - the team's code's failure, as one line (HYDRA_FULL_ERROR=1: all)
-        raise UserError(part, f"{what}: {exception_line(ex, 300)}") from ex
+        raise UserError(part, f"{type(owner).__name__}.{method}() failed{context}: {exception_line(ex, 300)}") from ex

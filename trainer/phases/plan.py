@@ -1,11 +1,8 @@
-"""The resolve phase: every concrete setting a run will use, with how it was derived (the `Plan`).
-
-Printed at start and stored in summary.json, so "why did it pick 0 workers?" is never a mystery.
-Decided in two pure steps, each once: `decide_probe` settles where and how a step runs (precision,
-TF32, memory format, optimizer kernel), which is all a measurement before the plan needs (the
-batch and lr finders); `resolve` takes the probe as it is, the finders' answers and what the build
-phase made, and returns the frozen plan. Nothing is changed here: the build phase applies it.
-"""
+"""The resolve phase: every concrete setting a run will use, with how it was derived (the `Plan`),
+printed at start and stored in summary.json, so "why did it pick 0 workers?" is never a mystery.
+`decide_probe` settles where and how a step runs (all the batch and lr finders need); `resolve` takes
+the probe, the finders' answers and what the build made, and returns the frozen plan; nothing is
+changed here (docs/architecture.md, "A run")."""
 
 from __future__ import annotations
 
@@ -183,7 +180,6 @@ class Plan:
 
     @property
     def precision(self) -> str:
-        """Lightning's precision string ("32-true", "bf16-mixed", "16-mixed")."""
         return self.probe.precision
 
     @property
@@ -196,12 +192,10 @@ class Plan:
 
     @property
     def progress(self) -> str:
-        """rich, plain or off."""
         return self.probe.progress
 
     @property
     def cudnn_benchmark(self) -> bool:
-        """cuDNN autotuning (the Trainer's `benchmark`)."""
         return self.probe.cudnn_benchmark
 
     @property

@@ -166,7 +166,7 @@ def _tested_weights(run: Run, fitted: Fitted) -> str:
 def _write_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
     trainer, checkpoint, identity = run.built.trainer, run.built.checkpoint, run.identity
     _wrap_up(run, failed=False)
-    summary = run.record.end(
+    return run.record.end(
         "completed", metrics=fitted.metrics, tested_weights=_tested_weights(run, fitted),
         best_checkpoint=checkpoint.best_model_path if fitted.use_best and checkpoint else None,
         final_checkpoint=fitted.final_checkpoint,
@@ -174,7 +174,6 @@ def _write_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
         peak_memory=fitted.peak_memory, steps=trainer.global_step, epochs=trainer.current_epoch,
         fit_time_s=fitted.fit_seconds, wall_time_s=time.perf_counter() - run.started, host=host_at_end(run.record),
         **attempts.totals([*identity.earlier_attempts, attempts.ended(identity.attempt, "completed", trainer.global_step)]))
-    return summary
 
 
 def _wrap_up(run: Run, failed: bool) -> None:

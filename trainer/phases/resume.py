@@ -1,18 +1,7 @@
-"""A run's identity (`run.name`) and where it resumes from (`resume=auto|PATH`).
-
-Every run folder holds ``run.json`` with the run's name. ``resume=auto`` searches the run's own
-folder (where a job requeued by submitit starts again) and the folders under `run.root` of runs
-with this name (the same command run again lands in a new Hydra folder, so the folder is not the
-identity) and takes the newest checkpoint among them that reads back whole; files that do
-not (a kill during a write leaves only a hidden temporary, but a disk can still hand back a torn
-file) are passed over with a warning. Asked to resume and nothing found: an error, never a silent
-fresh start.
-
-A run that already completed is not trained again: when the newest summary.json among the run's
-folders says ``completed`` and the run stopped where this one would (the same `trainer.max_epochs`
-and `trainer.max_steps`; other values carry the run on from its checkpoint), `completed_run`
-returns it, and the run says so and ends.
-"""
+"""A run's identity (`run.name`, in every run folder's ``run.json``) and where it resumes from
+(`resume=auto|if_any|PATH`), or whether it already completed: the rules are in docs/reliability.md
+("Resuming"). The run's name, not its folder, is the identity: the same command run again lands in
+a new Hydra folder."""
 
 from __future__ import annotations
 
@@ -48,14 +37,20 @@ def write_identity(run_dir: Path, name: str, resumed_from: str | None,
     write_text_atomic(run_dir / IDENTITY_FILE, json.dumps(record, indent=2) + "\n")
 
 
+def _identity_in(folder: Path) -> dict[str, Any] | None:
+    """run.json in `folder`; None where there is none, or none that reads as a record."""
+    try:
+        record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def identity_of(checkpoint_path: Path) -> dict[str, Any]:
     """run.json of the run folder a checkpoint lies in (``RUN/checkpoints/x.ckpt``); {} if none."""
     for folder in (Path(checkpoint_path).parent.parent, Path(checkpoint_path).parent):
-        try:
-            record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict):
+        record = _identity_in(folder)
+        if record is not None:
             return record
     return {}
 
@@ -108,11 +103,7 @@ def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]
             folder = Path(current)
             if exclude is not None and folder.resolve() == exclude.resolve():
                 continue
-            try:
-                record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            if isinstance(record, dict) and record.get("name") == name:
+            if (_identity_in(folder) or {}).get("name") == name:
                 found.append(folder)
         else:
             folders[:] = [f for f in folders if not f.startswith(".")]
@@ -123,7 +114,7 @@ def run_folders(name: str, root: Path, own_folder: Path | None = None) -> list[P
     """The folders of the runs named `name` under `root`, and this run's own folder (wherever it
     lies, unless it names another run)."""
     folders = runs_named(name, root, exclude=own_folder)
-    if own_folder is not None and _named(own_folder) in (name, None):
+    if own_folder is not None and (_identity_in(own_folder) or {}).get("name") in (name, None):
         folders.append(own_folder)
     return folders
 
@@ -211,14 +202,11 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     request = requested(request)
     if request is None:
         return None
-    if request == "if_any":  # a job that may be a requeue: carry on if there is something to carry on from
+    if request in ("if_any", "auto"):
         found = find_latest(name, root, run_dir)
-        if found is None:
+        if found is None and request == "if_any":  # a job that may be a requeue: fresh when there is nothing
             log.info("resume=if_any: no checkpoint of run '%s' under '%s' yet: starting fresh", name, root)
-        return found
-    if request == "auto":
-        found = find_latest(name, root, run_dir)
-        if found is None:
+        elif found is None:
             raise UserError("resume", f"auto found no readable checkpoint of run '{name}' under '{root}'",
                             "run.name of an earlier run (see run.json in its folder), run.root=FOLDER where it is kept, "
                             "resume=PATH/TO/last.ckpt, resume=if_any (fresh when nothing is found), "
@@ -234,15 +222,6 @@ def resolve_resume(request: str | None, name: str, root: Path, run_dir: Path) ->
     elif not path.is_file():
         raise UserError("resume", f"'{path}' does not exist", "resume=auto, or the path of a .ckpt file or run folder")
     return read_resumable(path)
-
-
-def _named(folder: Path) -> str | None:
-    """The name in a folder's run.json; None when it has none yet."""
-    try:
-        record = json.loads((folder / IDENTITY_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record.get("name") if isinstance(record, dict) else None
 
 
 def check_fits(checkpoint: Checkpoint, model_state: Mapping[str, Any]) -> None:
