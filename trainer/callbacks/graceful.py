@@ -109,27 +109,27 @@ class GracefulStop(StepBoundary):
             return  # mid-accumulation: the summed gradients are not in a checkpoint; stop after the step
         if self.ends_epoch(trainer, batch_idx):
             return  # the epoch ends (validation, last.ckpt) first; stop after the next epoch's first step
-        self._agree(trainer, pl_module)
-        if self.received is None:
+        if not self._agree(trainer, pl_module):
             return
         path = Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path), weights_only=False)  # full (resumable); said, not defaulted
-        self.checkpoint, self.step = str(path), int(trainer.global_step)
         # Raised, not `trainer.should_stop = True`: on should_stop Lightning still validates and ends the
         # epoch, and ModelCheckpoint replaces this mid-epoch last.ckpt with one that says the epoch is
         # over (a resumed run would skip its remaining batches). An exception reaches fit's caller.
-        self._stop()
+        self._stop(str(path), int(trainer.global_step))
 
-    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _agree(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
         """All processes stop at the same step (or test batch), or the ones still going would wait
         forever in a collective: whichever got the signal (a terminal's Ctrl-C, SLURM and torchrun
         reach every process, but not at the same instant), all agree on it here. One scalar
         all-reduce per optimizer step, only with several processes. Encoded as
-        priority * 256 + signal, so the maximum is the signal every process stops for."""
+        priority * 256 + signal, so the maximum is the signal every process stops for. Whether there
+        is a signal to stop for."""
         if trainer.world_size > 1:
             mine = priority(self.received) * 256 + self.received if self.received else 0
             agreed = int(trainer.strategy.reduce(torch.tensor([mine], device=pl_module.device), reduce_op="max").item())
             self.received = agreed % 256 or None
+        return self.received is not None
 
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -138,13 +138,11 @@ class GracefulStop(StepBoundary):
         batches = trainer.num_test_batches
         if batch_idx + 1 >= (batches[dataloader_idx] if isinstance(batches, list) else batches):
             return  # the last batch: completing costs less than a requeue
-        self._agree(trainer, pl_module)
-        if self.received is None:
-            return
-        self.checkpoint, self.step = self.final_checkpoint, int(trainer.global_step)
-        self._stop()
+        if self._agree(trainer, pl_module):
+            self._stop(self.final_checkpoint, int(trainer.global_step))
 
-    def _stop(self) -> None:
+    def _stop(self, checkpoint: str, step: int) -> None:
+        self.checkpoint, self.step = checkpoint, step
         stopped = self.outcome()
         assert stopped is not None
         raise stopped

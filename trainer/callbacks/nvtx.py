@@ -42,12 +42,8 @@ class NvtxRanges(Callback):
         else:
             self.status = "NVTX ranges: on" if enabled else "NVTX ranges: off"
         self.enabled = enabled
-        self._nvtx = nvtx
+        self.nvtx = nvtx if nvtx is not None else torch.cuda.nvtx
         self.depth = 0  # ranges this callback has pushed and not yet popped (0 or 1)
-
-    @property
-    def nvtx(self) -> Any:
-        return self._nvtx if self._nvtx is not None else torch.cuda.nvtx
 
     def _enter(self, phase: Optional[str]) -> None:
         """Close the open phase, if any, and open `phase` (None: none)."""

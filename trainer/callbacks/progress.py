@@ -44,10 +44,9 @@ class PlainProgress(Callback):
         if now - self._last_print < self.every_s:
             return
         self._last_print = now
-        total = trainer.num_training_batches
         loss = self.latest_loss() if self.latest_loss is not None else None
         loss_text = f"  train/loss {loss:.4f}" if loss is not None else ""
-        log.info(f"epoch {trainer.current_epoch + 1}  batch {batch_idx + 1}/{total}"
+        log.info(f"epoch {trainer.current_epoch + 1}  batch {batch_idx + 1}/{trainer.num_training_batches}"
                  f"  step {trainer.global_step}{loss_text}  {now - self._fit_start:.0f}s")
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

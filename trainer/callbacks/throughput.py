@@ -192,11 +192,8 @@ class ThroughputMeter(Callback):
         self._partial_units = [(int(s), float(t)) for s, t in state_dict.get("partial_units", [])]
 
     def summary(self) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "warmup_steps": self.warmup_steps,
-            "window_steps": self.window_steps,
-            "includes": self.INCLUDES,
-        }
+        result: dict[str, Any] = {"warmup_steps": self.warmup_steps, "window_steps": self.window_steps,
+                                  "includes": self.INCLUDES}
         if self.window_rates:
             result.update(samples_per_s=statistics.median(self.window_rates), windows=len(self.window_rates),
                           method=f"median of {len(self.window_rates)} windows of {self.window_steps} steps")

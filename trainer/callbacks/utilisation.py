@@ -37,10 +37,8 @@ def device_utilisation(callbacks: Iterable[Any]) -> dict[str, Any]:
     over the timed windows of the run's throughput meter (among the same callbacks) where it has any."""
     callbacks = list(callbacks)
     windows = next((c.window_spans for c in callbacks if isinstance(c, ThroughputMeter)), [])
-    for callback in callbacks:
-        if isinstance(callback, UtilisationSampler):
-            return callback.summary(windows)
-    return {"sampled": False, "why": NOT_AMONG_CALLBACKS}
+    sampler = next((c for c in callbacks if isinstance(c, UtilisationSampler)), None)
+    return sampler.summary(windows) if sampler is not None else {"sampled": False, "why": NOT_AMONG_CALLBACKS}
 
 
 class Sample(NamedTuple):

@@ -137,9 +137,8 @@ def range_test(run: Run, probe: Probe, batch: int) -> dict[str, Any]:
              "loss_at_suggestion": losses[index], "lrs": lrs, "losses": losses}
     figure = new_figure(figsize=(6, 4), layout="constrained")
     finder.plot(suggest=True, ax=figure.add_subplot())
-    figure.axes[0].set_title(f"lr range test: suggested {suggested:.3g} (steepest descent), batch "
-                             f"{found['batch_size']}")
-    figure.axes[0].set_ylabel("training loss (smoothed)")
+    figure.axes[0].set(title=f"lr range test: suggested {suggested:.3g} (steepest descent), batch {batch}",
+                       ylabel="training loss (smoothed)")
     save_png(figure, run_dir / LR_FIND_PLOT)
     write_json_atomic(run_dir / LR_FIND_FILE, found)
     log.info("optimizer.lr=find: %.4g after %d steps (%s)", suggested, len(lrs), run_dir / LR_FIND_PLOT)

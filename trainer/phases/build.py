@@ -124,17 +124,15 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     """The Trainer and its callbacks for the run; with `measuring_steps`, for a measurement of that
     many training steps instead (the diagnosis, the profile): the real loop and callbacks, without
     validation, checkpoints, loggers or progress output."""
-    spec, plan, run_dir = run.spec, run.plan, run.job.run_dir
+    spec, plan, parts, run_dir = run.spec, run.plan, run.parts, run.job.run_dir
     if measuring_steps is not None:
         spec, plan = _measuring(spec, plan, measuring_steps)
         run.task.announces_schedule = False  # its schedule is the run's, not this measurement's length
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
-                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=run.parts.definition.units_in,
+                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=parts.definition.units_in,
                             bf16_peak_flops=plan.bf16_peak_flops)
     losses, logged = LossRecord(), LoggedMetrics()
-    parts = run.parts
-    task_metrics = parts.metrics
-    curves = Curves(losses, headline_metrics(task_metrics, objective_of(spec.task, spec.top.objective)))
+    curves = Curves(losses, headline_metrics(parts.metrics, objective_of(spec.task, spec.top.objective)))
     stopper = GracefulStop(run.latch if measuring_steps is None else None)
     # The guard goes first: it flags a step from the gradients as backward left them (clipping then
     # sees a skipped step's non-finite norm, counts it and records nothing). StepLog after the three
@@ -147,7 +145,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
         callbacks.append(LogStepRichProgressBar(latest_loss=losses.latest))
     elif plan.progress == "plain":
         callbacks.append(PlainProgress(every_s=spec.top.progress_every_s, latest_loss=losses.latest,
-                                       keys=shown_metrics(task_metrics)))
+                                       keys=shown_metrics(parts.metrics)))
     loggers = []
     if spec.loggers:
         # wandb's name, group and tags: the run's name; the sweep folder (conf/train.yaml's
@@ -160,7 +158,8 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     if loggers:
         # Every logger gets the lr per step and the resolved config with the plan's derived values.
         callbacks += logger_callbacks(run_hyperparameters(
-            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}, spec.choices), list(task_metrics))
+            spec.resolved, {key: derived.value for key, derived in plan.derived.items()}, spec.choices),
+            list(parts.metrics))
     # The callbacks group's (early stopping, EMA, a team's own) run after the framework's at every hook.
     callbacks += build_callbacks(spec.callbacks, has_logger=bool(loggers), accelerator=plan.accelerator)
     callbacks += list(extra_callbacks)  # a measurement's own (the profiler of profile=true)
@@ -169,7 +168,7 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     target = None
     if spec.target.metric is not None:
         assert spec.target.value is not None  # TargetConfig.check refuses a metric without a value
-        mode = mode_of(spec.target.mode, spec.target.metric, task_metrics)
+        mode = mode_of(spec.target.mode, spec.target.metric, parts.metrics)
         target = TargetWatch(spec.target.metric, spec.target.value, mode, plan.global_batch_size,
                              plan.unit, plan.units_per_sample)
         callbacks.append(target)
