@@ -35,8 +35,7 @@ def ending_for(ex: BaseException, spec: RunSpec, batch_size: int, last_checkpoin
     if isinstance(ex, StoppedBySignal):
         # A clean stop, not an error: the conventional exit status of a signalled process.
         sys.stdout.flush()
-        sys.stderr.write(f"{ex}\n")
-        sys.stderr.flush()
+        print(ex, file=sys.stderr, flush=True)
         if ex.hand_over is not None:
             # submitit's handler, now that the checkpoint and summary are written: it saves the
             # job's resubmission, asks SLURM to requeue it and exits (rank 0; the others return).

@@ -3,6 +3,7 @@ preempted or interrupted), also for a run that fails while recording."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -138,11 +139,9 @@ def record_completion(run: Run, fitted: Fitted) -> dict[str, Any]:
             raise
         problem = f"recording the completed run failed ({exception_line(ex, 300)})"
         steps = run.built.trainer.global_step
-        try:
+        with contextlib.suppress(Exception):  # the summary cannot be written either: the line says it all
             record.end("failed", error=problem, **attempts.totals(
                 [*identity.earlier_attempts, attempts.ended(identity.attempt, "failed", steps, stopped_in="recording")]))
-        except Exception:  # noqa: BLE001 - the summary cannot be written either: the line says it all
-            pass
         raise UserError(str(record.path), problem,
                         "the same command with resume=if_any, which tests and records the run again from its "
                         f"final checkpoint ({fitted.final_checkpoint or 'none was written'})") from None

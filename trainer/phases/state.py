@@ -18,10 +18,9 @@ from trainer.task import TrainingTask
 
 @dataclass
 class Run:
-    """One run as it goes through the phases (trainer/run.py): the job Hydra composed, then what each
-    phase adds: the validated spec and the devices (identify), the run's identity, the parts built
-    from the config, the plan (resolve), the task and the Trainer (build), and summary.json's record.
-    A field is there once its phase has run; reading it earlier is an AttributeError."""
+    """One run as it goes through the phases (trainer/run.py; docs/architecture.md, "A run"): the job
+    Hydra composed, then what each phase adds. A field is there once its phase has run; reading it
+    earlier is an AttributeError."""
 
     job: Job
     latch: SignalLatch
