@@ -21,11 +21,11 @@ from trainer.groups.regularization import RegularizationConfig
 from trainer.groups.scheduler import SchedulerConfig, build_scheduler, describe
 from trainer.groups.task import SPLITS, give_regularization
 from trainer.measure.profile import BACKWARD_RANGE, FORWARD_RANGE
-from trainer.tasks.classification import TOP5_MIN_CLASSES, Classification, classification_loss
+from trainer.tasks.classification import Classification, classification_loss
 from trainer.tasks.metrics import WeightedMean
 from trainer.tasks.protocol import TaskDefinition
 
-__all__ = ["TrainingTask", "ClassificationTask", "classification_loss", "TOP5_MIN_CLASSES"]
+__all__ = ["TrainingTask", "ClassificationTask", "classification_loss"]
 
 log = logging.getLogger("trainer")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Callable, cast
 
-import torch
 from torch import nn
 
 
@@ -70,4 +69,4 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["ConvBNAct", "ClassifierHead", "init_weights", "count_parameters", "torch"]
+__all__ = ["ConvBNAct", "ClassifierHead", "init_weights", "count_parameters"]

@@ -5,7 +5,6 @@ mean loss per token (not the mean of per-batch perplexities)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -119,11 +118,3 @@ class LanguageModel(TaskDefinition):
 
     def hyperparameters(self) -> dict[str, Any]:
         return {**super().hyperparameters(), "vocab_size": self.vocab_size, "sequence_length": self.sequence_length}
-
-
-def unigram_note(baseline: float | None, perplexity: float | None) -> str:
-    """One line: the run's validation perplexity beside the unigram baseline of the data."""
-    if baseline is None or perplexity is None or not math.isfinite(perplexity):
-        return ""
-    return (f"val/perplexity {perplexity:.2f} against the unigram baseline {baseline:.2f} "
-            f"({baseline / perplexity:.1f}x lower)")
