@@ -10,6 +10,7 @@ import yaml
 
 from trainer.configuration.key_docs import documented_keys, group_docs, top_level_docs
 from trainer.configuration.spec import BY_NAME
+from trainer.configuration.usage import with_comment
 
 DOC_COLUMN = 40
 
@@ -28,7 +29,7 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
             for item in documented_keys(value, group_docs(key, value)):
                 lines.append(_key_line(item))
         else:
-            lines.append(_line(0, f"{key}: {_show(value)}", top_docs.get(key, "")))
+            lines.append(_line(0, f"{key}: {show(value)}", top_docs.get(key, "")))
     return "\n".join(lines)
 
 
@@ -45,15 +46,13 @@ def _key_line(item: Any) -> str:
     if isinstance(value, dict) and value:
         target = value.get("_target_")
         return _line(item.depth + 1, f"{key}:", f"builds {target}" if target else item.doc)
-    return _line(item.depth + 1, f"{key}: {_show(value)}", item.doc)
+    return _line(item.depth + 1, f"{key}: {show(value)}", item.doc)
 
 
 def _line(depth: int, text: str, doc: str) -> str:
-    text = "  " * depth + text
-    if not doc:
-        return text
-    return f"{text:<{DOC_COLUMN}} # {doc}" if len(text) < DOC_COLUMN else f"{text}  # {doc}"
+    return with_comment("  " * depth + text, doc, DOC_COLUMN)
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A value as one line of YAML."""
     return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()

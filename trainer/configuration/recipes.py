@@ -82,6 +82,8 @@ class RecipeConfigSource(ConfigSource):
 
 #: Folders of a team's own recipes and config groups, beside the working directory.
 TEAM_DIRS_VARIABLE = "TRAINER_TEAM_DIRS"
+#: The config folders a team folder may hold: (folder, its search-path scheme, the shipped one).
+_CONFIG_DIRS = (("recipes", "recipes", RECIPES_DIR), ("conf", "file", CONF_DIR))
 
 
 def team_folders(cwd: Optional[Path] = None, environ: Mapping[str, str] = os.environ) -> list[Path]:
@@ -92,22 +94,20 @@ def team_folders(cwd: Optional[Path] = None, environ: Mapping[str, str] = os.env
     folders: list[Path] = []
     for folder in candidates:
         folder = folder.resolve()
-        own = [sub for sub, shipped in (("recipes", RECIPES_DIR), ("conf", CONF_DIR))
-               if (folder / sub).is_dir() and (folder / sub).resolve() != shipped]
-        if own and folder not in folders:
+        if _own_config_dirs(folder) and folder not in folders:
             folders.append(folder)
     return folders
 
 
+def _own_config_dirs(folder: Path) -> list[str]:
+    """Hydra search-path entries of `folder`'s ``recipes/`` and ``conf/`` (not the shipped ones)."""
+    return [f"{scheme}://{folder / sub}" for sub, scheme, shipped in _CONFIG_DIRS
+            if (folder / sub).is_dir() and (folder / sub).resolve() != shipped]
+
+
 def team_search_path(folders: Sequence[Path]) -> list[str]:
     """Hydra search-path entries of the team folders' ``recipes/`` and ``conf/``."""
-    entries = []
-    for folder in folders:
-        if (folder / "recipes").is_dir() and (folder / "recipes").resolve() != RECIPES_DIR:
-            entries.append(f"recipes://{folder / 'recipes'}")
-        if (folder / "conf").is_dir() and (folder / "conf").resolve() != CONF_DIR:
-            entries.append(f"file://{folder / 'conf'}")
-    return entries
+    return [entry for folder in folders for entry in _own_config_dirs(folder)]
 
 
 def import_from(folders: Sequence[Path]) -> None:
@@ -146,6 +146,15 @@ def register() -> None:
     plugins = Plugins.instance()
     plugins.register(RecipeConfigSource)
     plugins.register(RecipeSearchPath)
+
+
+def compose_here(config_name: str, overrides: Sequence[str] = ()) -> Any:
+    """`config_name` composed through the running Hydra app's search path (a team's folders
+    included), or from the package's conf/ when called outside a Hydra app (tests, notebooks)."""
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
 
 
 # --- lineage: which recipe a recipe builds on, and what it changes ---------------------------------
@@ -216,11 +225,7 @@ def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mappin
     def compose_plain(parent_overrides: list[str]) -> Mapping[str, Any]:
         if search_path:  # a team's recipes folder: the parent may live there
             parent_overrides = [*parent_overrides, f"hydra.searchpath=[{','.join(search_path)}]"]
-        if GlobalHydra.instance().is_initialized():
-            cfg = compose(config_name="train", overrides=parent_overrides)
-        else:  # called outside a Hydra app (tests, notebooks)
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose(config_name="train", overrides=parent_overrides)
+        cfg = compose_here("train", parent_overrides)
         plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # a dict
         plain.pop("hydra", None)
         return plain

@@ -20,14 +20,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import yaml
 
+from trainer.configuration.help import show
 from trainer.configuration.key_docs import TOP_LEVEL_MAPPINGS, documented_keys, group_docs, nested_docs, top_level_docs
 from trainer.configuration.recipes import CONF_DIR
 from trainer.configuration.spec import BY_NAME
+from trainer.configuration.usage import with_comment
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: docs/ and README.md are not in the wheel
 KEYS_PAGE = REPO / "docs" / "keys.md"
 CONFIG_PAGE = REPO / "docs" / "config.md"
-COMMENT_COLUMN = 25  # where a key's comment starts when the key and its value are short enough
+COMMENT_COLUMN = 24  # a key's line is padded to this width before its comment, when the key and value are shorter
 #: Groups of conf/ whose keys are Hydra's settings rather than the run's: their files are left alone.
 HYDRA_GROUPS = ("hydra", "hparams_search", "ladder")
 #: Keys whose lines (and everything below them) are Hydra's, in any file.
@@ -117,7 +119,7 @@ def commented(text: str, docs_below: DocsBelow) -> tuple[str, list[tuple[int, st
             out.append(line)
             continue
         value, comment_at = _split_comment(match["rest"])
-        wanted = _with_doc(f"{match['indent']}{key}:{value}".rstrip(), docs.get(key, ""))
+        wanted = with_comment(f"{match['indent']}{key}:{value}".rstrip(), docs.get(key, ""), COMMENT_COLUMN)
         if comment_at is not None:
             continued_column = len(match["indent"]) + len(key) + 1 + comment_at
         if wanted != line:
@@ -139,12 +141,6 @@ def _split_comment(rest: str) -> tuple[str, Optional[int]]:
         elif char == "#" and (index == 0 or rest[index - 1] in " \t"):
             return rest[:index].rstrip(), index
     return rest.rstrip(), None
-
-
-def _with_doc(text: str, doc: str) -> str:
-    if not doc:
-        return text
-    return f"{text:<{COMMENT_COLUMN - 1}} # {doc}" if len(text) < COMMENT_COLUMN - 1 else f"{text}  # {doc}"
 
 
 def conf_outdated(write: bool) -> list[Outdated]:
@@ -217,8 +213,7 @@ _MISSING = object()
 def _cell(value: Any) -> str:
     if value is _MISSING:
         return ""
-    shown = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
-    return f"`{_escape(shown)}`"
+    return f"`{_escape(show(value))}`"
 
 
 def _escape(text: str) -> str:

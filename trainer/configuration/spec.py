@@ -10,11 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, cast
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.configuration.recipes import CONF_DIR
+from trainer.configuration.recipes import compose_here
 from trainer.data import group as data
 from trainer.groups import (callbacks, checkpointing, clipping, compile, logger, nonfinite, optimizer, precision,
                             regularization, scheduler, task, trainer)
@@ -96,11 +94,7 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
 def choice_values(group: str, choice: str) -> dict[str, Any]:
     """The values of ``GROUP/CHOICE.yaml`` as Hydra composes them: through the running app's search
     path (a team's folders included) inside a Hydra app, else from the package's conf/."""
-    if GlobalHydra.instance().is_initialized():
-        composed = compose(config_name=f"{group}/{choice}")
-    else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            composed = compose(config_name=f"{group}/{choice}")
+    composed = compose_here(f"{group}/{choice}")
     return cast(dict[str, Any], OmegaConf.to_container(composed[group], resolve=True))  # a DictConfig's
 
 

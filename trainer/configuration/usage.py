@@ -26,7 +26,7 @@ SUBCOMMANDS = (
     ("deploy serve RUN_DIR", "behind a batching HTTP server; also deploy bench|load (--help)"),
     ("deploy weights CKPT OUT.safetensors", "a checkpoint's model weights alone, as safetensors"),
 )
-COMMENT_COLUMN = 52
+COMMENT_COLUMN = 53
 
 
 def usage(command: str | None = None) -> str:
@@ -41,5 +41,11 @@ def usage(command: str | None = None) -> str:
 
 
 def _example(command: str, arguments: str, doc: str) -> str:
-    text = f"  {command} {arguments}".rstrip()
-    return f"{text:<{COMMENT_COLUMN}}  # {doc}" if len(text) < COMMENT_COLUMN else f"{text}  # {doc}"
+    return with_comment(f"  {command} {arguments}".rstrip(), doc, COMMENT_COLUMN)
+
+
+def with_comment(text: str, doc: str, column: int) -> str:
+    """`text` then ``# doc``, padded to `column` where it is shorter (`--help`, conf/'s key comments)."""
+    if not doc:
+        return text
+    return f"{text:<{column}} # {doc}" if len(text) < column else f"{text}  # {doc}"
