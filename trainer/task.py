@@ -34,14 +34,8 @@ class TrainingTask(L.LightningModule):
     #: Whether fitting logs the schedule's line (a measurement's own copy of the task does not).
     announces_schedule = True
 
-    def __init__(
-        self,
-        net: nn.Module,
-        definition: TaskDefinition,
-        optimizer: OptimizerRecipe,
-        scheduler: SchedulerConfig,
-        channels_last: bool = False,
-    ) -> None:
+    def __init__(self, net: nn.Module, definition: TaskDefinition, optimizer: OptimizerRecipe,
+                 scheduler: SchedulerConfig, channels_last: bool = False) -> None:
         super().__init__()
         self.net = net.to(memory_format=torch.channels_last) if channels_last else net
         self.definition = definition
@@ -67,10 +61,9 @@ class TrainingTask(L.LightningModule):
         self._epoch_length: Optional[tuple[float, int]] = None  # the epoch's batches and the fit's max_steps
         #: Whether this step's train/loss_step went through `self.log` (else the step log writes it).
         self.step_loss_logged = False
-        # Evaluation losses weighted by the units of each batch, so the epoch's value is the mean
-        # over every sample (token) of every process, whatever the batches' sizes.
-        # (ModuleDicts, so the metrics move with the module; keyed "val_split" and so on: a module
-        # cannot hold a child named "train".)
+        # Evaluation losses weighted by the units of each batch: the epoch's value is the mean over every
+        # sample (token) of every process. ModuleDicts move with the module; keyed "val_split" and so on,
+        # as a module cannot hold a child named "train".
         self.eval_losses = nn.ModuleDict({_key(split): WeightedMean() for split in SPLITS[1:]})
         self.split_metrics = nn.ModuleDict({_key(split): nn.ModuleDict(dict(definition.metrics(split)))
                                             for split in SPLITS})
@@ -113,13 +106,11 @@ class TrainingTask(L.LightningModule):
         return loss
 
     def _log_training(self, loss: torch.Tensor, metrics: Mapping[str, Metric], n: int, batch_idx: int) -> None:
-        """The loss into its epoch mean every step, and `self.log` once per epoch, at its last batch:
-        what registers the epoch means (train/loss_epoch and train/loss at the epoch's end: the mean
-        over all steps of all processes) and that step's train/loss_step. Not every step: a
-        `self.log` call costs about 0.2 ms of host time here, and every value logged is Lightning's
-        work at every later batch of the epoch (its logger connector walks them after each batch):
-        benchmarks/host_overhead.py. The other steps' losses reach the loggers at Lightning's log
-        steps through the step log (trainer/callbacks/step_log.py), this process's own, unsynced."""
+        """The loss into its epoch mean every step, and `self.log` once per epoch, at its last batch: what
+        registers the epoch means (train/loss_epoch, train/loss) and that step's train/loss_step. Not every
+        step: a `self.log` call costs about 0.2 ms of host time, and Lightning walks every logged value after
+        each later batch (benchmarks/host_overhead.py). The other steps' losses reach the loggers through
+        the step log (trainer/callbacks/step_log.py), this process's own, unsynced."""
         self.train_loss.add_step(loss)
         if self.step_loss_logged:
             self.step_loss_logged = False
@@ -185,12 +176,11 @@ class TrainingTask(L.LightningModule):
         metrics = self._training_metrics()
         for name, record in (saved or {}).items():
             metric = metrics.get(name)
-            if metric is None:
-                continue  # written by another task's metrics: the epoch's mean starts afresh
-            if set(record["states"]) != set(metric.metric_state):
-                continue  # written by another kind of metric (an older version's): the epoch's mean starts afresh
-            if any(len(parts) != processes for parts in record["states"].values()):
-                continue  # written by another number of processes: the epoch's mean starts afresh
+            # Written by another task's metrics, another kind of metric (an older version's) or another
+            # number of processes: the epoch's mean starts afresh.
+            if (metric is None or set(record["states"]) != set(metric.metric_state)
+                    or any(len(parts) != processes for parts in record["states"].values())):
+                continue
             for key, parts in record["states"].items():
                 setattr(metric, key, parts[rank].to(metric.device))
             metric._update_count = int(record["updates"])

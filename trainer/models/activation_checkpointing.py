@@ -22,10 +22,9 @@ DEFAULT_KEY = "model.activation_checkpointing"
 
 
 class _CheckpointedForward:
-    """Replacement for a stage's ``forward``, stored on the instance.
-    A class rather than a closure: it holds the module as an ordinary attribute, so
-    ``copy.deepcopy`` (EMA copies, for example) and pickling rebind it to the copied module
-    instead of leaving the copy calling into the original."""
+    """Replacement for a stage's ``forward``, stored on the instance. A class rather than a closure: it
+    holds the module as an ordinary attribute, so ``copy.deepcopy`` (EMA copies) and pickling rebind it
+    to the copied module instead of leaving the copy calling into the original."""
 
     def __init__(self, module: nn.Module, inner: Callable[..., Any] | None) -> None:
         self.module = module
@@ -42,16 +41,10 @@ class _CheckpointedForward:
         # nothing is stored anyway, and recomputation would never happen.
         if not (self.module.training and torch.is_grad_enabled()):
             return self._plain_forward(*args, **kwargs)
-        return checkpoint(
-            self._plain_forward,
-            *args,
-            use_reentrant=False,
-            # Dropout inside the stage must draw the same mask when recomputed, or the gradient
-            # would belong to a different forward than the loss.
-            preserve_rng_state=True,
-            context_fn=partial(_contexts, self.module),
-            **kwargs,
-        )
+        # preserve_rng_state: dropout inside the stage must draw the same mask when recomputed, or the
+        # gradient would belong to a different forward than the loss.
+        return checkpoint(self._plain_forward, *args, use_reentrant=False, preserve_rng_state=True,
+                          context_fn=partial(_contexts, self.module), **kwargs)
 
 
 def _contexts(stage: nn.Module) -> tuple[contextlib.AbstractContextManager[None],
@@ -73,11 +66,9 @@ def _scratch_norm_buffers(stage: nn.Module) -> Iterator[None]:
     try:
         for module in stage.modules():
             if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
-                originals = dict(module._buffers)
-                saved.append((module, originals))
-                for name, buffer in originals.items():
-                    if buffer is not None:
-                        module._buffers[name] = buffer.detach().clone()
+                saved.append((module, dict(module._buffers)))
+                module._buffers.update({name: buffer.detach().clone() for name, buffer in module._buffers.items()
+                                        if buffer is not None})
         yield
     finally:
         # Runs on early stop too: checkpoint ends the recompute by raising through this context
@@ -86,9 +77,7 @@ def _scratch_norm_buffers(stage: nn.Module) -> Iterator[None]:
             module._buffers.update(originals)
 
 
-def apply_activation_checkpointing(
-    model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY
-) -> list[str]:
+def apply_activation_checkpointing(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY) -> list[str]:
     """Checkpoint each named submodule (dotted names: ``layer3``, ``features.4``) in training.
     Returns the names applied, in order without repeats; applying a stage twice is harmless. A stage
     nested in another is refused (it would be recomputed twice), and so, naming `key`, is a name the
@@ -122,8 +111,7 @@ def select_stages(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KE
         try:
             model.get_submodule(name)
         except AttributeError:
-            raise UserError(key, f"no submodule named '{name}'",
-                            choices(_candidate_names(model))) from None
+            raise UserError(key, f"no submodule named '{name}'", choices(_candidate_names(model))) from None
 
     # Nesting is checked against stages applied earlier as well as this call's.
     all_names = set(checkpointed_stages(model)) | set(wanted)

@@ -16,38 +16,24 @@ class SelfAttention(nn.Module):
     ``F.scaled_dot_product_attention``: FlashAttention / memory-efficient kernels where the inputs
     allow, never materialising the full attention matrix then."""
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        qkv_bias: bool = True,
-        attn_dropout: float = 0.0,
-        proj_dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
+                 proj_dropout: float = 0.0) -> None:
         super().__init__()
         if dim <= 0 or num_heads <= 0:
-            raise ValueError(f"dim and num_heads must be positive, got dim={dim}, "
-                             f"num_heads={num_heads}")
+            raise ValueError(f"dim and num_heads must be positive, got dim={dim}, num_heads={num_heads}")
         if dim % num_heads != 0:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}): "
-                             f"every head gets dim // num_heads channels")
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}): every head gets "
+                             "dim // num_heads channels")
         for name, p in (("attn_dropout", attn_dropout), ("proj_dropout", proj_dropout)):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
-        self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.attn_dropout = attn_dropout
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_dropout)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         """Attend over the tokens of ``x`` (shape ``(B, N, dim)``); returns the same shape.
 
         ``attn_mask`` follows ``scaled_dot_product_attention``'s convention, which is the
@@ -63,13 +49,9 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
         mask = _prepare_mask(attn_mask, is_causal, tokens, x.device)
-        out = F.scaled_dot_product_attention(
-            q, k, v,
-            attn_mask=mask,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-            # SDPA refuses an explicit mask together with is_causal; _prepare_mask merged them.
-            is_causal=is_causal and mask is None,
-        )
+        # SDPA refuses an explicit mask together with is_causal; _prepare_mask merged them.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+                                             dropout_p=self.attn_dropout if self.training else 0.0)
         out = out.transpose(1, 2).reshape(batch, tokens, self.dim)
         return self.proj_drop(self.proj(out))
 
@@ -77,9 +59,8 @@ class SelfAttention(nn.Module):
         return f"dim={self.dim}, num_heads={self.num_heads}, attn_dropout={self.attn_dropout}"
 
 
-def _prepare_mask(
-    attn_mask: torch.Tensor | None, is_causal: bool, tokens: int, device: torch.device
-) -> torch.Tensor | None:
+def _prepare_mask(attn_mask: torch.Tensor | None, is_causal: bool, tokens: int,
+                  device: torch.device) -> torch.Tensor | None:
     if attn_mask is None:
         return None
     if attn_mask.dim() == 3:

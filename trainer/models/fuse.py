@@ -38,11 +38,9 @@ def fold_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
     dtype, so the folded weights are as close to the two-step result as that dtype allows
     (a small ``var + eps`` can make the scale large, which amplifies rounding)."""
     if not isinstance(conv, nn.Conv2d) or not isinstance(bn, _BatchNorm):
-        raise TypeError(f"expected a Conv2d and a BatchNorm, got {type(conv).__name__} "
-                        f"and {type(bn).__name__}")
+        raise TypeError(f"expected a Conv2d and a BatchNorm, got {type(conv).__name__} and {type(bn).__name__}")
     if bn.num_features != conv.out_channels:
-        raise ValueError(f"BatchNorm has {bn.num_features} features but the conv produces "
-                         f"{conv.out_channels} channels")
+        raise ValueError(f"BatchNorm has {bn.num_features} features but the conv produces {conv.out_channels} channels")
     if bn.running_mean is None or bn.running_var is None:
         # Without running statistics BN normalises with each batch's own statistics even in eval
         # mode: that is not a fixed affine map, so there is nothing to fold.
@@ -61,17 +59,15 @@ def fold_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
             beta = bn.bias.detach().to(device=weight.device, dtype=torch.float64)
             scale = scale * gamma
             shift = shift * gamma + beta
-        bias = (conv.bias.detach().to(torch.float64) * scale if conv.bias is not None
-                else torch.zeros_like(scale))
+        bias = conv.bias.detach().to(torch.float64) * scale if conv.bias is not None else torch.zeros_like(scale)
         # Output channels are dim 0 of the weight whatever `groups` is, so one scale per row.
         folded_w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
         folded_b = bias + shift
 
-        fused = nn.Conv2d(
-            conv.in_channels, conv.out_channels, cast(_Pair, conv.kernel_size), stride=cast(_Pair, conv.stride),
-            padding=cast("str | _Pair", conv.padding), dilation=cast(_Pair, conv.dilation), groups=conv.groups,
-            bias=True, padding_mode=conv.padding_mode, device=weight.device, dtype=weight.dtype,
-        )
+        fused = nn.Conv2d(conv.in_channels, conv.out_channels, cast(_Pair, conv.kernel_size),
+                          stride=cast(_Pair, conv.stride), padding=cast("str | _Pair", conv.padding),
+                          dilation=cast(_Pair, conv.dilation), groups=conv.groups, bias=True,
+                          padding_mode=conv.padding_mode, device=weight.device, dtype=weight.dtype)
         fused.weight.copy_(folded_w.to(weight.dtype))
         assert fused.bias is not None  # made with bias=True
         fused.bias.copy_(folded_b.to(weight.dtype))
@@ -89,12 +85,9 @@ def fuse_for_inference(model: nn.Module) -> nn.Module:
     ``forward`` calls it by name). BNs without running statistics, convs or BNs shared between
     several places, and Conv2d subclasses (which may compute something else) are left alone. The
     original is never modified; the copy is for inference only (see the module docstring)."""
-    fused = copy.deepcopy(model)
-    fused.eval()
-    shared = _shared_module_ids(fused)
-    fused = _fuse(fused, shared)
+    fused = copy.deepcopy(model).eval()
     # Replacement containers are created in training mode; the whole result must be eval.
-    return fused.eval()
+    return _fuse(fused, _shared_module_ids(fused)).eval()
 
 
 def count_modules(model: nn.Module) -> int:
@@ -112,14 +105,10 @@ def _shared_module_ids(model: nn.Module) -> set[int]:
 
 
 def _foldable(conv: nn.Module, bn: nn.Module, shared: set[int]) -> bool:
-    return (
-        type(conv) is nn.Conv2d  # a subclass may override forward (weight standardisation, ...)
-        and isinstance(bn, (nn.BatchNorm2d, nn.SyncBatchNorm))
-        and bn.running_mean is not None
-        and bn.num_features == conv.out_channels
-        and id(conv) not in shared
-        and id(bn) not in shared
-    )
+    # Not a Conv2d subclass: it may override forward (weight standardisation, ...).
+    return (type(conv) is nn.Conv2d and isinstance(bn, (nn.BatchNorm2d, nn.SyncBatchNorm))
+            and bn.running_mean is not None and bn.num_features == conv.out_channels
+            and id(conv) not in shared and id(bn) not in shared)
 
 
 def _keeps_forward(module: nn.Module, base: type[_M]) -> TypeGuard[_M]:

@@ -117,11 +117,9 @@ class GPT(nn.Module):
 
 
 class KVCache:
-    """The keys and values every block computed for the tokens seen so far (`length` of them), kept
-    so that a new token costs one position's work instead of a forward over the whole context
-    (generation). Preallocated for `max_positions` tokens of `batch` sequences in the network's
-    dtype on its device; `GPT.forward(ids, cache)` writes the new tokens' keys and values after the
-    ones held and attends over all of them."""
+    """The keys and values every block computed for the `length` tokens seen so far, so that a new
+    token costs one position's work instead of a forward over the whole context (generation).
+    Preallocated for `max_positions` tokens of `batch` sequences in the network's dtype and device."""
 
     def __init__(self, net: GPT, batch: int) -> None:
         weight = net.head.weight
@@ -313,18 +311,13 @@ def generate(net: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: floa
              top_k: Optional[int] = None, greedy: bool = False,
              generator: Optional[torch.Generator] = None, cache: bool = True,
              stop_token: Optional[int] = None) -> torch.Tensor:
-    """`ids` ``[B, t]`` followed by up to `max_new_tokens` sampled tokens.
-
-    Each new token is predicted from the context's last `max_positions` tokens. With `cache` (the
-    default) the keys and values of the context are kept (`KVCache`), so a new token costs one
-    position's work; once the context fills `max_positions`, every position shifts with each new
-    token and the window is run again, as without the cache. Without it every step runs the whole
-    window. Both give the same tokens (to floating-point rounding: greedy, the same tokens; tested).
-    `greedy` takes the most likely token (temperature and top_k then play no part); otherwise the
-    logits are divided by `temperature` and, with `top_k`, all but the k most likely tokens are
-    dropped before sampling (with `generator`). `stop_token` (the end of text): a sequence that
-    samples it is done, and its later positions are filled with it; generation stops when every
-    sequence is done. The network runs in eval mode (no dropout) and is put back in the mode it was in."""
+    """`ids` ``[B, t]`` followed by up to `max_new_tokens` tokens, each predicted from the context's
+    last `max_positions` tokens. `cache` keeps the context's keys and values (`KVCache`): a new token
+    costs one position's work until the context fills `max_positions`, then every position shifts and
+    the window runs again; the same tokens as without it (to rounding; tested). `greedy`: the most
+    likely token; otherwise the logits divided by `temperature`, all but the `top_k` most likely
+    dropped, sampled with `generator`. A sequence that samples `stop_token` is done (its later
+    positions filled with it); generation stops once all are. Runs in eval mode, then restores the mode."""
     _check_sampling(ids, max_new_tokens, temperature, top_k)
     was_training = net.training
     net.eval()

@@ -10,43 +10,24 @@ from torch import nn
 class ConvBNAct(nn.Sequential):
     """Convolution without bias, BatchNorm, activation: the BN shift replaces the conv bias."""
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int = 3,
-        stride: int = 1,
-        groups: int = 1,
-        activation: Callable[[], nn.Module] = lambda: nn.ReLU(inplace=True),
-    ) -> None:
-        super().__init__(
-            nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2,
-                      groups=groups, bias=False),
-            nn.BatchNorm2d(out_channels),
-            activation(),
-        )
-        self.in_channels = in_channels
-        self.out_channels = out_channels
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int = 3, stride: int = 1, groups: int = 1,
+                 activation: Callable[[], nn.Module] = lambda: nn.ReLU(inplace=True)) -> None:
+        super().__init__(nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding=kernel_size // 2,
+                                   groups=groups, bias=False),
+                         nn.BatchNorm2d(out_channels), activation())
+        self.in_channels, self.out_channels = in_channels, out_channels
 
     @property
     def conv(self) -> nn.Conv2d:
         return cast(nn.Conv2d, self[0])  # as made in __init__; Sequential's items are typed Module
-
-    @property
-    def bn(self) -> nn.BatchNorm2d:
-        return cast(nn.BatchNorm2d, self[1])
 
 
 class ClassifierHead(nn.Sequential):
     """Global average pool, dropout, linear."""
 
     def __init__(self, in_features: int, num_classes: int, dropout: float = 0.0) -> None:
-        super().__init__(
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(1),
-            nn.Dropout(dropout) if dropout > 0 else nn.Identity(),
-            nn.Linear(in_features, num_classes),
-        )
+        super().__init__(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Dropout(dropout) if dropout > 0 else nn.Identity(),
+                         nn.Linear(in_features, num_classes))
 
 
 def init_weights(module: nn.Module) -> None:

@@ -22,11 +22,8 @@ def build_resnet(
                               "less")] = "auto",
     zero_init_residual: Annotated[bool, Doc("start each residual branch at zero (Goyal et al. 2017)")] = True,
 ) -> nn.Module:
-    """A torchvision ResNet (no pretrained weights: nothing is downloaded).
-
-    `stem`: ``imagenet`` keeps the 7x7 stride-2 conv and max-pool (4x downsampling); ``small`` has a
-    3x3 stride-1 conv and no pool, the usual choice for 32x32 images; ``auto`` picks ``small`` up to
-    64 px. `zero_init_residual` starts each residual branch at zero (Goyal et al. 2017): it helps
+    """A torchvision ResNet (no pretrained weights: nothing is downloaded). The ``small`` stem (3x3,
+    stride 1, no pool) is the usual choice for 32x32 images; a zero-initialised residual branch helps
     large-batch training."""
     net = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes,
                                              zero_init_residual=zero_init_residual)

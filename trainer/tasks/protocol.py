@@ -1,26 +1,8 @@
-"""The protocol a task follows, so that the framework can drive any of them the same way.
-
-A task definition says what the framework cannot guess from a network and a data module:
-
-- what a batch is: `inputs` (what the network is called with) and the rest (`targets`);
-- the loss (`loss`), in fp32 whatever the autocast dtype;
-- which of the `regularization` group's practices it takes (`regularization`);
-- the metrics (`metrics`), torchmetrics objects made once per split and updated every step;
-- the unit a batch is counted in (`unit`: "samples" or "tokens") and how many a batch holds
-  (`units_in`), so that the global batch the lr and weight-decay rules scale by, the throughput and
-  the time to a target are in the task's unit;
-- the training FLOPs per unit (`flops_per_unit`), for MFU;
-- random batches of the data's shape (`example_batch`), for the memory plan and the batch finder
-  (the FLOP counter counts at `DataInfo.input_shape()`, token ids for data of kind "tokens");
-- what cannot apply to it (`refusals`): one line each, before anything is built.
-
-Every practice (lr and weight-decay scaling, warmup and schedules, the parameter groups, percentile
-clipping, the non-finite guard, precision, compile, fused optimizers, activation checkpointing,
-resume, DDP, sweeps, diagnosis, profile, memory plan, data.batch_size=auto, target.metric) works
-on the network and the optimizer, so it applies to every task through this protocol. A team's own
-task subclasses `TaskDefinition` in its package and is chosen with ``task._target_=pkg.Class``
-(docs/tasks.md).
-"""
+"""The protocol a task follows, so that the framework can drive any of them the same way: what a
+batch is, the loss (fp32), the metrics, the unit a batch is counted in, the training FLOPs per unit,
+random batches of the data's shape, and what cannot apply to it. Every practice works on the network
+and the optimizer, so it reaches every task through this protocol. docs/tasks.md tables the members;
+a team's own task subclasses `TaskDefinition` and is chosen with ``task._target_=pkg.Class``."""
 
 from __future__ import annotations
 
