@@ -98,6 +98,5 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

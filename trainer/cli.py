@@ -68,10 +68,9 @@ def main() -> None:
         from trainer.scaffold import main as scaffold
 
         scaffold(sys.argv[2:])
-        return
-    if sys.argv[1:2] == ["deploy"]:
+    elif sys.argv[1:2] == ["deploy"]:
         from trainer.deploy.__main__ import main as deploy
 
         deploy(sys.argv[2:], prog=subcommand("deploy"))
-        return
-    train()
+    else:
+        train()

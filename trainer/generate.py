@@ -1,13 +1,10 @@
 """``python -m trainer.generate RUN_DIR --prompt "text"``: continue a prompt with a trained language model.
 
-The run folder alone is enough: its network is rebuilt and loaded as export does it
-(`trainer.deploy.export.locate` and `load_network`: the saved config, the best or last
-checkpoint), and its tokenizer is the ``tokenizer.json`` the text data module wrote beside them.
-Prints the prompt and its continuation, decoded, ending at the end-of-text token if the model
-samples one. Sampling is `trainer.models.gpt.generate`, with its KV cache (a new token costs one
-position's work; `--no-cache` runs the whole context for each, for comparison: the same tokens). A
-user mistake (no such folder, a run that is not a language model, an empty prompt) is one line on
-stderr and exit code 2."""
+The run folder alone is enough: its network is rebuilt and loaded as export does it (the saved
+config, the best or last checkpoint), and its tokenizer is the ``tokenizer.json`` the text data
+module wrote beside them. Prints the prompt and its continuation, up to the end-of-text token.
+Sampling is `trainer.models.gpt.generate`, with its KV cache (`--no-cache`: the whole context for
+each token, the same tokens). A user mistake is one line on stderr and exit code 2."""
 
 from __future__ import annotations
 

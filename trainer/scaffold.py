@@ -1,15 +1,11 @@
 """``python -m trainer scaffold DIR [--package NAME]``: a starter team folder.
 
-Two examples side by side. Classification: a recipe that builds on a shipped one with the team's
-own network and data module. Regression: a task of the team's own (a
-`trainer.tasks.protocol.TaskDefinition`), a tabular data module (scikit-learn's bundled diabetes
-table), an MLP and a recipe that picks them, with a test that trains it for real and checks that it
-beats predicting the mean. A test composes and checks every recipe of the folder. The folder is a
-repository: a pyproject.toml that depends on the framework's minor series (and pytest for its tests),
-a .gitignore for the runs, and tests that use only the framework's public testing helpers
-(`trainer.testing`). docs/install.md ("A team's own folder") says how the folder is used,
-docs/tasks.md how a task is written. Compare torchtune's ``tune cp`` and the Lightning-Hydra
-template."""
+Two examples side by side: a classification recipe on a shipped one with the team's own network and
+data module, and a regression task of the team's own (a `TaskDefinition`, scikit-learn's diabetes
+table, an MLP) with a test that trains it and beats predicting the mean. The folder is a repository:
+a pyproject.toml on the framework's minor series, a .gitignore for the runs, and tests that use only
+`trainer.testing`. docs/install.md ("A team's own folder") says how it is used, docs/tasks.md how a
+task is written."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """The checks of a composed config that need neither torch nor Lightning, made by the command line
-before it imports the run (trainer/cli.py): a bad value of a top-level key (`seed`, `objective`,
-`resume`, ...), of `run.*`, `target.*`, of the optimizer's own keys (`optimizer.lr`,
-`optimizer.weight_decay`, the batch rules), of `compile.*` or `regularization.*` is one line in a
-fraction of a second instead of after some 4 s of imports (docs/measured.md, "Time to a bad input's
-error").
+before it imports the run (trainer/cli.py): a bad top-level key, `run.*`, `target.*`, optimizer's own
+key (`optimizer.lr`, the batch rules), `compile.*` or `regularization.*` is one line in a fraction of a
+second instead of after some 4 s of imports (docs/measured.md, "Time to a bad input's error").
 
-They are the same functions `trainer.configuration.spec.validate` calls, not a second set of rules:
-the run validates everything again, in its own order. The other groups' checks stay there: they
-read the signatures of the classes their `_target_`s name (the data module, the network, the
-Trainer, the loggers, the callbacks) and build the optimizer once, which needs the libraries."""
+They are the functions `trainer.configuration.spec.validate` calls, not a second set of rules; the run
+validates everything again. The other groups' checks need the libraries: they read the signatures of
+their `_target_`s and build the optimizer once."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ def annotated_config(config: Mapping[str, Any], choices: Mapping[str, Any]) -> s
         if isinstance(value, dict):
             header = top_docs.get(key) or _group_header(key, choices)
             lines.append(_line(0, f"{key}:", header))
-            for item in documented_keys(value, group_docs(key, value)):
-                lines.append(_key_line(item))
+            lines += [_key_line(item) for item in documented_keys(value, group_docs(key, value))]
         else:
             lines.append(_line(0, f"{key}: {show(value)}", top_docs.get(key, "")))
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from hydra._internal import utils as hydra_utils
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
 from trainer.configuration import recipes
 from trainer.configuration.usage import usage
@@ -26,7 +26,6 @@ from trainer.infra.extras import missing_modules
 from trainer.infra.versions import DISTRIBUTION, import_name_clashes, installed_version, project_version
 
 _installed = False
-
 
 #: The libraries `--version` names beside the project.
 VERSIONED_LIBRARIES = ("torch", "torchvision", "lightning", "hydra-core", "timm")
@@ -44,22 +43,18 @@ def version_line() -> str:
     return line
 
 
-def answer_version(argv: list[str]) -> None:
-    """`--version` prints the project's version, not Hydra's (which Hydra's own flag would print)."""
-    if "--version" in argv[1:]:
+def install() -> None:
+    """Answer `--version` (the project's version, not the one Hydra's own flag would print), register
+    the recipe config source and the resolvers, and route user mistakes to one-line errors (idempotent)."""
+    global _installed
+    if "--version" in sys.argv[1:]:
         print(version_line())
         sys.exit(0)
-
-
-def install() -> None:
-    """Answer `--version`, register the recipe config source and route user mistakes to one-line
-    errors (idempotent)."""
-    global _installed
-    answer_version(sys.argv)
     if _installed:
         return
     recipes.register()
-    _register_resolvers()
+    for name, resolver in (("device_count", device_count), ("config_help", config_help), ("usage", usage)):
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
     _install_error_reporter()
     _installed = True
 
@@ -84,12 +79,6 @@ def _install_error_reporter() -> None:
             exit_with(line)
 
     hydra_utils.run_and_report = run_and_report
-
-
-def _register_resolvers() -> None:
-    OmegaConf.register_new_resolver("device_count", device_count, replace=True)
-    OmegaConf.register_new_resolver("config_help", config_help, replace=True)
-    OmegaConf.register_new_resolver("usage", usage, replace=True)
 
 
 def config_help(*, _root_: DictConfig) -> str:
@@ -140,7 +129,7 @@ def describe_user_error(ex: BaseException) -> str | None:
     if isinstance(ex, OverrideParseException):
         return f"{ex.override}: cannot parse this override ({first_line(ex.message)})"
     if isinstance(ex, ConfigCompositionException):
-        if isinstance(cause, ConfigKeyError) or isinstance(cause, OmegaConfBaseException):
+        if isinstance(cause, OmegaConfBaseException):
             return _composition_key_error(ex, cause)
         return _keyed(first_line(str(ex)))
     if isinstance(ex, ValueError) and "Config group override must be a string" in str(ex):
@@ -180,9 +169,8 @@ def _group_value_error() -> str:
 
 def _config_groups() -> dict[str, list[str]]:
     """Each group's choices: the shipped ones and the team folders' (trainer/configuration/recipes.py)."""
-    teams = recipes.team_folders()
     groups: dict[str, set[str]] = {}
-    for conf in [recipes.CONF_DIR, *(team / "conf" for team in teams)]:
+    for conf in [recipes.CONF_DIR, *(team / "conf" for team in recipes.team_folders())]:
         for folder in (d for d in conf.iterdir() if d.is_dir() and d.name != "hydra") if conf.is_dir() else ():
             groups.setdefault(folder.name, set()).update(f.stem for f in folder.glob("*.yaml"))
     groups["recipe"] = {f.stem for folder in recipes.recipe_dirs() for f in folder.glob("*.yaml")}
@@ -191,10 +179,8 @@ def _config_groups() -> dict[str, list[str]]:
 
 def _missing_config(ex: Any) -> str:
     text = str(ex)
-    missing = ex.missing_cfg_file or ""
     match = re.search(r"Could not find '([^']+)'", text)
-    if match:
-        missing = match.group(1)
+    missing = match.group(1) if match else ex.missing_cfg_file or ""
     options = list(ex.options or [])
     for plugin, extra, feature in (("hydra/sweeper/optuna", "sweeps", "hparams_search"),
                                    ("hydra/launcher/submitit", "slurm", "hydra/launcher")):
@@ -218,11 +204,9 @@ def _composition_key_error(ex: Exception, cause: Any) -> str:
     key = full_key or (match.group(1) if match else "config")
     parent = getattr(cause, "parent_node", None)
     known: list[str] = []
-    try:
+    with contextlib.suppress(Exception):  # the hint is optional
         if parent is not None and hasattr(parent, "keys"):
             known = sorted(str(k) for k in parent.keys() if str(k) != "hydra")
-    except Exception:  # noqa: BLE001 - the hint is optional
-        known = []
     if "not in struct" in str(cause) or type(cause).__name__ == "ConfigAttributeError" or "Key '" in str(cause):
         text = f"{key}: not in the composed config"
         if known:

@@ -48,9 +48,7 @@ class DocumentedKey:
 
 def top_level_docs() -> dict[str, str]:
     """Docs of the keys at the top of conf/train.yaml (the config groups excepted)."""
-    docs = dataclass_docs(TopLevelKeys)
-    docs.update({key: doc for key, (doc, _) in TOP_LEVEL_MAPPINGS.items()})
-    return docs
+    return {**dataclass_docs(TopLevelKeys), **{key: doc for key, (doc, _) in TOP_LEVEL_MAPPINGS.items()}}
 
 
 def group_docs(group: str, values: Mapping[str, Any]) -> dict[str, str]:

@@ -184,8 +184,7 @@ def parent_of(name: str, search_path: Sequence[str] = ()) -> Optional[str]:
     if path is None:
         return None
     recipe = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(path)))  # a config file's: a mapping
-    defaults = recipe.get("defaults") or []
-    for entry in defaults:
+    for entry in recipe.get("defaults") or []:
         if isinstance(entry, str) and entry != "_self_" and "/" not in entry and recipe_file(entry, search_path):
             return entry
     return None
@@ -211,11 +210,8 @@ def lineage(name: Optional[str], overrides: Sequence[str], config: Mapping[str, 
         return None
     path = recipe_file(name, search_path)
     parent = parent_of(name, search_path)
-    record: dict[str, Any] = {"name": name, "file": str(path) if path else None, "parent": parent,
-                              "differs_from_parent": {}}
-    if parent:
-        record["differs_from_parent"] = differences(compose_plain(with_recipe(overrides, parent)), config)
-    return record
+    differs = differences(compose_plain(with_recipe(overrides, parent)), config) if parent else {}
+    return {"name": name, "file": str(path) if path else None, "parent": parent, "differs_from_parent": differs}
 
 
 def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],

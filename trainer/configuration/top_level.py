@@ -122,7 +122,6 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _omegaconf_problem(ex: OmegaConfBaseException) -> str:
-    text = str(getattr(ex, "msg", None) or ex).splitlines()[0]
     if type(ex).__name__ == "MissingMandatoryValue":
         return "missing mandatory value (???); set it on the command line or in the config"
-    return text
+    return str(getattr(ex, "msg", None) or ex).splitlines()[0]

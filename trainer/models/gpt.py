@@ -265,18 +265,16 @@ def hf_config(net: GPT, layers: int, dropout: float, tie_embeddings: bool) -> Pr
     require("text", "model=gpt")
     from transformers import GPT2Config, LlamaConfig
 
+    shared = {"vocab_size": net.vocab_size, "initializer_range": INIT_STD, "tie_word_embeddings": tie_embeddings,
+              "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if net.style == "gpt2":
-        return GPT2Config(vocab_size=net.vocab_size, n_positions=net.max_positions, n_embd=net.width,
-                          n_layer=layers, n_head=net.heads, n_inner=net.ffn_width, activation_function="gelu_new",
-                          resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, layer_norm_epsilon=NORM_EPS,
-                          initializer_range=INIT_STD, tie_word_embeddings=tie_embeddings,
-                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    return LlamaConfig(vocab_size=net.vocab_size, max_position_embeddings=net.max_positions, hidden_size=net.width,
-                       num_hidden_layers=layers, num_attention_heads=net.heads, num_key_value_heads=net.heads,
-                       intermediate_size=net.ffn_width, hidden_act="silu", rms_norm_eps=NORM_EPS,
-                       attention_dropout=dropout, attention_bias=False, mlp_bias=False,
-                       initializer_range=INIT_STD, tie_word_embeddings=tie_embeddings,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return GPT2Config(n_positions=net.max_positions, n_embd=net.width, n_layer=layers, n_head=net.heads,
+                          n_inner=net.ffn_width, activation_function="gelu_new", resid_pdrop=dropout,
+                          embd_pdrop=dropout, attn_pdrop=dropout, layer_norm_epsilon=NORM_EPS, **shared)
+    return LlamaConfig(max_position_embeddings=net.max_positions, hidden_size=net.width, num_hidden_layers=layers,
+                       num_attention_heads=net.heads, num_key_value_heads=net.heads, intermediate_size=net.ffn_width,
+                       hidden_act="silu", rms_norm_eps=NORM_EPS, attention_dropout=dropout, attention_bias=False,
+                       mlp_bias=False, **shared)
 
 
 def _norm(style: Style, width: int) -> nn.Module:
