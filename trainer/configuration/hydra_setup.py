@@ -123,14 +123,13 @@ def describe_user_error(ex: BaseException) -> str | None:
         link = (link.__cause__ or link.__context__) if link is not None else None
         if isinstance(link, UserError):
             return link.line()
-    cause = ex.__cause__
     if isinstance(ex, MissingConfigException):
         return _missing_config(ex)
     if isinstance(ex, OverrideParseException):
         return f"{ex.override}: cannot parse this override ({first_line(ex.message)})"
     if isinstance(ex, ConfigCompositionException):
-        if isinstance(cause, OmegaConfBaseException):
-            return _composition_key_error(ex, cause)
+        if isinstance(ex.__cause__, OmegaConfBaseException):
+            return _composition_key_error(ex, ex.__cause__)
         return _keyed(first_line(str(ex)))
     if isinstance(ex, ValueError) and "Config group override must be a string" in str(ex):
         return _group_value_error()
@@ -198,10 +197,8 @@ def _missing_config(ex: Any) -> str:
 
 
 def _composition_key_error(ex: Exception, cause: Any) -> str:
-    full_key = getattr(cause, "full_key", None)
-    message = str(ex)
-    match = re.search(r"Could not (?:override|append to config\.) '([^']+)'", message)
-    key = full_key or (match.group(1) if match else "config")
+    match = re.search(r"Could not (?:override|append to config\.) '([^']+)'", str(ex))
+    key = getattr(cause, "full_key", None) or (match.group(1) if match else "config")
     parent = getattr(cause, "parent_node", None)
     known: list[str] = []
     with contextlib.suppress(Exception):  # the hint is optional

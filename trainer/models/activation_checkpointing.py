@@ -78,10 +78,9 @@ def _scratch_norm_buffers(stage: nn.Module) -> Iterator[None]:
 
 
 def apply_activation_checkpointing(model: nn.Module, stages: Sequence[str], key: str = DEFAULT_KEY) -> list[str]:
-    """Checkpoint each named submodule (dotted names: ``layer3``, ``features.4``) in training.
-    Returns the names applied, in order without repeats; applying a stage twice is harmless. A stage
-    nested in another is refused (it would be recomputed twice), and so, naming `key`, is a name the
-    model does not have."""
+    """Checkpoint each named submodule (dotted names: ``layer3``, ``features.4``) in training; the names
+    applied, as `select_stages` checks them (a nested stage would be recomputed twice). Applying a stage
+    twice is harmless."""
     wanted = select_stages(model, stages, key)
     for name in wanted:
         module = model.get_submodule(name)

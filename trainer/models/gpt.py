@@ -13,7 +13,7 @@ formula (`transformer_flops_per_token`), and autoregressive sampling (`generate`
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -265,8 +265,9 @@ def hf_config(net: GPT, layers: int, dropout: float, tie_embeddings: bool) -> Pr
     require("text", "model=gpt")
     from transformers import GPT2Config, LlamaConfig
 
-    shared = {"vocab_size": net.vocab_size, "initializer_range": INIT_STD, "tie_word_embeddings": tie_embeddings,
-              "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+    shared: dict[str, Any] = {"vocab_size": net.vocab_size, "initializer_range": INIT_STD,
+                              "tie_word_embeddings": tie_embeddings, "bos_token_id": None, "eos_token_id": None,
+                              "pad_token_id": None}
     if net.style == "gpt2":
         return GPT2Config(n_positions=net.max_positions, n_embd=net.width, n_layer=layers, n_head=net.heads,
                           n_inner=net.ffn_width, activation_function="gelu_new", resid_pdrop=dropout,

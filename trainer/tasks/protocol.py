@@ -79,9 +79,9 @@ class TaskDefinition:
         raise NotImplementedError(f"{type(self).__name__} must define loss()")
 
     def check_outputs(self, outputs: Any, targets: Any) -> str | None:
-        """What is wrong with a batch's outputs for these targets, in words (None: nothing): asked once,
-        on the first batch before training (trainer/phases/first_batch.py), e.g. a head of the wrong
-        width. The loss, the metrics and their shapes are checked there anyway."""
+        """What is wrong with a batch's outputs for these targets, in words (None: nothing), e.g. a head of
+        the wrong width: asked once, on the first batch before training (trainer/phases/first_batch.py),
+        which checks the loss, the metrics and their shapes anyway."""
         return None
 
     def metrics(self, split: str) -> Mapping[str, Metric]:
@@ -95,9 +95,8 @@ class TaskDefinition:
             metric.update(outputs, targets)
 
     def metrics_from_loss(self) -> Mapping[str, Metric]:
-        """Metrics computed from the loss's epoch mean (a language model's perplexity), logged for
-        validation and test as ``{split}/{name}``; each is updated with the batch's loss and its
-        weight (the units it holds)."""
+        """Metrics of the loss's epoch mean (a language model's perplexity), logged for validation and
+        test as ``{split}/{name}``; each is updated with the batch's loss and its units as the weight."""
         return {}
 
     # -- what the framework measures with ----------------------------------------------------------
@@ -107,10 +106,10 @@ class TaskDefinition:
         raise NotImplementedError(f"{type(self).__name__} must define example_batch()")
 
     def flops_per_unit(self, net: nn.Module) -> tuple[int | None, str]:
-        """Training FLOPs (forward and backward) per unit and how they were counted, for MFU. (None,
-        "") by default: the run counts them with torch's FLOP counter on a meta-device copy of the
-        network at the data's input shape (trainer/measure/mfu.py), divided by `units_per_sample`. A task with a closed form
-        (a Transformer's 6N plus attention) returns it; (None, why) leaves MFU out."""
+        """Training FLOPs (forward and backward) per unit and how they were counted, for MFU. (None, ""): torch's
+        FLOP counter counts them on a meta-device copy at the data's input shape, divided by `units_per_sample`
+        (trainer/measure/mfu.py). A task with a closed form (a Transformer's 6N plus attention) returns it;
+        (None, why) leaves MFU out."""
         return None, ""
 
     def refusals(self, settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
