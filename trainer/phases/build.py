@@ -128,8 +128,12 @@ def build_trainer(run: Run, measuring_steps: int | None = None, extra_callbacks:
     if measuring_steps is not None:
         spec, plan = _measuring(spec, plan, measuring_steps)
         run.task.announces_schedule = False  # its schedule is the run's, not this measurement's length
+    definition = parts.definition
+    # The meter's unit: the task's own rate unit where it has one (a sequence classifier's tokens).
+    rate_unit, units_of = ((definition.rate_unit, definition.rate_units_in) if definition.rate_unit
+                           else (plan.unit, definition.units_in))
     meter = ThroughputMeter(flops_per_sample=plan.flops_per_sample, peak_flops=plan.peak_flops,
-                            mfu_note=plan.peak_flops_note, unit=plan.unit, units_of=parts.definition.units_in,
+                            mfu_note=plan.peak_flops_note, unit=rate_unit, units_of=units_of,
                             bf16_peak_flops=plan.bf16_peak_flops)
     losses, logged = LossRecord(), LoggedMetrics()
     curves = Curves(losses, headline_metrics(parts.metrics, objective_of(spec.task, spec.top.objective)))

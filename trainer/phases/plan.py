@@ -339,13 +339,13 @@ def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32:
     definition, info = parts.definition, parts.info
     flops, how = definition.flops_per_unit(net)
     if flops is None and not how:
-        integer = info.kind == "tokens"
+        integer = info.kind in ("tokens", "sequences")
         flops, how = training_flops_per_sample(net, info.input_shape(),
                                                dtype=torch.long if integer else None)
         if flops is not None and definition.units_per_sample() > 1:
             flops = flops // definition.units_per_sample()
             how += f", over {definition.units_per_sample()} {definition.unit} a sample"
-    unit = definition.unit.removesuffix("s")
+    unit = (definition.rate_unit or definition.unit).removesuffix("s")
     key = "model.flops_per_sample" if unit == "sample" else f"model.flops_per_{unit}"
     derived[key] = Derived(f"{flops / 1e9:.4g} GFLOP" if flops else None, how)
     if accelerator == "cuda":

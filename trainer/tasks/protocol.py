@@ -6,7 +6,7 @@ a team's own task subclasses `TaskDefinition` and is chosen with ``task._target_
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, Optional
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ class TaskDefinition:
 
     #: What a batch is counted in: "samples" or "tokens".
     unit: ClassVar[str] = "samples"
+    #: What the throughput meter reports beside samples/s and takes MFU per (None: `unit`), counted by
+    #: `rate_units_in` (a sequence classifier's batches count in sequences, its rate in tokens).
+    rate_unit: ClassVar[Optional[str]] = None
     #: The data kinds (DataInfo.kind) the task can learn from.
     data_kinds: ClassVar[tuple[str, ...]] = ("images", "features", "tokens")
     #: Constructor arguments the network must take that the data fill in (checked before building).
@@ -53,6 +56,10 @@ class TaskDefinition:
         """How many units this batch holds (this process's share). A tensor is allowed: the
         throughput meter adds them up on the device and reads the sum once per window."""
         return int(self.targets(batch).shape[0])
+
+    def rate_units_in(self, batch: Any) -> int | torch.Tensor:
+        """How many `rate_unit`s this batch holds (its `units_in` when the task has no rate unit of its own)."""
+        return self.units_in(batch)
 
     def units_per_sample(self) -> int:
         """Units in one sample as the loader ships it (tokens of a packed sequence): the per-device
