@@ -9,7 +9,10 @@ names are read once on the plain network and the groups are formed by name.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import math
+import re
+from collections.abc import Iterable
+from typing import Any, Callable, Mapping, Sequence
 
 from torch import nn
 
@@ -45,17 +48,58 @@ def one_dimensional(module: nn.Module) -> frozenset[str]:
 def layer_lr_scales(module: nn.Module, layer_decay: float) -> dict[str, float]:
     """Layer-wise lr decay (BEiT, Bao et al. 2021; timm's and MAE's fine-tuning recipes): the lr of
     a parameter `k` layers below the head is multiplied by ``layer_decay ** k``, so the early layers
-    of a pretrained network move least. The layers are the model's own `group_matcher` (timm
-    models: the stem, each block, the head), as timm's `param_groups_layer_decay` groups them."""
+    of a pretrained network move least. The layers are the model's own `group_matcher` (timm's
+    models, model=encoder: the stem, each block, the head), grouped as timm's `group_parameters`
+    groups them (`layer_indices`), with or without timm installed."""
     matcher = getattr(module, "group_matcher", None)
     if not callable(matcher):
         raise UserError("optimizer.layer_decay", f"{type(module).__name__} does not say which layer each parameter "
-                        "belongs to (it has no group_matcher)", "a timm model (model=timm), or optimizer.layer_decay=null")
-    from timm.models import group_parameters
-
-    layer_of = group_parameters(module, matcher(coarse=False), reverse=True)
+                        "belongs to (it has no group_matcher)", "a model with a group_matcher (model=timm, "
+                        "model=encoder), or optimizer.layer_decay=null")
+    names = [plain_name(name) for name, _ in module.named_parameters()]
+    layer_of = layer_indices(names, matcher(coarse=False))
     top = max(layer_of.values(), default=0)
-    return {plain_name(name): layer_decay ** (top - layer_of.get(name, top)) for name, _ in module.named_parameters()}
+    return {name: layer_decay ** (top - layer_of[name]) for name in names}
+
+
+#: timm's marker (`timm.models._manipulate.MATCH_PREV_GROUP`): a regex whose suffix is this puts the
+#: parameters it matches into the layer before them (a ViT's final norm, with the last block).
+MATCH_PREV_GROUP = 99999.0
+
+
+def layer_indices(names: Sequence[str], group_matcher: Mapping[str, Any] | Callable[[str], Any]) -> dict[str, int]:
+    """Each parameter name's layer, 0 (the stem) upwards, as timm's `group_with_matcher` numbers them
+    (the framework's copy, so that layer decay needs no timm; tests/unit/test_encoder.py compares the
+    two). A dict matcher maps a group's name to a regex (its capture groups order the layers within
+    the group, ``blocks.(\\d+)``) or to a list of (regex, suffix) pairs; a name no regex matches
+    belongs to the last layer (the head). A callable matcher returns a name's ordinal itself."""
+    if isinstance(group_matcher, Mapping):
+        compiled: list[tuple[re.Pattern[str], tuple[float, ...], tuple[float, ...]]] = []
+        for ordinal, spec in enumerate(group_matcher.values()):
+            if spec is None:
+                continue
+            pairs = spec if isinstance(spec, (tuple, list)) else [(spec, None)]
+            compiled += [(re.compile(pattern), (float(ordinal),), tuple(map(float, suffix or ())))
+                         for pattern, suffix in pairs]
+
+        def ordinal_of(name: str) -> tuple[float, ...]:
+            for pattern, prefix, suffix in compiled:
+                found = pattern.match(name)
+                if found:
+                    return prefix + tuple(float(g) for g in found.groups() if g is not None) + suffix
+            return (math.inf,)
+    else:
+        def ordinal_of(name: str) -> tuple[float, ...]:
+            ordinal = group_matcher(name)
+            return tuple(ordinal) if isinstance(ordinal, Iterable) else (ordinal,)
+
+    ordinals = {name: ordinal_of(name) for name in names}
+    layer, layer_of_ordinal = -1, {}
+    for key in sorted(set(ordinals.values())):
+        if layer < 0 or key[-1] != MATCH_PREV_GROUP:
+            layer += 1
+        layer_of_ordinal[key] = layer
+    return {name: layer_of_ordinal[key] for name, key in ordinals.items()}
 
 
 def parameter_groups(module: nn.Module, weight_decay: float, decay_norm_and_bias: bool,

@@ -46,7 +46,7 @@ class OptimizerKeys:
                                   "an fp16 GradScaler), else foreach")]
     layer_decay: Annotated[Optional[Annotated[float, Range(gt=0, le=1)]],
                            Doc("layer-wise lr decay: lr x this^k for a parameter k layers below the head "
-                               "(timm models; null: off)")]
+                               "(models with a group_matcher: timm's, model=encoder; null: off)")]
     # lr=find: the range of Lightning's range test (its defaults are 1e-8..1 and 100 steps).
     find_min_lr: Annotated[float, POSITIVE, Doc("lr=find: the lr the range test starts from")]
     find_max_lr: Annotated[float, POSITIVE, Doc("lr=find: the lr the range test rises to, exponentially")]
@@ -90,8 +90,6 @@ def validate(values: dict[str, Any]) -> OptimizerConfig:
     target = values.get("_target_")
     if isinstance(target, str) and target.startswith("timm."):
         require("timm", f"optimizer={own.name}")  # timm's LAMB and LARS
-    if own.layer_decay is not None:
-        require("timm", "optimizer.layer_decay")  # timm's group_matcher says which layer a parameter is in
     row = row_of(target) if isinstance(target, str) else None
     fixed = tuple(row.fixed) if row else ()
     checked = check_target("optimizer", values, skip=FRAMEWORK_ARGUMENTS + fixed, also=keys,
