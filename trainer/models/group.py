@@ -16,7 +16,8 @@ from trainer.infra.instantiation import construct
 from trainer.infra.schema import ConfigGroup, check_target, check_value, locate_target
 
 #: Constructor arguments the framework fills in from the data (those the constructor takes).
-INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size", "vocab_size", "max_positions", "in_features")
+INJECTED_MODEL_ARGS = ("num_classes", "in_channels", "image_size", "vocab_size", "max_positions", "in_features",
+                       "pad_token_id")
 
 
 def checkpointed_stages(values: Mapping[str, Any]) -> list[str]:
