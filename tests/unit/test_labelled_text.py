@@ -156,8 +156,9 @@ def test_jsonl_single_label_with_integer_labels_in_numeric_order(tmp_path):
 
 def test_jsonl_with_a_list_label_is_multi_label(tmp_path):
     """A label that is a list makes the set multi-label: a plain label counts as a list of one, an
-    empty list is no label; labels are float32 multi-hot [N, C]; no majority-class baseline."""
-    rows = [{"text": text, "label": [label, "river"] if i % 4 == 0 else [] if i % 4 == 1 else label}
+    empty list is no label, a blank one is dropped; labels are float32 multi-hot [N, C]; no
+    majority-class baseline."""
+    rows = [{"text": text, "label": [label, "river", " "] if i % 4 == 0 else [] if i % 4 == 1 else label}
             for i, (text, label) in enumerate(labelled_rows())]
     module = data(write_jsonl(tmp_path / "multi.jsonl", rows), tmp_path)
     info = module.inspect()
@@ -430,6 +431,12 @@ def test_each_bad_input_is_one_line_naming_its_key_or_file(tmp_path):
     write_folders(splits / "val", per_class=2, classes=("apple", "train"))
     unknown = _error(lambda: data(splits, tmp_path).inspect())
     assert unknown.where == str(splits / "val" / "train" / "000.txt") and "unknown label 'train'" in unknown.problem
+
+    rare = next(f"a rare sample {i}" for i in range(100) if split_of(f"a rare sample {i}", 0.2, 0.2) == "val")
+    lines = [{"text": t, "label": y} for t, y in labelled_rows(60)] + [{"text": rare, "label": "rare"}]
+    drawn = _error(lambda: data(write_jsonl(tmp_path / "rare.jsonl", lines), tmp_path).inspect())
+    assert drawn.where == f"{tmp_path / 'rare.jsonl'}:61" and "unknown label 'rare'" in drawn.problem
+    assert "drawn by a hash" in drawn.problem
 
     one = write_folders(tmp_path / "one", per_class=30, classes=("apple",))
     fewer = _error(lambda: data(one, tmp_path).inspect())

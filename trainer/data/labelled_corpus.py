@@ -226,13 +226,13 @@ def _jsonl_samples(path: Path, text: str, columns: Columns) -> tuple[list[Sample
 
 
 def _labels(value: Any, where: str) -> tuple[str, ...]:
-    """A JSON label (a string or an integer) or a list of them, as strings (repeats dropped)."""
+    """A JSON label (a string or an integer) or a list of them, as strings (blank ones and repeats dropped)."""
     values = value if isinstance(value, list) else [value]
     for item in values:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
             raise UserError(where, f"the label {json.dumps(item)} is neither a string nor an integer",
                             "a label (string or integer), or a list of them for several labels")
-    return tuple(dict.fromkeys(str(item).strip() for item in values))
+    return tuple(dict.fromkeys(label for label in (str(item).strip() for item in values) if label))
 
 
 def _csv_samples(path: Path, text: str, columns: Columns) -> tuple[list[Sample], bool]:
@@ -335,7 +335,7 @@ def class_names(splits: dict[str, list[Sample]], source: Source) -> list[str]:
     fewer than 2, and a val or test label no training sample has."""
     known = {label for sample in splits["train"] for label in sample.labels}
     ordered = all(re.fullmatch(r"-?\d+", label) for label in known)
-    names = sorted(known, key=int) if ordered else sorted(known)
+    names = sorted(known, key=lambda label: (int(label), label)) if ordered else sorted(known)
     if len(names) < 2:
         raise UserError("data.source", f"the training split of {source.description} has {len(names)} class"
                         f"{'' if len(names) == 1 else 'es'} ({choices(names) or 'no labels'})", "at least 2 classes")
@@ -343,8 +343,9 @@ def class_names(splits: dict[str, list[Sample]], source: Source) -> list[str]:
         for sample in splits[split]:
             unknown = [label for label in sample.labels if label not in known]
             if unknown:
+                drawn = "" if sample.split else " (the split is drawn by a hash of each text: give the label more samples)"
                 raise UserError(sample.where, f"unknown label '{unknown[0]}' in the {split} split: no training "
-                                "sample has it", f"the training split's labels: {choices(names[:20])}"
+                                "sample has it" + drawn, f"the training split's labels: {choices(names[:20])}"
                                 + (", ..." if len(names) > 20 else ""))
     return names
 
