@@ -280,10 +280,27 @@ def test_a_bert_model_folder_without_a_head_loads_its_encoder_and_starts_a_fresh
     assert "the classifier is initialised fresh (the folder's classifier has 5 classes, the data 3)" in caplog.text
 
 
-def test_saving_a_mean_pooled_network_is_refused_in_one_line(tmp_path):
-    with pytest.raises(UserError, match=r"^model.pooling: mean pooling has no counterpart"):
-        tiny(pooling="mean").save_pretrained(tmp_path)
-    assert not list(tmp_path.iterdir())
+def test_a_mean_pooled_network_saves_its_encoder_as_a_bert_model_folder(tmp_path, caplog):
+    """Hugging Face's classifiers pool the first token: a mean-pooled network's folder is the encoder
+    alone, which transformers' BertModel loads to the same hidden states, and model.pretrained loads
+    with a fresh head."""
+    from transformers import BertModel
+
+    net = varied(tiny(pooling="mean")).eval()
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        net.save_pretrained(tmp_path)
+    assert "holds the encoder without its head" in caplog.text
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertModel"]
+    ids = torch.tensor([[2, 7, 9, 11, 3, 0, 0, 0], [2, 5, 6, 7, 8, 9, 10, 3]])
+    keep = ids != 0
+    theirs = BertModel.from_pretrained(tmp_path, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        hidden = theirs(input_ids=ids, attention_mask=keep.long()).last_hidden_state
+        # Their hidden states, mean-pooled and put through our classifier, are our logits.
+        assert torch.allclose(net.classifier(net.pool(hidden, keep)), net(ids), atol=1e-5)
+    again = Encoder(VOCAB, CONTEXT, CLASSES, layers=2, heads=2, width=WIDTH, pooling="mean", pretrained=str(tmp_path))
+    body = {k: v for k, v in net.state_dict().items() if not k.startswith("classifier.")}
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in body.items())
 
 
 def test_folders_that_do_not_fit_are_refused_in_one_line(tmp_path):

@@ -18,6 +18,7 @@ shape). ``model.dropout`` and ``model.pooling`` stay the run's: they are fine-tu
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -326,16 +327,24 @@ def hf_state_dict(net: Encoder) -> dict[str, torch.Tensor]:
 
 
 def save_pretrained(net: Encoder, folder: Path) -> Path:
-    if net.pooler is None:
-        raise UserError("model.pooling", "mean pooling has no counterpart in Hugging Face's "
-                        "BertForSequenceClassification (it pools the first token)", "pooling=first to save a Hugging "
-                        "Face folder")
+    """pooling=first: a BertForSequenceClassification folder (the pooler and the classifier with it);
+    pooling=mean, which Hugging Face's classes do not have (they pool the first token): the encoder
+    alone as a BertModel folder (no ``bert.`` prefix, no head), which loads into transformers' BertModel
+    and into model.pretrained with a fresh head, so no class of theirs gives other logits silently."""
     from trainer.infra.atomic import write_text_atomic
     from trainer.infra.checkpoint_files import write_safetensors
 
+    tensors, config = hf_state_dict(net), net.config
+    if net.pooler is None:
+        tensors = {name.removeprefix("bert."): tensor for name, tensor in tensors.items()
+                   if not name.startswith("classifier.")}
+        config = copy.deepcopy(config)
+        config.architectures = ["BertModel"]
+        log.info("model.pooling=mean: %s holds the encoder without its head (a BertModel folder; Hugging "
+                 "Face's classifiers pool the first token)", folder)
     folder.mkdir(parents=True, exist_ok=True)
-    write_safetensors(hf_state_dict(net), folder / WEIGHTS_FILE, {"format": "pt"})
-    write_text_atomic(folder / CONFIG_FILE, net.config.to_json_string())
+    write_safetensors(tensors, folder / WEIGHTS_FILE, {"format": "pt"})
+    write_text_atomic(folder / CONFIG_FILE, config.to_json_string())
     return folder
 
 
