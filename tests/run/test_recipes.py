@@ -37,6 +37,15 @@ def tiny_data_for(name: str, tmp_path: Path) -> list[str]:
     without_data = [o for o in TINY if not o.startswith("data")]
     if target.endswith("DigitsDataModule"):
         return [*without_data, "data.batch_size=4"]
+    if target.endswith("LabelledTextData"):  # an encoder's recipe: a small JSONL of two labels
+        import json
+
+        source = tmp_path / "labelled.jsonl"
+        lines = [{"text": f"{word} " * (3 + number % 7) + f"sample {number}", "label": word}
+                 for number in range(40) for word in ("alpha", "omega")]
+        source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return [*without_data, f"data.source={source}", "data.max_length=32", "data.batch_size=4",
+                f"data.cache_dir={tmp_path / 'cache'}"]
     if target.endswith("TextData"):  # a language model's recipe: a small folder of text, bytes as tokens
         corpus = tmp_path / "text"
         corpus.mkdir()
