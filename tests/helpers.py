@@ -763,3 +763,28 @@ class DigitIsLarge(TaskDefinition):
 
     def example_batch(self, size: int, device: torch.device) -> tuple[Any, Any]:
         return torch.randn(size, *self.info.input_shape(), device=device), torch.randint(0, 2, (size,), device=device)
+
+
+def assert_resumes_mid_epoch(module: Callable[[], Any]) -> None:
+    """A data module made by `module()` (set up, seeded), stopped after 2 batches of epoch 1: a new one
+    given the sampler's position (the train_position of the base class's state_dict) yields that
+    epoch's remaining batches, the same tensors; the next epoch's order differs from this one's."""
+    def batches(loader: Any) -> list[tuple[Any, ...]]:
+        return [tuple(batch) for batch in loader]
+
+    first = module()
+    loader = first.train_dataloader()
+    loader.sampler.set_epoch(1)
+    epoch = batches(loader)
+    assert len(epoch) > 4
+    first._train_sampler.taken = 2
+    position = first._train_sampler.position(len(loader), first._items_per_batch)
+    assert position["epoch"] == 1 and position["batches"] == 2
+    resumed = module()
+    resumed.load_state_dict({"train_position": position})
+    rest = batches(resumed.train_dataloader())
+    assert len(rest) == len(epoch) - 2
+    for (a, b), (c, d) in zip(rest, epoch[2:]):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    loader.sampler.set_epoch(2)
+    assert not all(torch.equal(a, c) for (a, _), (c, _) in zip(batches(loader), epoch))

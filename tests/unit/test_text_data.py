@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import assert_resumes_mid_epoch
 import trainer.data.corpus as corpus_module
 from trainer.data.base import TokenRecord
 from trainer.data.corpus import (EXCLUDED_STDLIB, SPLITS, builtin_corpus, cut_documents, split_of, stdlib_files,
@@ -249,23 +250,7 @@ def test_the_training_loader_resumes_at_the_same_batch(corpus_dir, tmp_path, seq
         data.setup()
         return data
 
-    first = module()
-    loader = first.train_dataloader()
-    loader.sampler.set_epoch(1)
-    epoch = _batches(loader)
-    assert len(epoch) > 4
-    first._train_sampler.taken = 2
-    position = first._train_sampler.position(len(loader), first._items_per_batch)
-    assert position["epoch"] == 1 and position["batches"] == 2
-
-    resumed = module()
-    resumed.load_state_dict({"train_position": position})
-    rest = _batches(resumed.train_dataloader())
-    assert len(rest) == len(epoch) - 2
-    for (a, b), (c, d) in zip(rest, epoch[2:]):
-        assert torch.equal(a, c) and torch.equal(b, d)
-    loader.sampler.set_epoch(2)
-    assert not all(torch.equal(a, c) for (a, _), (c, _) in zip(_batches(loader), epoch))
+    assert_resumes_mid_epoch(module)
 
 
 # -- the built-in corpus ----------------------------------------------------------------------------------
