@@ -19,14 +19,16 @@ from trainer.tasks.protocol import TaskDefinition
 
 class DigitRows(DataModule):
     """`dtype`: the features' dtype (float64: the mistake); `targets`: "flat" (N) or "column" (N x 1,
-    the mistake); `said_features`: what inspect() says a row holds (None: the truth, 64)."""
+    the mistake); `said_features`: what inspect() says a row holds (None: the truth, 64); `train_rows`:
+    the rows setup() trains on (0: the mistake, an empty training split)."""
 
     in_memory = True
 
     def __init__(self, dtype: str = "float32", targets: str = "flat", said_features: int | None = None,
-                 **loader: Any) -> None:
+                 train_rows: int = 1400, **loader: Any) -> None:
         super().__init__(**loader)
         self.dtype, self.target_shape, self.said_features = dtype, targets, said_features
+        self.train_rows = train_rows
 
     def _rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = load_digits(return_X_y=True)
@@ -45,7 +47,7 @@ class DigitRows(DataModule):
 
     def setup(self, stage: str | None = None) -> None:
         x, y = self._rows()
-        self.train_set = TensorDataset(x[:1400], y[:1400])
+        self.train_set = TensorDataset(x[:self.train_rows], y[:self.train_rows])
         self.val_set = self.test_set = TensorDataset(x[1400:], y[1400:])
 
 

@@ -36,6 +36,8 @@ def test_the_teams_table_task_trains(tmp_path):
     (["+model.outputs=2"],
      "error: task: IsLarge.loss() failed on outputs 2 x 2 float32 and targets 2 float32: ValueError: Target size "
      "(torch.Size([2])) must be the same as input size (torch.Size([2, 2]))"),
+    (["+data.train_rows=0"],
+     "error: data: DigitRows.train_dataloader() gives no batch; allowed: a training split of at least one batch"),
     (["task._target_=tests.team_table.NoLoss"],
      "error: task._target_: tests.team_table.NoLoss does not define loss(outputs, targets, training); allowed: a "
      "TaskDefinition that defines its loss (docs/tasks.md)"),

@@ -67,6 +67,10 @@ def check_first_batch(datamodule: DataModule, info: DataInfo, net: nn.Module,
                   f" for {split}'s metrics{shapes}")
 
 
+#: What an empty training loader's first batch is.
+_NO_BATCH = object()
+
+
 def take_batch(datamodule: DataModule, device: torch.device) -> Any:
     """The first training batch of `CHECK_SAMPLES` samples as a step receives it, read in this
     process (no loader workers), through Lightning's hooks of the data module; the module is left
@@ -78,12 +82,15 @@ def take_batch(datamodule: DataModule, device: torch.device) -> Any:
     try:
         _call("data", datamodule, "setup", lambda: datamodule.setup("fit"))
         loader = _call("data", datamodule, "train_dataloader", datamodule.train_dataloader)
-        batch = _call("data", datamodule, "train_dataloader", lambda: next(iter(loader)), " (its first batch)")
+        # next() with a default: a StopIteration raised inside _call would read as the loader failing.
+        batch = _call("data", datamodule, "train_dataloader", lambda: next(iter(loader), _NO_BATCH),
+                      " (its first batch)")
+        if batch is _NO_BATCH:
+            raise UserError("data", f"{name}.train_dataloader() gives no batch",
+                            "a training split of at least one batch")
         batch = datamodule.on_before_batch_transfer(batch, 0)
         batch = datamodule.transfer_batch_to_device(batch, device, 0)
         return _call("data", datamodule, "on_after_batch_transfer", lambda: datamodule.on_after_batch_transfer(batch, 0))
-    except StopIteration:
-        raise UserError("data", f"{name}.train_dataloader() gives no batch", "a training split of at least one batch") from None
     finally:
         vars(datamodule).clear()
         vars(datamodule).update(kept)
