@@ -294,6 +294,14 @@ class DataModule(L.LightningDataModule):
                           drop_last=True, generator=own_generator(self.run_seed), collate_fn=collate,
                           **loader.dataloader_kwargs(rank))
 
+    def grouped_batch_loader(self, batches: Dataset[Any]) -> DataLoader[Any]:
+        """The training loader of a data set whose items are whole batches (sequences grouped by
+        length): their order from the resumable sampler, one batch an item, the loader's rules."""
+        loader = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
+        _, rank = self._process_share()
+        return DataLoader(batches, batch_size=None, sampler=self.train_sampler(len(cast(Sized, batches)), 1),
+                          generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
+
     def train_sampler(self, size: int, items_per_batch: int, seeded: bool = False) -> EpochSampler:
         """The training loader's sampler, placed where a resumed checkpoint left off; with several
         processes (DDP, FSDP), this process's share of each epoch."""

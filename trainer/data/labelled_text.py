@@ -31,7 +31,6 @@ from trainer.data.corpus import SPLITS
 from trainer.data.digits_expanded import default_cache_dir
 from trainer.data.labelled_corpus import (WORDPIECE, Columns, LabelSettings, PreparedLabels, open_source,
                                           prepare_labelled)
-from trainer.data.resumable import own_generator
 from trainer.data.text import PAD_MULTIPLE, Fraction, length_batches
 from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError
@@ -209,11 +208,7 @@ class LabelledTextData(DataModule):
         if not (train and isinstance(dataset, LabelledSequences)):
             return super()._dataloader(dataset, train)
         # Grouped here, not in setup, as batch_size=auto sets the batch after setup.
-        batches = GroupedBatches(dataset, self.batch_size)
-        loader = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
-        _, rank = self._process_share()
-        return DataLoader(batches, batch_size=None, sampler=self.train_sampler(len(batches), 1),
-                          generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
+        return self.grouped_batch_loader(GroupedBatches(dataset, self.batch_size))
 
     def inference_preprocessing(self) -> dict[str, Any]:
         """For the model card: how a text becomes the network's input."""

@@ -22,7 +22,6 @@ from torch.utils.data import DataLoader, Dataset
 from trainer.data.base import DataInfo, DataModule, TokenRecord
 from trainer.data.corpus import (SPLITS, Prepared, TokenSettings, builtin_corpus, folder_corpus, prepare)
 from trainer.data.digits_expanded import default_cache_dir
-from trainer.data.resumable import own_generator
 from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError, one_line_on_user_error
 from trainer.infra.schema import AT_LEAST_ONE, POSITIVE, Doc, Range
@@ -256,11 +255,7 @@ class TextData(DataModule):
         if not (train and isinstance(dataset, DocumentPieces)):
             return super()._dataloader(dataset, train)
         # Bucketed training: grouped here, not in setup, as batch_size=auto sets the batch after setup.
-        batches = LengthGroupedBatches(dataset, self.batch_size)
-        loader = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
-        _, rank = self._process_share()
-        return DataLoader(batches, batch_size=None, sampler=self.train_sampler(len(batches), 1),
-                          generator=own_generator(self.run_seed), **loader.dataloader_kwargs(rank))
+        return self.grouped_batch_loader(LengthGroupedBatches(dataset, self.batch_size))
 
     @property
     def variable_shapes(self) -> bool:
