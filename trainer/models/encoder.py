@@ -3,7 +3,9 @@
 Token ids ``[N, L]`` -> logits ``[N, num_classes]``. The blocks are BERT's (Devlin et al. 2019):
 post-LayerNorm, GELU feed-forward, learned positions and one token type; each block's attention is
 `trainer.models.attention.SelfAttention` (one fused QKV Linear, PyTorch's
-``scaled_dot_product_attention``) with the key-padding mask ``ids != pad_token_id``. The shape is
+``scaled_dot_product_attention``) with the key-padding mask ``ids != pad_token_id``;
+``model.fused_qkv=false`` computes q, k and v as three matmuls instead, from the same parameters
+(`EncoderAttention`: what the fused projection buys is measured by benchmarks/encoder_kernels.py). The shape is
 kept as transformers' `BertConfig` (``net.config``, the configuration class only: the modules are
 this file's), so that the network reads and writes Hugging Face's BERT folders
 (`save_pretrained`, ``model.pretrained=DIR``): a folder written here loads into transformers'
@@ -26,12 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, Mapping, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
-from trainer.models.attention import SelfAttention
+from trainer.models.attention import SelfAttention, _prepare_mask
 
 if TYPE_CHECKING:
     from transformers import BertConfig
@@ -78,6 +81,9 @@ class Encoder(nn.Module):
         pretrained: Annotated[Optional[str], Doc("a local Hugging Face BERT folder (save_pretrained: config.json, "
                                                  "model.safetensors) to start from; its config decides the shape; "
                                                  "null: random init. Nothing is downloaded")] = None,
+        fused_qkv: Annotated[bool, Doc("one matmul for each block's query, key and value (true), or three "
+                                       "(false: as BERT's three Linears, for measuring; the same parameters, so "
+                                       "checkpoints and folders load either way)")] = True,
     ) -> None:
         super().__init__()
         require("text", "model=encoder")
@@ -90,7 +96,7 @@ class Encoder(nn.Module):
         self.config, self.pooling, self.pad_token_id = config, pooling, pad_token_id
         self.vocab_size, self.max_positions, self.width = vocab_size, config.max_position_embeddings, config.hidden_size
         self.embeddings = Embeddings(config)
-        self.blocks = nn.ModuleList(EncoderBlock(config) for _ in range(config.num_hidden_layers))
+        self.blocks = nn.ModuleList(EncoderBlock(config, fused_qkv) for _ in range(config.num_hidden_layers))
         self.pooler = nn.Linear(self.width, self.width) if pooling == "first" else None
         self.drop = nn.Dropout(dropout)
         self.classifier = nn.Linear(self.width, num_classes)
@@ -173,11 +179,12 @@ class Embeddings(nn.Module):
 class EncoderBlock(nn.Module):
     """BERT's post-norm block: x = norm1(x + attn(x)), then norm2(x + ffn(x))."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, fused_qkv: bool = True) -> None:
         super().__init__()
         width, dropout = config.hidden_size, config.hidden_dropout_prob
-        self.attn = SelfAttention(width, config.num_attention_heads, qkv_bias=True,
-                                  attn_dropout=config.attention_probs_dropout_prob, proj_dropout=dropout)
+        self.attn = EncoderAttention(width, config.num_attention_heads, qkv_bias=True,
+                                     attn_dropout=config.attention_probs_dropout_prob, proj_dropout=dropout,
+                                     fused_qkv=fused_qkv)
         self.norm1 = nn.LayerNorm(width, eps=config.layer_norm_eps)
         self.ffn = FeedForward(width, config.intermediate_size, dropout, ACTIVATIONS[config.hidden_act])
         self.norm2 = nn.LayerNorm(width, eps=config.layer_norm_eps)
@@ -185,6 +192,39 @@ class EncoderBlock(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.norm1(x + self.attn(x, attn_mask=mask))
         return self.norm2(x + self.ffn(x))
+
+
+class EncoderAttention(SelfAttention):
+    """`SelfAttention` whose q, k and v are either one fused matmul (`fused_qkv`, the default) or three,
+    one per row block ``[q | k | v]`` of the same ``qkv`` parameters, as BERT's three Linears compute
+    them. Keeping the parameters fused in both cases (rather than three Linear modules converted at
+    load) makes the switch a change of computation only: the same initialisation draws, state-dict
+    keys, optimizer state and Hugging Face names, so a checkpoint (resume included) or a folder loads
+    either way. The one cost three Linears would not have: the backward of the split joins the three
+    weight gradients into the fused one (one copy of 3 x width^2 values a block, against the
+    projections' tokens x width^2 work)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
+                 proj_dropout: float = 0.0, fused_qkv: bool = True) -> None:
+        super().__init__(dim, num_heads, qkv_bias, attn_dropout, proj_dropout)
+        self.fused_qkv = fused_qkv
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """As `SelfAttention.forward` (the encoder passes its ``[N, 1, 1, L]`` key-padding mask)."""
+        if self.fused_qkv:
+            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
+        batch, tokens, _ = x.shape
+        biases = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
+        q, k, v = (F.linear(x, weight, bias).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+                   for weight, bias in zip(self.qkv.weight.chunk(3), biases))
+        mask = _prepare_mask(attn_mask, is_causal, tokens, x.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+                                             dropout_p=self.attn_dropout if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, self.dim)))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, fused_qkv={self.fused_qkv}"
 
 
 class FeedForward(nn.Module):
