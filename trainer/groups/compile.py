@@ -6,7 +6,7 @@ torch is imported where it is used: the keys are checked before the command line
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Optional
 
 from trainer.infra.schema import ConfigGroup, Doc, check_keys
 
@@ -78,13 +78,31 @@ def apply_compile(net: nn.Module, mode: str, cfg: CompileConfig, dynamic: Option
 
 
 def compile_counts() -> dict[str, int]:
-    """Dynamo's process-wide counts so far: frames compiled (each recompile is one more), graphs
-    and graph breaks; a run records the difference over its fit."""
+    """Dynamo's process-wide counts so far: frames compiled (each recompile is one more), graphs,
+    graph breaks, and the times a function reached Dynamo's recompile limit (its calls of a shape
+    not compiled yet then run eager, with a warning only in Dynamo's log); a run records the
+    difference over its fit."""
     import torch
 
     counters = torch._dynamo.utils.counters
+    limit_hits = sum(count for reason, count in counters["unimplemented"].items() if "recompile limit" in reason.lower())
     return {"frames_compiled": int(counters["frames"]["ok"]), "graphs": int(counters["stats"]["unique_graphs"]),
-            "graph_breaks": int(sum(counters["graph_break"].values()))}
+            "graph_breaks": int(sum(counters["graph_break"].values())), "recompile_limit_hits": int(limit_hits)}
+
+
+def compiled_line(compiled: Mapping[str, Any]) -> str:
+    """The line a fit ends with about what Dynamo compiled (summary.json's ``compiled``): every frame
+    after the first is a recompile (a new length with dynamic=false, evaluation's grad mode), and a
+    recompile limit reached means some batches ran eager."""
+    import torch
+
+    frames = compiled["frames_compiled"]
+    line = (f"compile: {frames} frame(s) compiled in fit ({max(0, frames - 1)} recompiles), {compiled['graphs']} "
+            f"graph(s), {compiled['graph_breaks']} graph break(s), dynamic={compiled['dynamic']}")
+    if compiled.get("recompile_limit_hits"):
+        line += (f"; Dynamo's recompile limit ({torch._dynamo.config.recompile_limit}) was reached: batches of shapes past it ran eager"
+                 + (" (compile.dynamic=true compiles one graph for every length)" if compiled["dynamic"] is False else ""))
+    return line
 
 
 GROUP = ConfigGroup("compile", __name__, "torch.compile of the network",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from trainer.callbacks.utilisation import device_utilisation
-from trainer.groups.compile import compile_counts
+from trainer.groups.compile import compile_counts, compiled_line
 from trainer.infra import attempts
 from trainer.infra.errors import UserError
 from trainer.infra.library_logs import quiet_library_warnings
@@ -61,6 +61,7 @@ def fit(run: Run) -> Fitted:
         after = compile_counts()
         records["compiled"] = {**{key: after[key] - compiled_before[key] for key in after},
                                "dynamic": run.plan.compile_dynamic}
+        log.info(compiled_line(records["compiled"]))
     if built.target is not None:
         records["target"] = built.target.summary()
         log.info(built.target.line())
