@@ -14,12 +14,12 @@ from trainer.groups.compile import compile_counts, compiled_line
 
 def test_the_line_counts_recompiles_and_names_the_limit_and_the_way_out():
     quiet = {"frames_compiled": 2, "graphs": 2, "graph_breaks": 0, "recompile_limit_hits": 0, "dynamic": True}
-    assert compiled_line(quiet) == ("compile: 2 frame(s) compiled in fit (1 recompiles), 2 graph(s), 0 graph "
+    assert compiled_line(quiet) == ("compile: 2 frame(s) compiled in fit (1 recompile(s)), 2 graph(s), 0 graph "
                                     "break(s), dynamic=True")
     limit = torch._dynamo.config.recompile_limit
     hit = {**quiet, "frames_compiled": limit, "graphs": limit, "recompile_limit_hits": 1, "dynamic": False}
     line = compiled_line(hit)
-    assert line.startswith(f"compile: {limit} frame(s) compiled in fit ({limit - 1} recompiles)")
+    assert line.startswith(f"compile: {limit} frame(s) compiled in fit ({limit - 1} recompile(s))")
     assert line.endswith(f"; Dynamo's recompile limit ({limit}) was reached: batches of shapes past it ran eager "
                          "(compile.dynamic=true compiles one graph for every length)")
     assert "compile.dynamic=true" not in compiled_line({**hit, "dynamic": None})

@@ -97,7 +97,7 @@ def compiled_line(compiled: Mapping[str, Any]) -> str:
     import torch
 
     frames = compiled["frames_compiled"]
-    line = (f"compile: {frames} frame(s) compiled in fit ({max(0, frames - 1)} recompiles), {compiled['graphs']} "
+    line = (f"compile: {frames} frame(s) compiled in fit ({max(0, frames - 1)} recompile(s)), {compiled['graphs']} "
             f"graph(s), {compiled['graph_breaks']} graph break(s), dynamic={compiled['dynamic']}")
     if compiled.get("recompile_limit_hits"):
         line += (f"; Dynamo's recompile limit ({torch._dynamo.config.recompile_limit}) was reached: batches of shapes past it ran eager"
