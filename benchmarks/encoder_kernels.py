@@ -176,7 +176,7 @@ def measure_case(shape_name: str, length: int, variants: Sequence[str], settings
     if max(differences.values()) > tolerance:
         raise SystemExit(f"error: {shape_name} at {length}: a variant's logits differ from fused's by more than "
                          f"{tolerance:g}: {differences}")
-    steps = settings.steps or max(1, round(settings.round_s / max(eager_step, 1e-6) / len(nets)))
+    steps = settings.steps or max(1, round(settings.round_s / max(eager_step, 1e-6)))
     times = time_rounds(nets, batch, settings, steps)
     ratios = {name: [t / f for t, f in zip(times[name], times["fused"])] for name in nets}
     return {**case, "steps_per_round": steps, "first_step_s": first, "times_s": times, "ratios": ratios}
@@ -265,6 +265,7 @@ def summarize_epoch(record: dict[str, Any], eager: dict[str, Any], lengths: dict
 
 def measure_dynamic(settings: Settings, cache_dir: Optional[str], max_length: int, batch_size: int,
                     batches: Optional[int], settings_to_run: Sequence[str]) -> dict[str, Any]:
+    """Part 2: the eager epoch (after one to warm up), then each compile.dynamic setting's, summarised."""
     data = bucketed_batches(cache_dir, max_length, batch_size)
     if batches is not None:
         data["train"] = data["train"][:batches]
@@ -277,8 +278,7 @@ def measure_dynamic(settings: Settings, cache_dir: Optional[str], max_length: in
         rows.append(summarize_epoch(run_epoch(data, dynamic, settings, max_length), eager, lengths))
     resolved, how = resolve_dynamic(CompileConfig("default", False, None), variable_shapes=True)
     return {"max_length": max_length, "batch": batch_size, "lengths": lengths, "rows_per_batch": rows_per_batch,
-            "rows": rows,
-            "null_resolves_to": str(resolved).lower(), "null_how": how,
+            "rows": rows, "null_resolves_to": str(resolved).lower(), "null_how": how,
             "recompile_limit": int(torch._dynamo.config.recompile_limit)}
 
 
