@@ -25,6 +25,8 @@ from torch import nn
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folders
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
+from trainer.deploy.export_text import (evaluation_sequences, language_model_text, max_length_of, sequence_card,
+                                        write_text_files)
 from trainer.infra.atomic import remove_empty_folders, replace_atomic, write_text_atomic
 from trainer.infra.checkpoint_files import load_checkpoint, write_safetensors
 from trainer.infra.errors import UserError
@@ -194,12 +196,22 @@ def evaluation_images(datamodule: Any, count: int = CHECK_IMAGES) -> torch.Tenso
     return torch.cat(taken)[:count]
 
 
-def write_onnx(net: nn.Module, images: torch.Tensor, path: Path) -> None:
-    batch = torch.export.Dim("batch", min=1, max=4096)
+def dynamic_dims(images: torch.Tensor, max_length: Optional[int] = None) -> dict[int, Any]:
+    """The dimensions left free in an export: the batch, and for token ids of a network that takes any
+    length (an encoder) the sequence too, from 1 to `max_length`."""
+    dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=4096)}
+    if max_length is not None:
+        dims[1] = torch.export.Dim("sequence", min=1, max=max_length)
+    return dims
+
+
+def write_onnx(net: nn.Module, images: torch.Tensor, path: Path, max_length: Optional[int] = None) -> None:
+    name = "input_ids" if max_length is not None else "images"
 
     def write(tmp: Path) -> None:
-        torch.onnx.export(net, (images[:2],), str(tmp), input_names=["images"], output_names=["logits"],
-                          dynamic_shapes=({0: batch},), dynamo=True, external_data=False, verbose=False)
+        torch.onnx.export(net, (images[:2],), str(tmp), input_names=[name], output_names=["logits"],
+                          dynamic_shapes=(dynamic_dims(images, max_length),), dynamo=True, external_data=False,
+                          verbose=False)
 
     replace_atomic(path, write)
 
@@ -212,9 +224,8 @@ def onnx_logits(path: Path, images: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(session.run(None, {name: images.numpy()})[0])
 
 
-def write_program(net: nn.Module, images: torch.Tensor, path: Path) -> None:
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    program = torch.export.export(net, (images[:2],), dynamic_shapes=({0: batch},))
+def write_program(net: nn.Module, images: torch.Tensor, path: Path, max_length: Optional[int] = None) -> None:
+    program = torch.export.export(net, (images[:2],), dynamic_shapes=(dynamic_dims(images, max_length),))
 
     def write(tmp: Path) -> None:  # torch.export wants the .pt2 extension on the file it writes
         named = tmp.with_name(tmp.name + ".pt2")
@@ -248,8 +259,16 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
                   "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
                   "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
                   "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}}
+    if info.kind in ("sequences", "tokens"):  # copied in by write_text_files: the folder serves alone
+        provenance["files"]["tokenizer"] = "tokenizer.json"
+    if info.kind == "sequences":
+        provenance["files"]["huggingface"] = "huggingface/"
     if info.kind == "tokens":
         return {**_language_model_card(spec, info, metrics, run_dir), **provenance}
+    if info.kind == "sequences":
+        return {**sequence_card(spec, info, datamodule, run_dir),
+                "metrics": {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)},
+                **provenance}
     card: dict[str, Any] = {"model": spec.model["_target_"], "task": spec.task["_target_"], "kind": info.kind}
     if info.num_classes:
         card["classes"] = list(info.class_names or [str(i) for i in range(info.num_classes)])
@@ -265,23 +284,25 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
 def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -> dict[str, Any]:
     """The card with the network's inputs and outputs as the export checked them: a name, a shape
     whose first dimension is the batch (any size), a dtype each."""
-    def spec(name: str, tensor: torch.Tensor) -> dict[str, Any]:
-        return {"name": name, "shape": ["batch", *tensor.shape[1:]], "dtype": str(tensor.dtype).removeprefix("torch.")}
+    def spec(name: str, tensor: torch.Tensor, free: tuple[str, ...] = ("batch",)) -> dict[str, Any]:
+        return {"name": name, "shape": [*free, *tensor.shape[len(free):]], "dtype": str(tensor.dtype).removeprefix("torch.")}
 
     produced = outputs if isinstance(outputs, (list, tuple)) else [outputs]
     names = ["output"] if len(produced) == 1 else [f"output_{i}" for i in range(len(produced))]
-    return {**card, "inputs": [spec("input", inputs)], "outputs": [
+    # an encoder's token ids have a free length too; its logits do not
+    free_in = ("batch", "sequence") if card.get("kind") == "sequences" else ("batch",)
+    return {**card, "inputs": [spec("input", inputs, free_in)], "outputs": [
         spec(name, tensor) for name, tensor in zip(names, produced) if isinstance(tensor, torch.Tensor)]}
 
 
 def _language_model_card(spec: Any, info: Any, metrics: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A language model's card: token ids in, next-token logits out, the tokenizer beside it. No
-    preprocessing (the serving command answers images; `python -m trainer.generate` answers text)."""
+    """A language model's card: token ids in, next-token logits out, the tokenizer copied beside it
+    and the network's constructor (`language_model_text`). No image preprocessing."""
     return {"model": spec.model["_target_"], "task": "language_model",
             "vocab_size": int(info.model_inputs()["vocab_size"]),
             "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
                       "batch": "dynamic"},
-            "output": "next-token logits, N x T x vocab_size", "tokenizer": str(run_dir / "tokenizer.json"),
+            "output": "next-token logits, N x T x vocab_size", **language_model_text(spec, info, run_dir),
             "preprocessing": {},
             "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")}}
 
@@ -317,18 +338,23 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
     folder = Path(out) if out is not None else run_dir / "export"
     with tempfile.TemporaryDirectory(prefix="export-data-") as scratch:
         net, spec, datamodule, info = load_network(run_dir, checkpoint, Path(scratch))
-        images = evaluation_images(datamodule)
+        # an encoder's batches have their own lengths: checked one by one (export_text.py)
+        batches = (evaluation_sequences(datamodule, info.record.pad_id) if info.kind == "sequences"
+                   else [evaluation_images(datamodule)])
         card = model_card(spec, info, datamodule, run_dir, checkpoint)
-    net = checked_eval(net, images)
+    for batch in batches:
+        net = checked_eval(net, batch)
     with torch.inference_mode():
-        card = describe_tensors(card, images, net(images[:1]))
+        card = describe_tensors(card, batches[-1], net(batches[-1][:1]))
     created = _first_missing(folder)  # removed again when the export fails
     staging = folder.parent / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         # os.mkdir, not mkdtemp: renamed into place, it has the permissions of any new folder (not 0700)
         staging.mkdir()
-        exported = _write_export(net, images, card, checkpoint, staging, folder)
+        text_files = write_text_files(net, card, run_dir, staging) if info.kind in ("sequences", "tokens") else {}
+        exported = _write_export(net, batches, card, checkpoint, staging, folder)
+        exported.files.update(text_files)
         files = _move_into_place(staging, folder, exported.files)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -338,29 +364,40 @@ def export_run(source: Path, out: Optional[Path] = None, which: str = "best") ->
     return replace(exported, folder=folder, files=files)
 
 
-def _write_export(net: nn.Module, images: torch.Tensor, card: dict[str, Any], checkpoint: Path,
+def _write_export(net: nn.Module, batches: list[torch.Tensor], card: dict[str, Any], checkpoint: Path,
                   folder: Path, final: Path) -> Exported:
-    """The files written into `folder` (the staging folder) and checked; errors name `final`."""
+    """The files written into `folder` (the staging folder) and checked on each of `batches` (one for
+    images; an encoder's several, each of its own length); errors name `final`."""
     folded = fuse_for_inference(net)
-    with torch.inference_mode():
-        reference = net(images)
-        diffs = {"folded": float((folded(images) - reference).abs().max())}
+    max_length = max_length_of(card)
+    example = max(batches, key=lambda batch: batch.shape[0] * batch.shape[-1])
     files = {"onnx": folder / "model.onnx", "torch_export": folder / "model.pt2",
              "weights": folder / "weights.safetensors", "card": folder / "model.json"}
-    write_onnx(folded, images, files["onnx"])
-    diffs["onnxruntime"] = float((onnx_logits(files["onnx"], images) - reference).abs().max())
-    write_program(folded, images, files["torch_export"])
-    diffs["torch_export"] = float((program_logits(files["torch_export"], images) - reference).abs().max())
-    bound = TOLERANCE * max(1.0, float(reference.abs().max()))
+    write_onnx(folded, example, files["onnx"], max_length)
+    write_program(folded, example, files["torch_export"], max_length)
+    diffs = {"folded": 0.0, "onnxruntime": 0.0, "torch_export": 0.0}
+    largest = 1.0
+    for batch in batches:
+        with torch.inference_mode():
+            reference = net(batch)
+            got = {"folded": folded(batch)}
+        got["onnxruntime"] = onnx_logits(files["onnx"], batch)
+        got["torch_export"] = program_logits(files["torch_export"], batch)
+        diffs = {name: max(diffs[name], float((got[name] - reference).abs().max())) for name in diffs}
+        largest = max(largest, float(reference.abs().max()))
+    bound = TOLERANCE * largest
     worst = max(diffs, key=diffs.__getitem__)
     if diffs[worst] > bound:
         raise UserError(str(final / files[worst].name if worst in files else final), f"the {worst} model's logits "
-                        f"differ from PyTorch's by {diffs[worst]:.2e} on evaluation images (bound {bound:.2e})",
+                        f"differ from PyTorch's by {diffs[worst]:.2e} on evaluation inputs (bound {bound:.2e})",
                         "an exportable network (report it: the export is not trustworthy)")
     write_safetensors(net.state_dict(), files["weights"], {"source": str(checkpoint)})
-    card["checked"] = {"images": len(images), "max_abs_diff": diffs, "bound": bound}
+    checked = sum(len(batch) for batch in batches)
+    card["checked"] = {"images": checked, "max_abs_diff": diffs, "bound": bound}
+    if max_length is not None:
+        card["checked"]["sequences"] = {"count": checked, "lengths": [int(batch.shape[1]) for batch in batches]}
     write_text_atomic(files["card"], json.dumps(card, indent=2) + "\n")
-    return Exported(folder, checkpoint, files, diffs, len(images),
+    return Exported(folder, checkpoint, files, diffs, checked,
                     (sum(1 for _ in net.modules()), sum(1 for _ in folded.modules())))
 
 
@@ -372,6 +409,8 @@ def _move_into_place(staging: Path, folder: Path, files: Mapping[str, Path]) -> 
         os.replace(staging, folder)
     else:
         for name in sorted(files, key=lambda name: name == "card"):
+            if files[name].is_dir() and (folder / files[name].name).is_dir():  # os.replace cannot replace a full folder
+                shutil.rmtree(folder / files[name].name)
             os.replace(files[name], folder / files[name].name)
         shutil.rmtree(staging, ignore_errors=True)
     return {name: folder / path.name for name, path in files.items()}

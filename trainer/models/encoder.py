@@ -149,11 +149,12 @@ class Encoder(nn.Module):
         """Training FLOPs per token at `sequence_length` and how they were derived."""
         return encoder_flops_per_token(self, sequence_length)
 
-    def save_pretrained(self, folder: str | Path) -> Path:
+    def save_pretrained(self, folder: str | Path, class_names: Optional[list[str]] = None) -> Path:
         """Write `folder` as Hugging Face's ``BertForSequenceClassification.save_pretrained`` would:
         config.json and model.safetensors under BERT's names (q, k and v split from the fused
-        projection). Each file is replaced atomically."""
-        return save_pretrained(self, Path(folder))
+        projection). `class_names` (the data's, in the head's order) become the config's id2label and
+        label2id. Each file is replaced atomically."""
+        return save_pretrained(self, Path(folder), class_names)
 
 
 class Embeddings(nn.Module):
@@ -366,7 +367,7 @@ def hf_state_dict(net: Encoder) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_pretrained(net: Encoder, folder: Path) -> Path:
+def save_pretrained(net: Encoder, folder: Path, class_names: Optional[list[str]] = None) -> Path:
     """pooling=first: a BertForSequenceClassification folder (the pooler and the classifier with it);
     pooling=mean, which Hugging Face's classes do not have (they pool the first token): the encoder
     alone as a BertModel folder (no ``bert.`` prefix, no head), which loads into transformers' BertModel
@@ -375,6 +376,12 @@ def save_pretrained(net: Encoder, folder: Path) -> Path:
     from trainer.infra.checkpoint_files import write_safetensors
 
     tensors, config = hf_state_dict(net), net.config
+    if class_names is not None:
+        if len(class_names) != net.classifier.out_features:
+            raise ValueError(f"{len(class_names)} class names for a head of {net.classifier.out_features} classes")
+        config = copy.deepcopy(config)
+        config.id2label = dict(enumerate(str(name) for name in class_names))
+        config.label2id = {str(name): index for index, name in enumerate(class_names)}
     if net.pooler is None:
         tensors = {name.removeprefix("bert."): tensor for name, tensor in tensors.items()
                    if not name.startswith("classifier.")}
