@@ -10,3 +10,8 @@ DEFAULT_BATCH_TIMEOUT_MS = 0.0
 #: process; docs/deploy.md says why 40 MP). Not derived from the model's input size.
 DEFAULT_MAX_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_PIXELS = 40_000_000
+
+#: ``serve``'s limits on a text model's requests: a text's characters (checked before tokenizing; the
+#: model reads at most its max_length tokens of it anyway), and the tokens one /generate may ask for.
+DEFAULT_MAX_CHARS = 100_000
+DEFAULT_MAX_NEW_TOKENS = 256

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.deploy import (DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BYTES,
-                            DEFAULT_MAX_PIXELS)
+                            DEFAULT_MAX_CHARS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_PIXELS)
 from trainer.infra.errors import UserError, one_line_on_user_error
 from trainer.infra.extras import require
 
@@ -32,7 +32,7 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy
     bench.add_argument("--warmup", type=int, default=10, help="untimed calls first")
     bench.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is one")
     serve = commands.add_parser("serve", help="the exported model behind a batching HTTP server (LitServe): POST "
-                                              "an image to /predict, GET /health")
+                                              "an image or a text to /predict, a prompt to /generate, GET /health")
     serve.add_argument("source", type=Path, help="an export folder (model.json), a run folder or a .ckpt inside one; "
                                                  "a run is exported first when it has no export of its checkpoint")
     _server_options(serve)
@@ -46,6 +46,12 @@ def main(argv: Optional[list[str]] = None, prog: str = "python -m trainer.deploy
     serve.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                        help=f"largest image accepted, in pixels, read from its header before decoding (413 above; "
                             f"default {DEFAULT_MAX_PIXELS:,})")
+    serve.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS,
+                       help=f"an encoder's longest text accepted, in characters (413 above; default "
+                            f"{DEFAULT_MAX_CHARS:,}); the model reads at most its max_length tokens of it")
+    serve.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                       help=f"a language model's most tokens per request (max_tokens above it: 413; default "
+                            f"{DEFAULT_MAX_NEW_TOKENS})")
     serve.add_argument("--runtime", choices=("auto", "onnxruntime", "torch"), default="auto",
                        help="auto: ONNX Runtime on the CPU, the torch.export program on CUDA")
     load = commands.add_parser("load", help="QPS and P50/P99 of the server at several concurrencies, batching on "
@@ -80,10 +86,11 @@ def _run(args: argparse.Namespace) -> list[str]:
     if args.command == "serve":
         from trainer.deploy.serve import serve
 
-        _positive(args, "port", "max_batch_size", "top_k", "max_bytes", "max_pixels")
+        _positive(args, "port", "max_batch_size", "top_k", "max_bytes", "max_pixels", "max_chars", "max_new_tokens")
         serve(args.source, port=args.port, host=args.host, max_batch_size=args.max_batch_size,
               batch_timeout_ms=args.batch_timeout_ms, top_k=args.top_k, max_bytes=args.max_bytes,
-              max_pixels=args.max_pixels, runtime=args.runtime, device=args.device)
+              max_pixels=args.max_pixels, runtime=args.runtime, device=args.device, max_chars=args.max_chars,
+              max_new_tokens=args.max_new_tokens)
         return []
     if args.command == "load":
         from trainer.deploy.load import load_run

@@ -282,13 +282,15 @@ class Runtime:
         else:
             self._program = torch.export.load(str(folder / "model.pt2")).module().to(device)
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The network's output for a batch (images, or an encoder's token ids), as float32."""
         if self.kind == "onnxruntime":
-            logits = torch.from_numpy(self._session.run(None, {self._input: images.cpu().numpy()})[0])
-        else:
-            with torch.inference_mode():
-                logits = self._program(images.to(self.device))
-        return torch.softmax(logits.float(), dim=1).cpu()
+            return torch.from_numpy(self._session.run(None, {self._input: inputs.cpu().numpy()})[0]).float()
+        with torch.inference_mode():
+            return self._program(inputs.to(self.device)).float()
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.logits(images), dim=1).cpu()
 
 
 def runtime_for(device: torch.device, runtime: str) -> str:
@@ -522,13 +524,22 @@ class ImageServer(ls.LitServer):
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
           batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS, top_k: int = 5, max_bytes: int = DEFAULT_MAX_BYTES,
           max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "auto", device: Optional[str] = None,
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", **text_limits: int) -> None:
+    """`text_limits`: a text model's own (max_chars, max_new_tokens; serve_text.py)."""
     _check_port(host, port)
     from trainer.deploy.export import export_folder
 
     folder = export_folder(source)
-    card, preprocessing = read_card(folder)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    text_task = text_api(folder)
+    if text_task is not None:  # an encoder or a language model: the text APIs (serve_text.py)
+        from trainer.deploy.serve_text import serve_text
+
+        serve_text(folder, text_task, target, port=port, host=host, max_batch_size=max_batch_size,
+                   batch_timeout_ms=batch_timeout_ms, top_k=top_k, max_bytes=max_bytes, runtime=runtime,
+                   log_level=log_level, **text_limits)
+        return
+    card, preprocessing = read_card(folder)
     api = ClassifierAPI(folder, card, preprocessing, runtime_for(target, runtime), top_k, max_batch_size,
                         batch_timeout_ms / 1000)
     server = ImageServer(api, preprocessing, max_bytes, top_k, max_pixels=max_pixels, runtime=api.runtime_kind,
@@ -541,12 +552,26 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
     # same check on the header before decoding, but with the server's limit and a one-line 413 instead
     # of PIL's warning on stderr from 89 MP and its error from 179 MP.
     Image.MAX_IMAGE_PIXELS = None
+    run_server(server, folder, host, port, log_level, f"serving {folder} on http://{host}:{port}{API_PATH} (max "
+               f"batch {max_batch_size}, batch timeout {batch_timeout_ms:g} ms, {api.runtime_kind} on {target}; "
+               f"images up to {max_bytes:,} bytes and {max_pixels:,} pixels); /health is 200 once warmed up")
+
+
+def text_api(folder: Path) -> Optional[str]:
+    """The text task of an export's card (sequence_classification, language_model), None for any other."""
+    from trainer.deploy.export import load_card
+
+    task = load_card(folder / "model.json").get("task")
+    return task if task in ("sequence_classification", "language_model") else None
+
+
+def run_server(server: ls.LitServer, folder: Path, host: str, port: int, log_level: str, banner: str) -> None:
+    """Run `server` until SIGTERM or Ctrl+C (see `_interrupt`), saying so; a worker that fails to
+    load is one line."""
     global _MAIN_PID
     _MAIN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _interrupt)  # inherited by the processes LitServe forks: see _interrupt
-    print(f"serving {folder} on http://{host}:{port}{API_PATH} (max batch {max_batch_size}, batch timeout "
-          f"{batch_timeout_ms:g} ms, {api.runtime_kind} on {target}; images up to {max_bytes:,} bytes and "
-          f"{max_pixels:,} pixels); /health is 200 once warmed up", flush=True)
+    print(banner, flush=True)
     started = time.monotonic()
     try:
         server.run(host=host, port=port, num_api_servers=1, log_level=log_level, generate_client_file=False)
@@ -554,7 +579,8 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
         if "failed to start" not in str(ex):
             raise
         raise UserError(str(folder), "the inference worker could not load and warm up the model (its error is "
-                        "above)", "an export folder written by export, with model.onnx or model.pt2") from None
+                        "above)", "an export folder written by export, with model.onnx, model.pt2 or "
+                        "weights.safetensors") from None
     print(f"stopped after {time.monotonic() - started:.0f} s", flush=True)
 
 
