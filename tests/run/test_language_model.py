@@ -100,16 +100,16 @@ def test_the_trained_model_writes_text(short_run):
     assert write("--greedy").startswith("def ")
 
 
-def test_the_language_model_exports_and_the_image_server_refuses_it_in_one_line(short_run):
+def test_the_language_model_exports_with_its_tokenizer_inside(short_run):
+    """Serving it (POST /generate) is tests/run/test_serve_text.py's."""
     run_dir = short_run["run_dir"]
     exported = python_forked(["-m", "trainer.deploy", "export", run_dir], timeout=600)
     assert exported.returncode == 0, exported.stderr[-2000:]
     card = json.loads((Path(run_dir) / "export" / "model.json").read_text())
     assert card["task"] == "language_model" and card["input"]["dtype"] == "int64"
     assert max(card["checked"]["max_abs_diff"].values()) <= card["checked"]["bound"]
-    served = python_forked(["-m", "trainer.deploy", "serve", run_dir, "--port", "8799"])
-    assert served.returncode == 2 and "Traceback" not in served.stderr
-    assert served.stderr.strip().splitlines()[-1].startswith("error: ") and "is a language model" in served.stderr
+    assert card["tokenizer"] == "tokenizer.json" and card["network"]["arguments"]["max_positions"] == 128
+    assert (Path(run_dir) / "export" / "tokenizer.json").read_bytes() == (Path(run_dir) / "tokenizer.json").read_bytes()
 
 
 @pytest.mark.parametrize("overrides, key", [

@@ -41,7 +41,7 @@ class GenerateJSON(BaseModel):
 
     prompt: str = Field(description="the text to continue (not empty; at most the model's context in tokens)")
     max_tokens: int = Field(DEFAULTS["max_tokens"], ge=1, description="tokens to add at most (the server's "
-                                                                     "--max-new-tokens bounds it)")
+                                                                     "--max-new-tokens bounds it, and the default)")
     temperature: float = Field(DEFAULTS["temperature"], ge=0, description="divides the logits; 0: the most "
                                                                           "likely token every step (greedy)")
     top_k: Optional[int] = Field(DEFAULTS["top_k"], ge=1, description="sample among the k most likely (null: all)")
@@ -168,7 +168,9 @@ class GenerateRequestHandler(BaseRequestHandler):
         if not isinstance(prompt, str) or not prompt.strip():
             raise HTTPException(422, 'the JSON has no "prompt" or it is empty; allowed: {"prompt": "def main(", '
                                      '"max_tokens": 32}')
-        fields = {**DEFAULTS, **{key: data[key] for key in DEFAULTS if key in data}}
+        # a request that names no max_tokens gets the default, within this server's limit
+        fields = {**DEFAULTS, "max_tokens": min(DEFAULTS["max_tokens"], server.max_new_tokens),
+                  **{key: data[key] for key in DEFAULTS if key in data}}
         max_tokens = positive_int(fields["max_tokens"], "max_tokens")
         if max_tokens > server.max_new_tokens:
             raise HTTPException(413, f"max_tokens={max_tokens} is over the limit of {server.max_new_tokens} "
