@@ -255,14 +255,15 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
     model."""
     summary = _summary(run_dir)
     metrics = summary.get("metrics", {})
+    files = {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}
+    if info.kind in ("sequences", "tokens"):  # copied in by write_text_files: the folder serves alone
+        files["tokenizer"] = "tokenizer.json"
+    if info.kind == "sequences":
+        files["huggingface"] = "huggingface/"
     provenance = {"tested_weights": summary.get("tested_weights"),
                   "checkpoint": {"path": str(checkpoint), "sha256": sha256(checkpoint)},
                   "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
-                  "files": {"onnx": "model.onnx", "torch_export": "model.pt2", "weights": "weights.safetensors"}}
-    if info.kind in ("sequences", "tokens"):  # copied in by write_text_files: the folder serves alone
-        provenance["files"]["tokenizer"] = "tokenizer.json"
-    if info.kind == "sequences":
-        provenance["files"]["huggingface"] = "huggingface/"
+                  "files": files}
     if info.kind == "tokens":
         return {**_language_model_card(spec, info, metrics, run_dir), **provenance}
     if info.kind == "sequences":

@@ -33,7 +33,7 @@ from trainer.infra.errors import UserError
 GENERATE_PATH = "/generate"
 STREAM_PATH = "/generate/stream"
 NDJSON_TYPE = "application/x-ndjson"
-DEFAULTS = {"max_tokens": 64, "temperature": 0.8, "top_k": 50, "seed": 0}
+DEFAULTS: dict[str, Any] = {"max_tokens": 64, "temperature": 0.8, "top_k": 50, "seed": 0}
 
 
 class GenerateJSON(BaseModel):
@@ -198,7 +198,7 @@ class GenerateRequestHandler(BaseRequestHandler):
         """The request queued; its lines streamed as NDJSON, or the last (the whole answer) as JSON."""
         payload = await self._prepare_request(request, Request)
         uid, _ = await self._submit_request(payload)
-        event, lines = asyncio.Event(), deque()
+        event, lines = asyncio.Event(), deque[Any]()
         self.server.response_buffer[uid] = ResponseBufferItem(event=event, response_queue=lines)
         items = self.server.data_streamer(lines, data_available=event, send_status=True)
         if stream:
@@ -257,7 +257,7 @@ class GeneratorServer(TextServer):
         body = {"requestBody": {"required": True, "content": {JSON_TYPE: {"schema": GenerateJSON.model_json_schema()}}}}
         self.app.add_api_route(GENERATE_PATH, generate, methods=["POST"], response_model=Generation,
                                summary="Continue a prompt", responses=GENERATE_ERRORS, openapi_extra=body)
-        stream_answer = {200: {"description": "one JSON object a line: {\"token\": piece, \"tokens\": n} per "
+        stream_answer: dict[int | str, dict[str, Any]] = {200: {"description": "one JSON object a line: {\"token\": piece, \"tokens\": n} per "
                                               "piece of text, then the Generation", "content": {NDJSON_TYPE: {}}}}
         self.app.add_api_route(STREAM_PATH, generate_stream, methods=["POST"], summary="Continue a prompt, streamed",
                                responses={**stream_answer, **GENERATE_ERRORS}, openapi_extra=body)
