@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from trainer.deploy import (DEFAULT_BATCH_TIMEOUT_MS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BYTES,
                             DEFAULT_MAX_CHARS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_MAX_PIXELS)
@@ -84,18 +84,22 @@ def _run(args: argparse.Namespace) -> list[str]:
 
         return export_run(args.source, out=args.out, which=args.checkpoint).lines()
     if args.command == "serve":
-        from trainer.deploy.serve import serve
-
         _positive(args, "port", "max_batch_size", "top_k", "max_bytes", "max_pixels", "max_chars", "max_new_tokens")
-        serve(args.source, port=args.port, host=args.host, max_batch_size=args.max_batch_size,
-              batch_timeout_ms=args.batch_timeout_ms, top_k=args.top_k, max_bytes=args.max_bytes,
-              max_pixels=args.max_pixels, runtime=args.runtime, device=args.device, max_chars=args.max_chars,
-              max_new_tokens=args.max_new_tokens)
+        _serve(args)
         return []
     if args.command == "load":
         from trainer.deploy.load import load_run
 
         _positive(args, "max_batch_size", "requests", "rounds")
+        text = _text_export(args.source)
+        if text is not None:  # one server, by length bin and concurrency (load_text.py)
+            from trainer.deploy.export import locate
+            from trainer.deploy.load_text import load_text_run
+
+            measured = load_text_run(locate(args.source)[0], *text, _batch_sizes(args.concurrency, "--concurrency"),
+                                     args.requests, args.budget_s, args.max_batch_size, args.batch_timeout_ms,
+                                     ["--device", args.device] if args.device else [])
+            return [*measured.lines(), f"written: {measured.markdown} (and .json beside it)"]
         report = load_run(args.source, _batch_sizes(args.concurrency, "--concurrency"), requests=args.requests,
                           budget_s=args.budget_s, rounds=args.rounds, max_batch_size=args.max_batch_size,
                           batch_timeout_ms=args.batch_timeout_ms, device=args.device)
@@ -105,6 +109,42 @@ def _run(args: argparse.Namespace) -> list[str]:
     timings, written = bench_run(args.source, _batch_sizes(args.batch_sizes), warmup=args.warmup, calls=args.calls,
                                  budget_s=args.budget_s, device=args.device)
     return [*table(timings), f"written: {written} (and .json, .png beside it)"]
+
+
+def _text_export(source: Path) -> Optional[tuple[Path, dict[str, Any]]]:
+    """(export folder, card) when `source` is (or exports to) a text model's export, else None."""
+    from trainer.deploy.export import export_folder, load_card
+
+    folder = export_folder(source)
+    card = load_card(folder / "model.json")
+    return (folder, card) if card.get("task") in ("sequence_classification", "language_model") else None
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """The API by the export card's task: images (serve.py), an encoder (serve_text.py), a language
+    model (serve_generate.py)."""
+    import torch
+
+    from trainer.deploy.serve import _check_port
+
+    _check_port(args.host, args.port)  # before any export: a busy port is said at once
+    text = _text_export(args.source)
+    target = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if text is not None and text[1]["task"] == "language_model":
+        from trainer.deploy.serve_generate import serve_generator
+
+        serve_generator(*text, target, args.port, args.host, args.max_bytes, args.max_new_tokens)
+    elif text is not None:
+        from trainer.deploy.serve_text import serve_encoder
+
+        serve_encoder(*text, target, args.port, args.host, args.max_batch_size, args.batch_timeout_ms, args.top_k,
+                      args.max_bytes, args.runtime, max_chars=args.max_chars)
+    else:
+        from trainer.deploy.serve import serve
+
+        serve(args.source, port=args.port, host=args.host, max_batch_size=args.max_batch_size,
+              batch_timeout_ms=args.batch_timeout_ms, top_k=args.top_k, max_bytes=args.max_bytes,
+              max_pixels=args.max_pixels, runtime=args.runtime, device=args.device)
 
 
 def _server_options(parser: argparse.ArgumentParser) -> None:

@@ -234,20 +234,14 @@ def _last_line(path: Path) -> str:
 def load_run(source: Path, concurrencies: Sequence[int] = DEFAULT_CONCURRENCIES, requests: int = 2000,
              budget_s: float = 10.0, rounds: int = 2, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
              batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS,
-             device: Optional[str] = None) -> Any:
-    """Both servers under the same load, taking turns (see the module's docstring); a text model's one
-    server by length bin and concurrency instead (load_text.py; `rounds` is not used there)."""
-    from trainer.deploy.export import export_folder, load_card, locate
+             device: Optional[str] = None) -> "LoadReport":
+    """Both servers under the same load, taking turns (see the module's docstring). A text model's
+    server is load_text.py's (the command picks it by the card's task)."""
+    from trainer.deploy.export import export_folder, locate
 
     run_dir, _ = locate(Path(source))
     folder = export_folder(source)  # once, here, so that the two servers do not both export
     extra = ["--device", device] if device else []
-    card = load_card(folder / "model.json")
-    if card.get("task") in ("sequence_classification", "language_model"):  # one server, by length (load_text.py)
-        from trainer.deploy.load_text import load_text_run
-
-        return load_text_run(run_dir, folder, card, concurrencies, requests, budget_s, max_batch_size,
-                             batch_timeout_ms, extra)
     samples = client_samples(run_dir)
     logs = run_dir / "deploy_load_logs"
     logs.mkdir(exist_ok=True)

@@ -524,21 +524,14 @@ class ImageServer(ls.LitServer):
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
           batch_timeout_ms: float = DEFAULT_BATCH_TIMEOUT_MS, top_k: int = 5, max_bytes: int = DEFAULT_MAX_BYTES,
           max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "auto", device: Optional[str] = None,
-          log_level: str = "warning", **text_limits: int) -> None:
-    """`text_limits`: a text model's own (max_chars, max_new_tokens; serve_text.py)."""
+          log_level: str = "warning") -> None:
+    """An image classifier's export (a text model's: serve_text.py, serve_generate.py; the command
+    picks by the card's task, `trainer.deploy.__main__`)."""
     _check_port(host, port)
     from trainer.deploy.export import export_folder
 
     folder = export_folder(source)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    text_task = text_api(folder)
-    if text_task is not None:  # an encoder or a language model: the text APIs (serve_text.py)
-        from trainer.deploy.serve_text import serve_text
-
-        serve_text(folder, text_task, target, port=port, host=host, max_batch_size=max_batch_size,
-                   batch_timeout_ms=batch_timeout_ms, top_k=top_k, max_bytes=max_bytes, runtime=runtime,
-                   log_level=log_level, **text_limits)
-        return
     card, preprocessing = read_card(folder)
     api = ClassifierAPI(folder, card, preprocessing, runtime_for(target, runtime), top_k, max_batch_size,
                         batch_timeout_ms / 1000)
@@ -555,14 +548,6 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
     run_server(server, folder, host, port, log_level, f"serving {folder} on http://{host}:{port}{API_PATH} (max "
                f"batch {max_batch_size}, batch timeout {batch_timeout_ms:g} ms, {api.runtime_kind} on {target}; "
                f"images up to {max_bytes:,} bytes and {max_pixels:,} pixels); /health is 200 once warmed up")
-
-
-def text_api(folder: Path) -> Optional[str]:
-    """The text task of an export's card (sequence_classification, language_model), None for any other."""
-    from trainer.deploy.export import load_card
-
-    task = load_card(folder / "model.json").get("task")
-    return task if task in ("sequence_classification", "language_model") else None
 
 
 def run_server(server: ls.LitServer, folder: Path, host: str, port: int, log_level: str, banner: str) -> None:

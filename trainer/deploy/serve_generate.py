@@ -26,8 +26,8 @@ from litserve.server import BaseRequestHandler
 from litserve.utils import LitAPIStatus, ResponseBufferItem
 from pydantic import BaseModel, Field
 
-from trainer.deploy.serve import ERROR_RESPONSES, run_server
-from trainer.deploy.serve_text import JSON_TYPE, TextServer, positive_int, read_json
+from trainer.deploy.serve import ERROR_RESPONSES, _check_port, run_server
+from trainer.deploy.serve_text import JSON_TYPE, TextServer, check_text_export, positive_int, read_json
 from trainer.infra.errors import UserError
 
 GENERATE_PATH = "/generate"
@@ -274,7 +274,10 @@ class _Streaming:
 
 
 def serve_generator(folder: Path, card: dict[str, Any], target: torch.device, port: int, host: str, max_bytes: int,
-                    max_new_tokens: int, log_level: str) -> None:
+                    max_new_tokens: int, log_level: str = "warning") -> None:
+    """Serve a language model's export (the command picks it by the card's task)."""
+    _check_port(host, port)
+    check_text_export(folder, card)
     if not card.get("network") or not card.get("text", {}).get("context"):
         raise UserError(str(folder / "model.json"), "states no network constructor or context (an export of an "
                         "earlier version)", "export the run again with this version")

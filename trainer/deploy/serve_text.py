@@ -24,9 +24,9 @@ from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.server import RegularRequestHandler
 from pydantic import BaseModel, Field
 
-from trainer.deploy import DEFAULT_MAX_CHARS, DEFAULT_MAX_NEW_TOKENS
+from trainer.deploy import DEFAULT_MAX_CHARS
 from trainer.deploy.serve import (API_PATH, ERROR_RESPONSES, INFO_PATH, METRICS_PATH, ImageRequestHandler,
-                                  Runtime, ServerMetrics, WaitingBatchLoop, run_server, runtime_for)
+                                  Runtime, ServerMetrics, WaitingBatchLoop, _check_port, run_server, runtime_for)
 from trainer.infra.errors import UserError
 from trainer.infra.versions import project_version
 
@@ -310,22 +310,21 @@ class EncoderServer(TextServer):
 
 
 # -- the command -----------------------------------------------------------------------------------------
-def serve_text(folder: Path, task: str, target: torch.device, port: int, host: str, max_batch_size: int,
-               batch_timeout_ms: float, top_k: int, max_bytes: int, runtime: str, log_level: str,
-               max_chars: int = DEFAULT_MAX_CHARS, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> None:
-    """Serve an encoder's or a language model's export (serve.py's `serve` calls it by the card's task)."""
-    from trainer.deploy.export import load_card
-
-    card = load_card(folder / "model.json")
+def check_text_export(folder: Path, card: dict[str, Any]) -> None:
+    """A text model's export must hold its tokenizer (an earlier version's card named the run's)."""
     tokenizer = folder / card.get("text", {}).get("tokenizer", "tokenizer.json")
     if not tokenizer.is_file():
         raise UserError(str(folder), f"has no {tokenizer.name} (an export of an earlier version: the card named "
                         "the run's)", "export the run again: the tokenizer is then copied into the export")
-    if task == "language_model":
-        from trainer.deploy.serve_generate import serve_generator
 
-        serve_generator(folder, card, target, port, host, max_bytes, max_new_tokens, log_level)
-        return
+
+def serve_encoder(folder: Path, card: dict[str, Any], target: torch.device, port: int, host: str,
+                  max_batch_size: int, batch_timeout_ms: float, top_k: int, max_bytes: int, runtime: str,
+                  log_level: str = "warning", max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    """Serve an encoder's export (the command picks it by the card's task)."""
+    _check_port(host, port)
+    check_text_export(folder, card)
+    task = card["task"]
     api = EncoderAPI(folder, card, runtime_for(target, runtime), max_batch_size, batch_timeout_ms / 1000)
     server = EncoderServer(api, folder, card, max_bytes, max_chars, top_k, accelerator=target.type, devices=1,
                            workers_per_device=1, timeout=30,
