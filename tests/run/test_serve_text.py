@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.helpers import python_forked, train_forked
-from trainer.deploy.export import export_run, load_network
+from trainer.deploy.export import export_run, load_card, load_network
 from trainer.deploy.load import ServerProcess
+from trainer.deploy.load_text import load_text_run
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -227,10 +228,15 @@ def test_the_gpt_server_refuses_over_its_limits_in_one_line(gpt):
 
 
 def test_load_reports_of_both_text_servers(encoder, gpt):
+    """The GPT's through the command (which starts its own server); the encoder's on the module's server,
+    already running (a third server would only repeat the start-up)."""
+    run_dir, exported, server = encoder
+    load_text_run(run_dir, exported.folder, load_card(exported.folder / "model.json"), [1, 4], 8, 2.0,
+                  max_batch_size=16, batch_timeout_ms=150, server=server)
+    done = python_forked(["-m", "trainer.deploy", "load", str(gpt[0]), "--concurrency", "1,4", "--requests", "8",
+                          "--budget-s", "2"], timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
     for run_dir, _, _ in (encoder, gpt):
-        done = python_forked(["-m", "trainer.deploy", "load", str(run_dir), "--concurrency", "1,4", "--requests", "8",
-                              "--budget-s", "2"], timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads((Path(run_dir) / "deploy_load.json").read_text())
         memory = report["memory_mib"]
         assert {"main", "inference_worker", "http"} <= {name.split(" ")[0] for name in memory}

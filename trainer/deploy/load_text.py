@@ -226,31 +226,41 @@ def server_memory(main_pid: int) -> dict[str, dict[str, float]]:
 
 def load_text_run(run_dir: Path, folder: Path, card: dict[str, Any], concurrencies: Sequence[int], requests: int,
                   budget_s: float, max_batch_size: int, batch_timeout_ms: float,
-                  extra: Sequence[str] = ()) -> "TextLoadReport":
-    """An encoder's or a language model's server under load (see the module's docstring)."""
+                  extra: Sequence[str] = (), server: Optional[ServerProcess] = None) -> "TextLoadReport":
+    """An encoder's or a language model's server under load (see the module's docstring): one started
+    for it, or `server`, already started from `folder` with these settings and left running."""
     generating = card.get("task") == "language_model"
     samples = prompt_samples(run_dir, card, folder) if generating else encoder_samples(run_dir, card, folder)
     if not samples:
         raise UserError(str(run_dir), "has no validation text to send", "a run whose validation split holds text")
-    logs = run_dir / "deploy_load_logs"
-    logs.mkdir(exist_ok=True)
-    rows: list[TextLoadRow] = []
-    with ServerProcess(folder, max_batch_size, batch_timeout_ms, logs / "text.log", extra) as server:
-        server.wait_ready()
-        for concurrency in concurrencies:
-            if generating:
-                rows.append(asyncio.run(measure_generation(server.url + "/generate/stream", samples, concurrency,
-                                                           requests, budget_s)))
-                continue
-            for name in [*sorted({s.bin for s in samples}, key=int), ALL_LENGTHS]:
-                chosen = [s for s in samples if name in (s.bin, ALL_LENGTHS)]
-                rows.append(asyncio.run(measure_encoder(server.url + "/predict", chosen, name, concurrency,
-                                                        requests, budget_s)))
-        memory = server_memory(server.process.pid)
+    if server is None:
+        logs = run_dir / "deploy_load_logs"
+        logs.mkdir(exist_ok=True)
+        with ServerProcess(folder, max_batch_size, batch_timeout_ms, logs / "text.log", extra) as started:
+            started.wait_ready()
+            rows, memory = _measure(started, samples, generating, concurrencies, requests, budget_s)
+    else:
+        rows, memory = _measure(server, samples, generating, concurrencies, requests, budget_s)
     report = TextLoadReport(rows, memory, generating, run_dir / "deploy_load.md",
                             {name: sum(1 for s in samples if s.bin == name) for name in {s.bin for s in samples}})
     write_text_report(report, folder, max_batch_size, batch_timeout_ms)
     return report
+
+
+def _measure(server: ServerProcess, samples: Sequence[Any], generating: bool, concurrencies: Sequence[int],
+             requests: int, budget_s: float) -> tuple[list["TextLoadRow"], dict[str, Any]]:
+    """The rows (per concurrency; an encoder's also per length bin and all lengths) and the server's memory."""
+    rows: list[TextLoadRow] = []
+    for concurrency in concurrencies:
+        if generating:
+            rows.append(asyncio.run(measure_generation(server.url + "/generate/stream", samples, concurrency,
+                                                       requests, budget_s)))
+            continue
+        for name in [*sorted({s.bin for s in samples}, key=int), ALL_LENGTHS]:
+            chosen = [s for s in samples if name in (s.bin, ALL_LENGTHS)]
+            rows.append(asyncio.run(measure_encoder(server.url + "/predict", chosen, name, concurrency,
+                                                    requests, budget_s)))
+    return rows, server_memory(server.process.pid)
 
 
 @dataclass
