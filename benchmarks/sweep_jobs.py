@@ -71,6 +71,33 @@ def provenance_of(summary: dict[str, Any]) -> dict[str, Any]:
             "beside_load": (None if not loads or not cpus else max(loads) > cpus + LOAD_MARGIN)}
 
 
+def design_of(files: Sequence[str]) -> dict[str, Any]:
+    """The pre-registration a job records: the last commit that touched the study's design `files`
+    (its rule and its script, paths from the repository root), when it was committed, and whether
+    those files were unchanged from it when the job ran (`clean`): a reader checks that the commit
+    precedes the job's start. Read from git; {"commit": None} outside a checkout."""
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *words], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+    found = git("log", "-1", "--format=%H %cI", "--", *files).split()
+    if len(found) != 2:
+        return {"commit": None, "committed": None, "files": list(files), "clean": False}
+    return {"commit": found[0], "committed": found[1], "files": list(files),
+            "clean": not git("status", "--porcelain", "--", *files)}
+
+
+def preregistered(job: dict[str, Any]) -> bool | None:
+    """Whether a job ran under a design committed before it started and unchanged since (None: the
+    job records no design, as every job before issue 51)."""
+    design = job.get("design")
+    if not design:
+        return None
+    if not design.get("commit") or not design.get("clean") or not job.get("started"):
+        return False
+    from datetime import datetime
+    return datetime.fromisoformat(design["committed"]) <= datetime.fromisoformat(job["started"])
+
+
 def timed_alone(job: dict[str, Any]) -> bool:
     """Whether a job's times may enter a time figure: it recorded its load, and nothing else ran."""
     return job.get("beside_load") is False
