@@ -29,7 +29,7 @@ and the commit of the design it ran under: `design`) go into `<out>_jobs.json` (
 it); the report (the power, verdicts, one table per setting, a plot) is written from that file alone.
 
     python benchmarks/clipping_study.py                                # fragile and stable, 13 and 9 seeds, about 12 min here
-    python benchmarks/clipping_study.py --settings finetune --out benchmarks/results/clipping_finetune_cpu.md
+    python benchmarks/clipping_study.py --settings finetune --out benchmarks/results/clipping_finetune_cpu.md  # <= 55 min
     python benchmarks/clipping_study.py --report-only                  # the report from the jobs file
     python benchmarks/clipping_study.py --quick --out /tmp/clipping.md # CI: outputs only, about a minute on 2 cores
 """
@@ -50,7 +50,7 @@ from sweep_jobs import (add_jobs, design_of, keep_comparison, load_jobs, overrid
                         provenance_of, run_multirun, summaries, timed_alone, write_report)
 
 from trainer.infra.figures import new_figure, save_png  # noqa: E402
-from trainer.measure.decision_rule import (ALPHA, compare, correct, detectable_drop, outcome, seeds_for,  # noqa: E402
+from trainer.measure.decision_rule import (compare, correct, detectable_drop, outcome, seeds_for,  # noqa: E402
                                            spread_used)
 from trainer.measure.seed_groups import Spread  # noqa: E402 - after the repository is on the path
 
@@ -73,12 +73,16 @@ MARGINS = {"stable": 0.01, "fragile": 0.10, "finetune": 0.01}
 #: within-arm sd of the runs that did not diverge, for a Welch test, as the rule of the time did.
 #: The sizing is reported against the spread the rule's test now uses (`power_lines`).
 PILOT_SD = {"stable": 0.0071, "fragile": 0.059}
-#: The design of the fine-tuning setting, committed before its first job (issue 51 item 3): an
-#: internal pilot of `pilot_seeds` seeds an arm gives the sd of the paired differences (the default
-#: against each other arm, pooled), from which `seeds_for` (non-inferiority within one point, 80%
-#: power, paired, Holm over the family of 2) sizes the study, capped at `most_seeds` (about 25 min
-#: of runs on the shared 2-core machine); the verdict is the rule's on the val accuracy.
-FINETUNE = {"arms": ("off", "fixed_norm", "percentile"), "pilot_seeds": 3, "most_seeds": 8,
+#: The design of the fine-tuning setting, committed before its first job (issue 51 item 3). Revised
+#: before any job was kept: the first design (a 3-seed internal pilot, then up to 8 seeds) assumed
+#: 30-60 s a run; under the shared machine's load of 2026-12-07 a run took 299 s, so 24 runs would
+#: take two hours. Now: seed-major (every arm of seed 1, then of seed 2, ...: a cut-off loses whole
+#: seeds, never one arm), a new seed started only while the time spent plus the slowest seed so far
+#: stays within `budget_min` (a stopping rule on the clock, never on the results), at most
+#: `most_seeds`. The seeds the rule asks for (`finetune_seeds`: non-inferiority within one point, 80%
+#: power, paired, Holm over the family of 2) are computed on the measured paired spread and printed
+#: beside the seeds that ran, with the margin those seeds can show: the report says where it is short.
+FINETUNE = {"arms": ("off", "fixed_norm", "percentile"), "most_seeds": 8, "budget_min": 55.0,
             "overrides": ("+recipe=encoder_tiny_text",), "target": 0.8}
 #: The files a job's design is in: the rule and this script (`design` in each job).
 DESIGN_FILES = ("benchmarks/clipping_study.py", "trainer/measure/decision_rule.py")
@@ -90,16 +94,14 @@ def planned_seeds(setting: str, arms: int = len(DEFAULT_ARMS)) -> int:
     return seeds_for(PILOT_SD[setting], arms - 1, drop=MARGINS[setting])
 
 
-def finetune_seeds(pilot_sd: float | None) -> int:
-    """The fine-tuning setting's seeds from its pilot's paired spread, by its committed design."""
-    family = len(FINETUNE["arms"]) - 1
-    if pilot_sd is None:
-        return int(FINETUNE["pilot_seeds"])
+def finetune_seeds(paired_sd: float) -> int | None:
+    """The seeds an arm the rule asks for in the fine-tuning setting at a paired spread (None: more
+    than decision_rule.MOST_SEEDS)."""
     try:
-        wanted = seeds_for(pilot_sd, family, drop=MARGINS["finetune"], is_paired=True, test="noninferiority")
+        return seeds_for(paired_sd, len(FINETUNE["arms"]) - 1, drop=MARGINS["finetune"], is_paired=True,
+                         test="noninferiority")
     except ValueError:
-        wanted = int(FINETUNE["most_seeds"])
-    return max(int(FINETUNE["pilot_seeds"]), min(wanted, int(FINETUNE["most_seeds"])))
+        return None
 
 
 #: Overrides that differ between the jobs of a setting or only say where a job ran.
@@ -251,8 +253,8 @@ def power_lines(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
     spreads = [s for s in (spread_used(o, default) for o in others) if s is not None]
     measured = (sum(s * s for s in spreads) / len(spreads)) ** 0.5 if spreads else None
     if setting == "finetune":
-        planned = (f"its design: a pilot of {FINETUNE['pilot_seeds']} seeds, then seeds_for on the pilot's paired sd, "
-                   f"at most {FINETUNE['most_seeds']}")
+        planned = (f"its design: seed-major, as many seeds as fit {FINETUNE['budget_min']:g} min of runs, at most "
+                   f"{FINETUNE['most_seeds']}")
     else:
         planned = (f"planned before the runs on the Welch pilot sd {PILOT_SD[setting]} (the non-diverged runs of an "
                    f"earlier study): {planned_seeds(setting, m + 1)} seeds")
@@ -261,7 +263,8 @@ def power_lines(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
         line += (f". The test's spread (sd of the paired differences, pooled): {measured:.4f}; at it {seeds} seeds show "
                  f"non-inferiority within {detectable_drop(seeds, measured, m, is_paired=True, test='noninferiority'):.4f} "
                  f"and catch a difference of {detectable_drop(seeds, measured, m, is_paired=True):.4f}, each with 80% power"
-                 + (f"; the rule asks for {finetune_seeds(measured)} (capped at {FINETUNE['most_seeds']})"
+                 + (f"; for a one-point margin the rule asks for {finetune_seeds(measured) or 'more than 50'} seeds an arm"
+                    + (" (short of the planned power)" if (finetune_seeds(measured) or 99) > seeds else " (the power holds)")
                     if setting == "finetune" else ""))
     return [line]
 
@@ -310,27 +313,22 @@ CHANGED = {
 
 
 def run_setting(setting: str, args: argparse.Namespace, runs: Path, command: str, jobs_file: Path) -> list[str]:
-    """Run one setting's sweeps (the fine-tuning setting in two stages: its pilot, then the seeds
-    its pilot's spread asks for) and add their jobs to the jobs file; the sweeps' wall times."""
+    """Run one setting's sweeps and add their jobs to the jobs file; the sweeps' wall times. The
+    fine-tuning setting runs seed-major within its time budget (`FINETUNE`)."""
     arms = args.arms.split(",") if args.arms != "auto" else list(FINETUNE["arms"] if setting == "finetune" else DEFAULT_ARMS)
     if args.seeds != "auto":
         stages = [args.seeds]
     elif setting == "finetune":
-        stages = [",".join(str(i) for i in range(1, int(FINETUNE["pilot_seeds"]) + 1)), "after the pilot"]
+        stages = [str(i) for i in range(1, int(FINETUNE["most_seeds"]) + 1)]
     else:
         stages = [",".join(str(i) for i in range(1, planned_seeds(setting, len(arms)) + 1))]
-    design, walls = design_of(DESIGN_FILES), []
+    design, walls, started, slowest = design_of(DESIGN_FILES), [], time.monotonic(), 0.0
     for stage, seeds in enumerate(stages):
-        if seeds == "after the pilot":
-            pilot = [j for j in load_jobs(jobs_file) if j["setting"] == setting]
-            default = arm_outcomes([j for j in pilot if j["arm"] == DEFAULT_ARM])
-            spreads = [s for s in (spread_used(arm_outcomes([j for j in pilot if j["arm"] == a]), default)
-                                   for a in arms if a != DEFAULT_ARM) if s is not None]
-            wanted = finetune_seeds((sum(x * x for x in spreads) / len(spreads)) ** 0.5 if spreads else None)
-            seeds = ",".join(str(i) for i in range(int(FINETUNE["pilot_seeds"]) + 1, wanted + 1))
-            print(f"finetune: the pilot's paired spread asks for {wanted} seeds an arm", flush=True)
-            if not seeds:
-                continue
+        spent = (time.monotonic() - started) / 60
+        if setting == "finetune" and stage and spent + slowest > float(FINETUNE["budget_min"]):
+            print(f"finetune: {stage} seeds in {spent:.0f} min; another ({slowest:.0f} min) would pass the budget", flush=True)
+            break
+        begun = time.monotonic()
         for suffix, chosen, extra in sweeps(arms):
             folder, label = runs / f"{setting}{suffix}_{stage}", f"{setting}{suffix}"
             wall = run_multirun([f"clipping={','.join(chosen)}", *extra, f"seed={seeds}", *overrides_of_setting(setting, args)],
@@ -339,6 +337,7 @@ def run_setting(setting: str, args: argparse.Namespace, runs: Path, command: str
             add_jobs(jobs_file, [{**job_of(s, setting), "study_command": command, "design": design}
                                  for s in summaries(folder)], key)
             keep_comparison(folder, args.out.with_name(f"{args.out.stem}_sweeps"), f"{label}_{stage}")
+        slowest = max(slowest, (time.monotonic() - begun) / 60)
     return walls
 
 

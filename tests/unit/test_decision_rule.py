@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import ttest_ind, ttest_rel
 
 from trainer.measure.decision_rule import (compare, correct, detectable_drop, failed, holds_in_sequence, holm, outcome,
-                                           pooled_sd, power, seeds_for, spread_used)
+                                           pooled_sd, power, seeds_for, spread_used, swapped)
 
 
 def by_seed(values):
@@ -135,3 +135,16 @@ def test_seeds_for_and_detectable_drop_invert_the_power():
 def test_pooled_sd_weights_each_arm_by_its_degrees_of_freedom():
     assert pooled_sd([[1.0, 3.0], [2.0, 2.0, 2.0], [5.0]]) == pytest.approx(math.sqrt(2 / 3))
     assert pooled_sd([[1.0]]) is None
+
+
+def test_swapped_reads_the_same_runs_the_other_way():
+    first, other = {1: 0.90, 2: 0.92, 3: 0.94}, {1: 0.91, 2: 0.92, 3: 0.96}
+    there, back = compare("there", first, other), compare("back", other, first)
+    read = swapped(there)
+    assert read.value == pytest.approx(back.value) and read.p == pytest.approx(back.p)
+    assert (read.low, read.high) == pytest.approx((back.low, back.high))
+    assert read.p_holds == pytest.approx(back.p_holds) and read.bound == pytest.approx(back.bound)
+    # -0.01 mean: t = (-0.01 + 0.01) / se = 0, p = 1/2: the first arm is not shown to hold
+    assert read.p_holds == pytest.approx(0.5)
+    fails = compare("fails", {1: None, 2: 0.9, 3: 0.91}, {1: 0.9, 2: 0.91, 3: 0.92})
+    assert swapped(fails).failed == (0, 3, 1, 3) and swapped(fails).p_fails == pytest.approx(0.5)

@@ -171,6 +171,8 @@ class Comparison:
     adjusted_holds: float | None = None
     adjusted_fails: float | None = None
     undecided: str = ""
+    se: float | None = None
+    df: float | None = None
 
     @property
     def gain(self) -> float:
@@ -223,7 +225,7 @@ class Comparison:
         return (f"{shown} [{signed.format(self.low)}, {signed.format(self.high)}] p={self.p:.3g}{adjusted}; "
                 f"one-sided bound {signed.format(self.bound)} {side} {signed.format(edge)}? p={self.p_holds:.3g}"
                 + (f" (Holm {self.adjusted_holds:.3g})" if self.adjusted_holds is not None else "")
-                + f"{fails}: {self.verdict}")
+                + f"{fails}: {self.verdict}" + (" (within the margin: holds)" if self.called and self.holds else ""))
 
 
 def _fisher(first: Arm, other: Arm) -> tuple[tuple[int, int, int, int], float]:
@@ -277,7 +279,24 @@ def compare(label: str, first: Arm, other: Arm, margin: float = MARGIN, higher_i
     p_holds = float(t.sf((sign * value + margin) / se, df))
     bound = value - sign * float(t.ppf(confidence, df)) * se
     return Comparison(label, value, value - half, value + half, float(2 * t.sf(abs(value) / se, df)), bound,
-                      p_holds, counts, p_fails, margin, higher_is_better, is_paired)
+                      p_holds, counts, p_fails, margin, higher_is_better, is_paired, se=se, df=df)
+
+
+def swapped(found: Comparison, confidence: float = 0.95) -> Comparison:
+    """The same comparison read the other way (`first` against `other`): the negated difference, and
+    whether `first` holds against `other` within the margin; uncorrected."""
+    from scipy.stats import fisher_exact, t  # see power()
+
+    a_failed, a_runs, b_failed, b_runs = found.failed
+    p_fails = float(fisher_exact([[a_failed, a_runs - a_failed], [b_failed, b_runs - b_failed]],
+                                 alternative="greater")[1]) if a_failed else 1.0
+    base = replace(found, value=-found.value, failed=(b_failed, b_runs, a_failed, a_runs), p_fails=p_fails,
+                   adjusted=None, adjusted_holds=None, adjusted_fails=None)
+    if found.se is None or found.df is None or found.low is None or found.high is None:
+        return replace(base, low=None, high=None, bound=None, p_holds=None)
+    sign = 1.0 if found.higher_is_better else -1.0
+    return replace(base, low=-found.high, high=-found.low, bound=-found.value - sign * float(t.ppf(confidence, found.df)) * found.se,
+                   p_holds=float(t.sf((-sign * found.value + found.margin) / found.se, found.df)))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
