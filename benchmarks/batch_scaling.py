@@ -44,8 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from omegaconf import OmegaConf  # noqa: E402 - after the repository is on the path
-from sweep_jobs import (add_jobs, keep_comparison, load_jobs, overrides_of, provenance_of, run_multirun, timed_alone,  # noqa: E402
-                        summaries, write_report)
+from sweep_jobs import (add_jobs, design_of, keep_comparison, load_jobs, overrides_of, preregistered,  # noqa: E402
+                        provenance_of, run_multirun, summaries, timed_alone, write_report)
 
 from batch_scaling_report import Defaults, plot, report  # noqa: E402
 
@@ -178,6 +178,8 @@ def read_sweep(folder: Path) -> list[dict[str, Any]]:
     return jobs
 
 
+#: The files a job's design is in (its rule, the study and its report), recorded in each new job.
+DESIGN_FILES = ("benchmarks/batch_scaling.py", "benchmarks/batch_scaling_report.py", "trainer/measure/decision_rule.py")
 KEY = ("optimizer", "lr_rule", "wd_rule", "warmup", "calibration", "batch", "seed")
 
 
@@ -221,6 +223,7 @@ def header(jobs: list[dict[str, Any]], jobs_file: Path, comparisons: Path, walls
     for job in jobs:
         studies[job.get("study_command", "not recorded")] = studies.get(job.get("study_command", "not recorded"), 0) + 1
     alone = sum(1 for j in jobs if timed_alone(j))
+    registered = [preregistered(j) for j in jobs]
     started = sorted(j["started"] for j in jobs if j.get("started"))
     return ["# Batch scaling: the lr and weight-decay rules, warmup, clipping and LAMB/LARS against the batch", "",
             f"Written {time.strftime('%Y-%m-%d')} from `{jobs_file.name}` alone ({len(jobs)} jobs"
@@ -231,6 +234,9 @@ def header(jobs: list[dict[str, Any]], jobs_file: Path, comparisons: Path, walls
             "steps and time to the target are those of the first epoch end at or above it. "
             f"Machines: {machines(jobs)}; {alone} of {len(jobs)} jobs timed alone (1-minute load within the CPUs "
             "+ 0.5 at start and end); times compare only within one machine and only jobs timed alone enter them. "
+            + f"Pre-registration: {registered.count(True)} of {len(jobs)} jobs ran under a design committed before they "
+            f"started (`design` in each job); {registered.count(None)} predate that record (the rule of their time, "
+            "trainer/measure/decision_rule.py, was committed 5 min 54 s after their first job started, with 9 jobs done). "
             + (f"This call's sweeps: {', '.join(walls)}. " if walls else "")
             + f"Each sweep's own comparison is in `{comparisons.name}/`.", "", "The study's commands (jobs):", "",
             *(f"- `{command}` ({n})" for command, n in studies.items()), ""]
@@ -275,10 +281,10 @@ def main(argv: list[str] | None = None) -> None:
     runs = args.runs or REPO / "outputs" / "batch_scaling" / time.strftime("%Y-%m-%d_%H-%M-%S")
     folders = [(label, Path(folder)) for label, _, folder in (c.partition("=") for c in args.collect)]
     command = " ".join(["python benchmarks/batch_scaling.py", *(argv if argv is not None else sys.argv[1:])])
-    walls = []
+    walls, design = [], design_of(DESIGN_FILES)
     for label, folder in folders:
         ran_by = args.study_command or f"{command} (collected from {folder})"
-        add_jobs(jobs_file, [{**job, "study_command": ran_by} for job in read_sweep(folder)], key)
+        add_jobs(jobs_file, [{**job, "study_command": ran_by, "design": design} for job in read_sweep(folder)], key)
         keep_comparison(folder, comparisons, label)
     for sweep in sweeps:
         # Each sweep's jobs are kept as soon as it ends, so a study stopped halfway keeps what ran;
@@ -289,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
         except SystemExit as failed:
             print(failed, file=sys.stderr)
             walls.append(f"{sweep.label} failed")
-        add_jobs(jobs_file, [{**job, "study_command": command} for job in read_sweep(runs / sweep.label)], key)
+        add_jobs(jobs_file, [{**job, "study_command": command, "design": design} for job in read_sweep(runs / sweep.label)],
+                 key)
         keep_comparison(runs / sweep.label, comparisons, sweep.label)
     jobs = load_jobs(jobs_file)
     defaults = todays_defaults()

@@ -16,7 +16,6 @@ start-up warnings quote (trainer/groups/optimizer/scaling.py, checked by tests/u
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,7 +24,7 @@ from sweep_jobs import timed_alone
 
 from trainer.infra.figures import new_figure, save_png
 from trainer.measure.decision_rule import (ALPHA, MARGIN, POWER, Comparison, compare, correct, detectable_drop,
-                                           pooled_sd, seeds_for)
+                                           holds_in_sequence, outcome, seeds_for, spread_used, swapped)
 from trainer.measure.seed_groups import Spread
 
 REFERENCE_BATCH = 64
@@ -36,8 +35,9 @@ PILOT_SD = 0.0031
 #: The largest family a seed count must serve: six batches against batch 64 (or an alternative's
 #: two rules at three batches).
 PLANNED_FAMILY = 6
-#: A run below this val accuracy after training has diverged, whatever its loss (chance is 0.1).
-DIVERGED_BELOW = 0.5
+#: A run that ended under this val accuracy is counted as stalled in the tables (a description: its
+#: measured value enters the test; only a run that measured nothing failed).
+STALLED_BELOW = 0.5
 #: What an alternative setting is called in the report, by the job field it changes.
 CHANGES = {"lr_rule": "lr rule", "wd_rule": "weight-decay rule", "warmup": "warmup",
            "calibration": "clipping calibration"}
@@ -62,17 +62,19 @@ def arm(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, batch: i
             and all(j[k] == v for k, v in wanted.items())]
 
 
-def diverged(job: dict[str, Any]) -> bool:
-    """Stopped (the non-finite guard, or any failure), a non-finite final loss, or under DIVERGED_BELOW
-    (a run that never trained, as the shortest runs at the largest batches, is counted so too)."""
-    loss = job.get("final_loss")
-    return (job.get("status") != "completed" or loss is None or not math.isfinite(loss)
-            or job.get("val_acc") is None or job["val_acc"] < DIVERGED_BELOW)
+def outcomes(runs: list[dict[str, Any]], measure: str = "val_acc") -> dict[int, float | None]:
+    """Each seed's outcome by the rule (trainer/measure/decision_rule.py): its measured accuracy,
+    None where the run failed (measured nothing). A run that trained little is measured, not failed."""
+    return {j["seed"]: outcome(j.get("status"), j.get(measure), j.get("final_loss")) for j in runs}
 
 
-def accuracies(runs: list[dict[str, Any]], measure: str = "val_acc") -> list[float | None]:
-    """The arm's accuracies; a diverged run counts at chance (0.1) rather than disappearing."""
-    return [0.1 if diverged(j) else j[measure] for j in runs]
+def failed(job: dict[str, Any]) -> bool:
+    return outcome(job.get("status"), job.get("val_acc"), job.get("final_loss")) is None
+
+
+def stalled(job: dict[str, Any]) -> bool:
+    """Ended under `STALLED_BELOW` (a description in the tables, not a failure)."""
+    return not failed(job) and job["val_acc"] < STALLED_BELOW
 
 
 @dataclass
@@ -98,11 +100,11 @@ class Family:
 
 def limit_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str, measure: str) -> Family:
     family = Family(f"{optimizer}: the defaults at each batch against batch {REFERENCE_BATCH}", optimizer, "limit")
-    reference = accuracies(arm(jobs, defaults, optimizer, REFERENCE_BATCH), measure)
+    reference = outcomes(arm(jobs, defaults, optimizer, REFERENCE_BATCH), measure)
     for batch in sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer} - {REFERENCE_BATCH}):
         runs = arm(jobs, defaults, optimizer, batch)
         if runs:
-            family.add(compare(f"{batch:,}", reference, accuracies(runs, measure)), batch)
+            family.add(compare(f"{batch:,}", reference, outcomes(runs, measure)), batch)
     return family.corrected()
 
 
@@ -115,8 +117,8 @@ def alternative_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer
     for value in others:
         for batch in sorted({j["batch"] for j in arm(jobs, defaults, optimizer, None, **{changed: value})}):
             family.add(compare(f"{_value(changed, value)} at {batch:,}",
-                               accuracies(arm(jobs, defaults, optimizer, batch), measure),
-                               accuracies(arm(jobs, defaults, optimizer, batch, **{changed: value}), measure)),
+                               outcomes(arm(jobs, defaults, optimizer, batch), measure),
+                               outcomes(arm(jobs, defaults, optimizer, batch, **{changed: value}), measure)),
                        batch, value)
     return family.corrected()
 
@@ -125,8 +127,8 @@ def partner_family(jobs: list[dict[str, Any]], defaults: Defaults, optimizer: st
     partner = PARTNER[optimizer]
     family = Family(f"{optimizer} against {partner}, both with their defaults", optimizer, "partner")
     for batch in sorted({j["batch"] for j in jobs if j["optimizer"] == optimizer}):
-        family.add(compare(f"{batch:,}", accuracies(arm(jobs, defaults, partner, batch), measure),
-                           accuracies(arm(jobs, defaults, optimizer, batch), measure)), batch, optimizer)
+        family.add(compare(f"{batch:,}", outcomes(arm(jobs, defaults, partner, batch), measure),
+                           outcomes(arm(jobs, defaults, optimizer, batch), measure)), batch, optimizer)
     return family.corrected()
 
 
@@ -151,40 +153,61 @@ def families(jobs: list[dict[str, Any]], defaults: Defaults, measure: str = "val
 
 @dataclass(frozen=True)
 class Limit:
-    """The largest batch from 64 up to which the defaults are not called worse than batch 64 and no
-    run diverged; the next batch measured and its difference (None where the whole range held)."""
+    """The largest batch from 64 up to which the defaults hold (non-inferior to batch 64 within one
+    point, no more failures), by the fixed sequence 128, 256, ... ; the first batch that did not
+    hold, its difference and why (None where the whole range held)."""
 
     optimizer: str
     holds_to: int
     next_batch: int | None
     lost: float | None
+    why: str = ""
+    #: The optimizer steps the runs at `next_batch` made (the same epochs are fewer steps there).
+    steps: int | None = None
 
 
 def limit_of(family: Family, jobs: list[dict[str, Any]], defaults: Defaults, optimizer: str) -> Limit:
-    holds_to = REFERENCE_BATCH
-    for found, (batch, _) in sorted(zip(family.comparisons, family.where), key=lambda pair: pair[1][0]):
-        if batch < REFERENCE_BATCH:
-            continue
-        if found.verdict == "worse" or any(diverged(j) for j in arm(jobs, defaults, optimizer, batch)):
-            return Limit(optimizer, holds_to, batch, -found.value)
-        holds_to = batch
-    return Limit(optimizer, holds_to, None, None)
+    """The fixed-sequence procedure on the batches above 64, in increasing order (fixed before the
+    runs: a larger batch is never expected to hold where a smaller one did not)."""
+    sequence = sorted(((b, c) for c, (b, _) in zip(family.comparisons, family.where) if b > REFERENCE_BATCH),
+                      key=lambda pair: pair[0])
+    held = holds_in_sequence([c for _, c in sequence])
+    holds_to = sequence[held - 1][0] if held else REFERENCE_BATCH
+    if held == len(sequence):
+        return Limit(optimizer, holds_to, None, None)
+    batch, found = sequence[held]
+    why = ("fails more often" if found.p_fails < ALPHA else
+           "not shown to hold within one point" + (", and worse" if found.verdict == "worse" else ""))
+    steps = [j["steps"] for j in arm(jobs, defaults, optimizer, batch) if j.get("steps")]
+    return Limit(optimizer, holds_to, batch, -found.value, why, max(steps) if steps else None)
+
+
+def standing(family: Family) -> Family:
+    """The alternatives' family read from the default's side (the default against each alternative,
+    Holm-corrected): where the default *holds* against an alternative, it is kept by the evidence."""
+    return Family(family.name, family.optimizer, family.kind, correct([swapped(c) for c in family.comparisons]),
+                  list(family.where))
 
 
 def decision(family: Family) -> dict[Any, str]:
     """For each alternative value of a family: "changes the default" where it is called better at a
-    batch and worse at none, else "keeps the default" (with where it was better or worse)."""
+    batch and worse at none; else the default stays, "by the evidence" where it holds against the
+    alternative at every batch, "by incumbency" where it does not."""
     outcome: dict[Any, str] = {}
+    held = standing(family)
     for value in dict.fromkeys(v for _, v in family.where):
-        found = [(c, b) for c, (b, v) in zip(family.comparisons, family.where) if v == value]
-        better = [f"{b:,} ({c.value:+.4f})" for c, b in found if c.verdict == "better"]
-        worse = [f"{b:,} ({c.value:+.4f})" for c, b in found if c.verdict == "worse"]
+        found = [(c, b, d) for c, (b, v), d in zip(family.comparisons, family.where, held.comparisons) if v == value]
+        better = [f"{b:,} ({c.value:+.4f})" for c, b, _ in found if c.verdict == "better"]
+        worse = [f"{b:,} ({c.value:+.4f})" for c, b, _ in found if c.verdict == "worse"]
+        open_ = [f"{b:,}" for _, b, d in found if not (d.holds or d.verdict == "better")]
         if better and not worse:
             outcome[value] = f"**changes the default**: better at {', '.join(better)}, worse nowhere"
-        else:
-            outcome[value] = ("keeps the default: " + (f"better at {', '.join(better)}; " if better else "")
-                              + (f"worse at {', '.join(worse)}" if worse else "called worse nowhere")
-                              + ("" if better else ", better nowhere"))
+            continue
+        said = (f"better at {', '.join(better)}; " if better else "") + \
+            (f"worse at {', '.join(worse)}" if worse else "called worse nowhere") + ("" if better else ", better nowhere")
+        outcome[value] = (f"the default stays by incumbency ({said}; the default not shown to hold against it at "
+                          f"{', '.join(open_)})" if open_ else f"the default stays by the evidence ({said}; the default "
+                          "holds against it at every batch)")
     return outcome
 
 
@@ -202,8 +225,8 @@ def findings(jobs: list[dict[str, Any]], defaults: Defaults, primary: list[Famil
                 batch, found = better[0]
                 alternatives[PARTNER[optimizer]] = {
                     "optimizer": optimizer, "batch": batch, "by": found.value,
-                    "accuracy": Spread.of(accuracies(arm(jobs, defaults, optimizer, batch))).mean,
-                    "default_accuracy": Spread.of(accuracies(arm(jobs, defaults, PARTNER[optimizer], batch))).mean}
+                    "accuracy": Spread.of(list(outcomes(arm(jobs, defaults, optimizer, batch)).values())).mean,
+                    "default_accuracy": Spread.of(list(outcomes(arm(jobs, defaults, PARTNER[optimizer], batch)).values())).mean}
     return {"limits": limits, "alternatives": alternatives}
 
 
@@ -211,32 +234,36 @@ def findings(jobs: list[dict[str, Any]], defaults: Defaults, primary: list[Famil
 
 
 def power_section(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
-    arms: dict[tuple, list[dict[str, Any]]] = {}
-    for job in jobs:
-        arms.setdefault(tuple(job[k] for k in ("optimizer", "lr_rule", "wd_rule", "warmup", "calibration", "batch")),
-                        []).append(job)
     planned = seeds_for(PILOT_SD, PLANNED_FAMILY)
     lines = ["## The decision rule and its power", "",
-             f"Fixed before the runs (docs/practices.md, \"How a default is decided\"): a difference is called where "
-             f"its Holm-adjusted p-value (Welch's test) is below {ALPHA} within its family; the seeds are the fewest that "
-             f"catch a drop of {MARGIN} with probability {POWER:.0%} at the strictest Holm level of a family of "
-             f"{PLANNED_FAMILY} ({ALPHA}/{PLANNED_FAMILY}), on the pilot spread sd {PILOT_SD}: **{planned} seeds**. "
-             f"A run that diverged or never trained (stopped, a non-finite loss, or val acc under {DIVERGED_BELOW}) counts "
-             "at chance (0.1) in its arm and ends a batch limit; arms without any spread are not decided."]
-    seeds = sorted({len(runs) for runs in arms.values()})
-    if not seeds:
-        return lines
-    lines += ["", f"Seeds an arm: {', '.join(map(str, seeds))}. The within-arm sd measured here (runs that trained), "
-              f"pooled, and the drop that {min(seeds)} seeds an arm catch with probability {POWER:.0%} in a family of "
-              f"{PLANNED_FAMILY}:", "", "| batches | arms | pooled sd | drop caught |", "|---|---:|---:|---:|"]
-    for name, chosen in (("every batch", lambda b: True), ("up to 512", lambda b: b <= 512),
-                         ("1,024", lambda b: b == 1024), ("2,048", lambda b: b == 2048)):
-        groups = [[j["val_acc"] for j in runs if not diverged(j)] for key, runs in arms.items() if chosen(key[-1])]
-        measured = pooled_sd(groups)
-        if measured is not None:
-            drop = detectable_drop(min(seeds), measured, PLANNED_FAMILY)
-            lines.append(f"| {name} | {len(groups)} | {measured:.4f} | {drop:.4f}"
-                         + (" (the planned power holds)" if drop <= MARGIN else " (short of the planned power)") + " |")
+             "The rule (trainer/measure/decision_rule.py, docs/practices.md \"How a default is decided\"): a run failed "
+             "only where it measured nothing (stopped, a non-finite loss); failures are counted by Fisher's exact test and "
+             "every measured val accuracy (a run that ended at 0.14 is measured at 0.14) enters the paired t test by seed "
+             "(every arm ran seeds 1-5). *Better* / *worse*: the two-sided p, Holm-adjusted within the family, below "
+             f"{ALPHA}. *Holds*: the one-sided {1 - ALPHA:.0%} bound of the difference above -{MARGIN} (one point) and no "
+             "more failures; a limit is the fixed sequence 128, 256, ... up to the first batch that does not hold. "
+             "Neither shown: *inconclusive*, which is never read as equal.",
+             "", f"The seeds were planned before the runs on the rule of the time (a two-sided Welch test catching {MARGIN} "
+             f"with {POWER:.0%} power at {ALPHA}/{PLANNED_FAMILY}, on the pilot Welch sd {PILOT_SD}): **{planned} seeds**. "
+             "The spread the test now uses is the sd of the per-seed differences against batch 64; at it, the margin "
+             f"that 5 seeds show to hold with {POWER:.0%} power (a fixed-sequence step, unadjusted) and the difference "
+             "they catch at Holm's strictest level of the family:", "",
+             "| optimizer | batch | sd of the paired differences | margin shown to hold | difference caught |",
+             "|---|---:|---:|---:|---:|"]
+    for family in families(jobs, defaults):
+        if family.kind != "limit":
+            continue
+        reference = outcomes(arm(jobs, defaults, family.optimizer, REFERENCE_BATCH))
+        m = sum(c.p is not None for c in family.comparisons)
+        for batch, _ in family.where:
+            runs = outcomes(arm(jobs, defaults, family.optimizer, batch))
+            sd, seeds = spread_used(reference, runs), min(len(reference), len(runs))
+            if sd is None:
+                continue
+            shown = detectable_drop(seeds, sd, 1, is_paired=True, test="noninferiority")
+            lines.append(f"| {family.optimizer} | {batch:,} | {sd:.4f} | {shown:.4f}"
+                         + (" (the planned power holds)" if shown <= MARGIN else " (short of the planned power)")
+                         + f" | {detectable_drop(seeds, sd, m, is_paired=True):.4f} |")
     return lines
 
 
@@ -249,47 +276,88 @@ def family_lines(family: Family, secondary: Family | None) -> list[str]:
     return lines
 
 
-def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
-    primary, secondary = families(jobs, defaults), {f.name: f for f in families(jobs, defaults, "test_acc")}
-    found = findings(jobs, defaults, primary)
-    lines = ["## Verdicts", ""]
+#: The verdicts of the 2026-12-03 report (Welch, runs under 0.5 at chance, "within the noise" read
+#: as "holds") that the rule of issue 51 may change: (what it said, what to compare it with now).
+#: Historical text, listed in the report and CHANGELOG.md.
+BEFORE = {
+    ("limit", "adamw"): "AdamW's defaults held to batch 128 (worse at 256: -0.0057, Holm p 0.046)",
+    ("limit", "sgd"): "SGD's defaults held to batch 256 (-0.0069 there, Holm p 0.054: read as holding)",
+    ("lr_rule", "adamw"): "for AdamW, no lr rule better than sqrt: the default stays",
+    ("lr_rule", "sgd"): "for SGD, linear within the noise of sqrt everywhere and none worse at 512: the default stays",
+    ("wd_rule", "adamw"): "AdamW's weight-decay rules: not decided (every arm within the noise at 2,048)",
+    ("wd_rule", "sgd"): "SGD's linear weight decay: not decided (within the noise at 2,048)",
+    ("warmup", "adamw"): "AdamW, warmup off within the noise of 5% at 64, 128 and 256: the default stays",
+    ("warmup", "sgd"): "SGD, warmup off within the noise of 5% at 64, 128 and 256: the default stays",
+    ("calibration", "adamw"): "AdamW, the calibration unclipped: not decided (within the noise at 2,048)",
+    ("calibration", "sgd"): "SGD, the calibration unclipped: not decided (within the noise at 2,048)",
+    ("partner", "lars"): "LARS better than SGD at 1,024 (+0.0239, Holm p 0.004)",
+    ("partner", "lamb"): "LAMB within the noise of AdamW at 1,024 and 2,048",
+}
+
+
+def limit_text(limit: Limit) -> str:
+    steps = f" ({limit.steps} steps)" if limit.steps else ""
+    beyond = (f"; at {limit.next_batch:,}{steps} it lost {limit.lost:.4f} against batch "
+              f"{REFERENCE_BATCH} ({limit.why})"
+              if limit.next_batch else "; held over the whole range")
+    return f"today's defaults hold to batch {limit.holds_to:,}{beyond}"
+
+
+def verdict_lines(jobs: list[dict[str, Any]], defaults: Defaults, primary: list[Family]) -> dict[tuple[str, str], str]:
+    """What the rule concludes, by (kind, optimizer): the limits, each alternative's decision and
+    where LAMB or LARS is better."""
+    found, said = findings(jobs, defaults, primary), {}
     for limit in found["limits"].values():
-        beyond = (f"; at {limit.next_batch:,} it lost {limit.lost:.4f} against batch {REFERENCE_BATCH} "
-                  "(worse beyond the noise, or a run diverged)" if limit.next_batch else "; held over the whole range")
-        lines.append(f"- **{limit.optimizer}, today's defaults hold to batch {limit.holds_to:,}**{beyond}")
+        said[("limit", limit.optimizer)] = f"**{limit.optimizer}, {limit_text(limit)}**"
     for family in primary:
         if family.kind in CHANGES:
-            for value, outcome in decision(family).items():
-                lines.append(f"- {family.optimizer}, {CHANGES[family.kind]} {_value(family.kind, value)}: {outcome}")
-    for optimizer, alternative in found["alternatives"].items():
-        lines.append(f"- {alternative['optimizer']} is better than {optimizer} at {alternative['batch']:,} "
-                     f"({alternative['by']:+.4f})")
-    lines += ["", "### Every comparison, by family (val accuracy; Welch's 95% interval, raw and Holm-adjusted p)", ""]
+            said[(family.kind, family.optimizer)] = "; ".join(
+                f"{'' if family.kind == 'warmup' else CHANGES[family.kind] + ' '}{_value(family.kind, value)}: {outcome}" for value, outcome in decision(family).items())
+        elif family.kind == "partner":
+            called = [f"{b:,}: {c.verdict} ({c.value:+.4f})" for c, (b, _) in zip(family.comparisons, family.where)]
+            said[("partner", family.optimizer)] = f"{family.optimizer} against {PARTNER[family.optimizer]}: {'; '.join(called)}"
+    return said
+
+
+def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
+    primary, secondary = families(jobs, defaults), families(jobs, defaults, "test_acc")
+    said = verdict_lines(jobs, defaults, primary)
+    second = findings(jobs, defaults, secondary)["limits"]
+    lines = ["## Verdicts", ""]
+    for (kind, optimizer), text in said.items():
+        lines.append(f"- {optimizer}: {text}" if kind != "limit" else f"- {text}")
+        if kind == "limit" and optimizer in second:
+            lines.append(f"  - test accuracy from the same runs, a second look: {limit_text(second[optimizer])}")
+    lines += ["", "### What the rule of issue 51 changed (the same jobs; the 2026-12-03 report said)", ""]
+    lines += [f"- {BEFORE[k]}; now: {said[k]}" for k in BEFORE if k in said]
+    lines += ["", "### Every comparison, by family (val accuracy; paired t by seed, 95% interval, raw and Holm-adjusted "
+              "p; the one-sided non-inferiority bound and p)", ""]
+    by_name = {f.name: f for f in secondary}
     for family in primary:
-        lines += family_lines(family, secondary.get(family.name))
+        lines += family_lines(family, by_name.get(family.name))
     return lines
 
 
 def arm_row(batch: int, name: str, runs: list[dict[str, Any]]) -> str:
     alone = [j for j in runs if timed_alone(j)]
-    failed = sum(diverged(j) for j in runs)
     spikes = sum(1 for j in runs if (j.get("spikes") or 0) > 0)
-    fine = [j for j in runs if not diverged(j)]
     return (f"| {batch:,} | {name} | {runs[0]['lr']:.3g} | {runs[0]['weight_decay']:.3g} | "
-            f"{Spread.of([j['val_acc'] for j in fine]).text('{:.4f}')} | {Spread.of([j['test_acc'] for j in fine]).text('{:.4f}')} | "
-            f"{failed} of {len(runs)} | {spikes} | {sum(j['reached'] for j in runs)} of {len(runs)} | "
-            f"{Spread.of([j['target_steps'] for j in runs]).text('{:.0f}')} | "
+            f"{Spread.of(list(outcomes(runs).values())).text('{:.4f}')} | "
+            f"{Spread.of(list(outcomes(runs, 'test_acc').values())).text('{:.4f}')} | "
+            f"{sum(failed(j) for j in runs)} of {len(runs)} | {sum(stalled(j) for j in runs)} of {len(runs)} | {spikes} | "
+            f"{sum(j['reached'] for j in runs)} of {len(runs)} | {Spread.of([j['target_steps'] for j in runs]).text('{:.0f}')} | "
             f"{Spread.of([j['target_s'] for j in alone]).text('{:.1f}')} ({len(alone)} timed alone) |")
 
 
-TABLE_HEADER = ["| batch | arm | lr | weight decay | val acc (mean ± sd, n) | test acc | diverged | runs with a loss spike "
-                "| reached target | steps to target | time to target (s) |",
-                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+TABLE_HEADER = ["| batch | arm | lr | weight decay | val acc, every run (mean ± sd, n) | test acc | failed | stalled (under 0.5) "
+                "| runs with a loss spike | reached target | steps to target | time to target (s) |",
+                "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
 
 def tables(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
-    lines = ["## Tables", "", "Accuracies over the runs that did not diverge (the diverged column counts the others); "
-             "times only from runs timed alone (no other load on the machine).", ""]
+    lines = ["## Tables", "", "Accuracies over every run that measured one (failed: measured nothing; stalled: ended "
+             f"under {STALLED_BELOW}, counted and kept in the mean); times only from runs timed alone (no other load on "
+             "the machine).", ""]
     for optimizer in (o for o in ("adamw", "sgd", "lamb", "lars") if any(j["optimizer"] == o for j in jobs)):
         rules = defaults.of(optimizer)
         lines += [f"### {optimizer} (defaults: lr {rules['lr_rule']}, weight decay {rules['wd_rule']}, "
@@ -313,7 +381,7 @@ def report(jobs: list[dict[str, Any]], defaults: Defaults, header: list[str]) ->
 
 
 def plot(jobs: list[dict[str, Any]], defaults: Defaults, path: Path) -> None:
-    """Final val accuracy against the batch, mean ± sd over the runs that did not diverge: a panel
+    """Final val accuracy against the batch, mean ± sd over every measured run: a panel
     per optimizer, the defaults solid, each changed setting and the large-batch partner dashed."""
     optimizers = [o for o in ("adamw", "sgd") if any(j["optimizer"] == o for j in jobs)]
     figure = new_figure(figsize=(6.5 * max(len(optimizers), 1), 4.5), layout="constrained")
@@ -329,7 +397,7 @@ def plot(jobs: list[dict[str, Any]], defaults: Defaults, path: Path) -> None:
             if base == optimizer:
                 series[(partner, ":")] = lambda b, p=partner: arm(jobs, defaults, p, b)
         for (name, style), runs_at in series.items():
-            points = [(b, Spread.of([j["val_acc"] for j in runs_at(b) if not diverged(j)]))
+            points = [(b, Spread.of(list(outcomes(runs_at(b)).values())))
                       for b in sorted({j["batch"] for j in jobs})]
             points = [(b, s) for b, s in points if s.mean is not None]
             if points:

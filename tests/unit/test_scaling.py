@@ -46,6 +46,7 @@ def test_a_batch_beyond_a_measured_limit_is_warned_with_the_limit_the_regime_and
     assert "up to batch 512" in warning and "at 1,024 val accuracy fell 0.023" in warning
     assert REGIME in warning and "a GPU, a larger model or more data may differ" in warning and STUDY in warning
     assert "or optimizer.lr_scaling=none (+0.030 at 2,048)" in warning
+    assert "within one point of batch 64" in warning and "short step budget" in warning
     assert not any("measured to hold" in w for w in measured_warnings("sgd", "none", 4096))  # no limit for that rule
 
 
@@ -73,6 +74,7 @@ def test_the_measured_figures_are_what_the_rule_finds_in_the_study_s_jobs():
         else:
             assert (measured.holds_to, measured.next_batch) == (limit.holds_to, limit.next_batch), optimizer
             assert measured.lost == pytest.approx(limit.lost, abs=5e-4), optimizer
+            assert measured.next_steps == limit.steps, optimizer
     assert set(MEASURED_ALTERNATIVES) == set(found["alternatives"])
     for optimizer, alternative in found["alternatives"].items():
         measured = MEASURED_ALTERNATIVES[optimizer]
