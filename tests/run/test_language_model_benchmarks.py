@@ -21,7 +21,8 @@ def test_the_quick_language_model_study_writes_its_verdicts_table_jobs_and_plot(
     study.main(["--quick", "--out", str(out)])
     text = out.read_text()
     assert "- sqrt (default), against 1,024 tokens: 512: " in text and "fewer than 2 seeds" in text
-    assert "- sqrt against linear: beyond the noise better at no batch; worse at no batch" in text
+    assert "- sqrt against linear: better at no batch; worse at no batch; holds (within 0.01 nats) at no batch" in text
+    assert "Hypothesis, not a finding" in text
     # lr 3e-3 at 1,024 tokens: sqrt gives 0.00212 at 512 tokens, linear 0.0015; both 0.003 at 1,024
     for row in ("| 512 | sqrt | 0.00212 |", "| 512 | linear | 0.0015 |", "| 1,024 | sqrt | 0.003 |"):
         assert row in text, text
@@ -34,6 +35,7 @@ def test_the_quick_language_model_study_writes_its_verdicts_table_jobs_and_plot(
     # each job's own provenance: the command that reruns it alone, its times and the load beside it
     assert all(j["command"].startswith("python train.py ") and j["started"] <= j["ended"] and j["duration_s"] > 0
                and isinstance(j["beside_load"], bool) for j in jobs)
+    assert all(j["design"]["files"] == ["benchmarks/lm_batch_scaling.py", "trainer/measure/decision_rule.py"] for j in jobs)
     out.unlink()
     study.main(["--report-only", "--out", str(out)])
     assert "| 512 | linear | 0.0015 |" in out.read_text()
