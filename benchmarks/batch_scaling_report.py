@@ -371,7 +371,8 @@ def tables(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
                 for value in sorted({j[changed] for j in mine if j["batch"] == batch} - {rules[changed]}, key=str):
                     runs = arm(jobs, defaults, optimizer, batch, **{changed: value})
                     if runs:
-                        lines.append(arm_row(batch, f"{CHANGES[changed]} {_value(changed, value)}", runs))
+                        name = _value(changed, value) if changed == "warmup" else f"{CHANGES[changed]} {_value(changed, value)}"
+                        lines.append(arm_row(batch, name, runs))
         lines.append("")
     return lines
 

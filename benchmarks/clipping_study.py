@@ -260,11 +260,12 @@ def power_lines(setting: str, jobs: list[dict[str, Any]]) -> list[str]:
                    f"earlier study): {planned_seeds(setting, m + 1)} seeds")
     line = f"- {setting}: margin {MARGINS[setting]:g}, family m={m}; {planned}; {seeds} an arm ran"
     if measured is not None and m > 0:
+        shown = detectable_drop(seeds, measured, m, is_paired=True, test="noninferiority")
         line += (f". The test's spread (sd of the paired differences, pooled): {measured:.4f}; at it {seeds} seeds show "
-                 f"non-inferiority within {detectable_drop(seeds, measured, m, is_paired=True, test='noninferiority'):.4f} "
-                 f"and catch a difference of {detectable_drop(seeds, measured, m, is_paired=True):.4f}, each with 80% power"
+                 f"non-inferiority within {shown:.4f} and catch a difference of "
+                 f"{detectable_drop(seeds, measured, m, is_paired=True):.4f}, each with 80% power: "
+                 + ("the planned power holds" if shown <= MARGINS[setting] else "**short of the planned power**")
                  + (f"; for a one-point margin the rule asks for {finetune_seeds(measured) or 'more than 50'} seeds an arm"
-                    + (" (short of the planned power)" if (finetune_seeds(measured) or 99) > seeds else " (the power holds)")
                     if setting == "finetune" else ""))
     return [line]
 

@@ -225,7 +225,7 @@ class Comparison:
         return (f"{shown} [{signed.format(self.low)}, {signed.format(self.high)}] p={self.p:.3g}{adjusted}; "
                 f"one-sided bound {signed.format(self.bound)} {side} {signed.format(edge)}? p={self.p_holds:.3g}"
                 + (f" (Holm {self.adjusted_holds:.3g})" if self.adjusted_holds is not None else "")
-                + f"{fails}: {self.verdict}" + (" (within the margin: holds)" if self.called and self.holds else ""))
+                + f"{fails}: {self.verdict}" + (" (within the margin: holds)" if self.verdict == "worse" and self.holds else ""))
 
 
 def _fisher(first: Arm, other: Arm) -> tuple[tuple[int, int, int, int], float]:
