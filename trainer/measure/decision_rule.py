@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 #: One point of accuracy: the non-inferiority margin, and the drop a study must be able to see.
 MARGIN = 0.01
@@ -315,9 +315,10 @@ def holm(p_values: Sequence[float]) -> list[float]:
 def correct(family: Sequence[Comparison]) -> list[Comparison]:
     """The family with Holm-adjusted p-values set for each of its three questions (different,
     holds, fails more); m is the number of comparisons that test it."""
-    def adjust(p_of) -> dict[int, float]:  # type: ignore[no-untyped-def]
-        tested = [i for i, c in enumerate(family) if p_of(c) is not None]
-        return dict(zip(tested, holm([p_of(family[i]) for i in tested])))
+    def adjust(p_of: Callable[[Comparison], float | None]) -> dict[int, float]:
+        found = {i: p_of(c) for i, c in enumerate(family)}
+        tested = [i for i, p in found.items() if p is not None]
+        return dict(zip(tested, holm([float(found[i]) for i in tested])))  # type: ignore[arg-type]
     different, holds, fails = adjust(lambda c: c.p), adjust(lambda c: c.p_holds), adjust(lambda c: c.p_fails)
     return [replace(c, adjusted=different.get(i), adjusted_holds=holds.get(i), adjusted_fails=fails.get(i))
             for i, c in enumerate(family)]
