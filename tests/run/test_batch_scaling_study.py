@@ -5,6 +5,7 @@ report written again from the jobs file alone (--report-only) says the same."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -54,3 +55,31 @@ def test_every_arm_is_today_s_defaults_with_one_change_and_warmup_runs_long_enou
     assert study.warmup_batches([256, 512, 1024, 2048], copies=42, epochs=2) == (256, 512)  # 1,024: 5.2 steps
     with pytest.raises(SystemExit, match="unknown study"):
         study.plan_sweeps(["sizes"], ["adamw"], [64], ["sqrt"], 21, 2)
+
+
+@pytest.mark.run
+@pytest.mark.slow
+def test_the_gpu_batch_study_s_dry_run_fits_its_budget_and_decides_by_the_rule(tmp_path):
+    """benchmarks/batch_scaling_gpu.py --dry-run: the GPU step's design (issue 51 item 6) on the CPU,
+    seed-major within its clock budget: every seed has all four arms, every job its design's commit,
+    and the report the family's verdicts by the rule."""
+    study = benchmark("batch_scaling_gpu")
+    out = tmp_path / "gpu.md"
+    started = time.monotonic()
+    study.main(["--dry-run", "--out", str(out), "--runs", str(tmp_path / "runs")])
+    elapsed = time.monotonic() - started
+    jobs = json.loads((tmp_path / "gpu_jobs.json").read_text())
+    seeds = sorted({j["seed"] for j in jobs})
+    assert seeds == list(range(1, len(seeds) + 1)) and 1 <= len(seeds) <= study.DESIGN["dry"]["most_seeds"]
+    assert sorted((j["rule"], j["batch"]) for j in jobs if j["seed"] == 1) == [("none", 32), ("none", 64),
+                                                                                ("sqrt", 32), ("sqrt", 64)]
+    assert len(jobs) == 4 * len(seeds)
+    assert all(j["design"]["files"] == list(study.DESIGN_FILES) and j["status"] == "completed" for j in jobs)
+    # the stopping rule: a seed starts only while spent + the slowest seed so far fits the budget
+    walls = [float(w.split(": ")[1].rstrip(" s")) for w in out.read_text().split("This call: ")[1].split(".\n")[0].split("; ")
+             if w.startswith("seed ")]
+    assert len(walls) == len(seeds) and sum(walls[:-1]) + max(walls[:-1], default=0) <= study.DESIGN["dry"]["budget_s"]
+    assert elapsed < study.DESIGN["dry"]["budget_s"] + 2 * max(walls) + 60
+    text = out.read_text()
+    assert "- sqrt against none at 32: val acc" in text and "- sqrt at 64 against 32: val acc" in text
+    assert "| 64 | none | 0.004 |" in text  # none: AdamW's 0.004 as given
