@@ -2,6 +2,9 @@ import os
 
 import pytest
 
+# Opt-in CPU accounting per test file (TEST_CPU_LOG=FILE): tests/cpu_accounting.py.
+from tests.cpu_accounting import pytest_configure, pytest_runtest_protocol  # noqa: F401
+
 # Keep tests off any real experiment service and quiet about it.
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
