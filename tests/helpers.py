@@ -152,6 +152,23 @@ def train_forked(args: Sequence[str], run_dir: Path, timeout: float = 120,
         return child.wait(timeout)
 
 
+def ddp_forked(args: Sequence[str], root: Path, timeout: float = 300, setup: Callable[[], None] | None = None,
+               env: dict[str, str] | None = None) -> Result:
+    """`python train.py ARGS run.root=ROOT` for a run on several CPU processes started by Lightning
+    (`trainer=ddp trainer.devices=2 trainer.accelerator=cpu`), rank 0 a forked child as in
+    `train_forked`: Lightning's own launcher then starts every other rank as it always does, a new
+    `python train.py ...` with the rank's environment (one interpreter's import saved per run, not
+    the launcher's work). One thread per process (OMP_NUM_THREADS=1 for the started ranks; the forked
+    one sets it), the environment this process's, less HYDRA_FULL_ERROR, plus `env`. The child leads
+    its own process group, and the started ranks join it: killpg ends the whole job, as
+    `start_new_session` did for a launched interpreter. A test whose claim is the launch itself
+    (the first rank a new interpreter) starts it with `subprocess`."""
+    full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    full_env.update(OMP_NUM_THREADS="1", **(env or {}))
+    with ForkedRun([str(REPO / "train.py"), *args, f"run.root={root}"], None, setup, env=full_env) as child:
+        return child.wait(timeout)
+
+
 def train_py_argv(args: Sequence[str], run_dir: Path) -> list[str]:
     """What follows `python` for `train_forked`'s run: train.py, `args` pinned to the CPU unless they
     name an accelerator, and the run folder."""
@@ -170,6 +187,57 @@ def python_forked(python_args: Sequence[str], cwd: Path = REPO, env: dict[str, s
     with ForkedRun(python_args, cwd=cwd, env=env) as child:
         done = child.wait(timeout)
     return subprocess.CompletedProcess(list(python_args), done.returncode, done.stdout, done.stderr)
+
+
+def run_as_python(python_args: Sequence[str], cwd: Path, env: dict[str, str] | None,
+                  setup: Callable[[], None] | None = None, script_path: bool = False) -> int:
+    """In a forked child whose fds 1 and 2 are already where its output goes: behave as `python
+    PYTHON_ARGS` (a script and its arguments, or `-m MODULE ...`) and return its exit status. `env`
+    replaces the environment (None: keep it). `script_path`: put the script's folder (or, for `-m`,
+    the working folder) first on sys.path, as a new interpreter does (ForkedRun's callers never
+    needed it; tests/fork_server.py's do)."""
+    import runpy
+    import warnings
+
+    # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    os.environ.pop("HYDRA_FULL_ERROR", None)
+    os.chdir(cwd)
+    # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
+    # DataLoader workers) and enough for a run that is meant to stop early.
+    torch.set_num_threads(1)
+    # No CUDA in a forked child (see train_forked): report none, so nothing touches it.
+    torch.cuda.is_available = lambda: False  # type: ignore[assignment]
+    torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
+    # runpy's note that the module ran is already imported here (this process's tests import it).
+    warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package",
+                            category=RuntimeWarning)
+    if script_path:
+        first = os.getcwd() if python_args[0] == "-m" else str(Path(python_args[0]).resolve().parent)
+        sys.path.insert(0, first)
+    if setup is not None:
+        setup()
+    try:
+        if python_args[0] == "-m":
+            sys.argv = [python_args[1], *python_args[2:]]
+            runpy.run_module(python_args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(python_args)
+            runpy.run_path(python_args[0], run_name="__main__")
+        return 0
+    except SystemExit as ex:
+        if ex.code is not None and not isinstance(ex.code, int):
+            print(ex.code, file=sys.stderr)  # as Python prints sys.exit("message")
+        return ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
+    except BaseException:  # noqa: BLE001 - an uncaught error prints its traceback, as Python would
+        import traceback
+
+        traceback.print_exc()
+        return 1
 
 
 class ForkedRun:
@@ -197,11 +265,8 @@ class ForkedRun:
 
     def _become_python(self, python_args: list[str], cwd: Path, env: dict[str, str] | None,
                        setup: Callable[[], None] | None) -> None:
-        """In the child: `python PYTHON_ARGS` (train.py's, or another script or module), then exit
-        with its status."""
-        import runpy
-        import warnings
-
+        """In the child: stdout and stderr into this run's files, then `python PYTHON_ARGS`
+        (train.py's, or another script or module), then exit with its status."""
         code = 1
         try:
             os.setpgid(0, 0)
@@ -209,42 +274,7 @@ class ForkedRun:
                 target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(target, fd)
                 os.close(target)
-            # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
-            sys.stdout = open(1, "w", buffering=1, closefd=False)
-            sys.stderr = open(2, "w", buffering=1, closefd=False)
-            if env is not None:
-                os.environ.clear()
-                os.environ.update(env)
-            os.environ.pop("HYDRA_FULL_ERROR", None)
-            os.chdir(cwd)
-            # The parent's OpenMP threads do not survive a fork; one thread is safe (as in
-            # DataLoader workers) and enough for a run that is meant to stop early.
-            torch.set_num_threads(1)
-            # No CUDA in a forked child (see train_forked): report none, so nothing touches it.
-            torch.cuda.is_available = lambda: False  # type: ignore[assignment]
-            torch.cuda.device_count = lambda: 0  # type: ignore[assignment]
-            # runpy's note that the module ran is already imported here (this process's tests import it).
-            warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package",
-                                    category=RuntimeWarning)
-            if setup is not None:
-                setup()
-            try:
-                if python_args[0] == "-m":
-                    sys.argv = [python_args[1], *python_args[2:]]
-                    runpy.run_module(python_args[1], run_name="__main__", alter_sys=True)
-                else:
-                    sys.argv = list(python_args)
-                    runpy.run_path(python_args[0], run_name="__main__")
-                code = 0
-            except SystemExit as ex:
-                if ex.code is not None and not isinstance(ex.code, int):
-                    print(ex.code, file=sys.stderr)  # as Python prints sys.exit("message")
-                code = ex.code if isinstance(ex.code, int) else (0 if ex.code is None else 1)
-            except BaseException:  # noqa: BLE001 - an uncaught error prints its traceback, as Python would
-                import traceback
-
-                traceback.print_exc()
-                code = 1
+            code = run_as_python(python_args, cwd, env, setup)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

@@ -1,6 +1,12 @@
 """benchmarks/gpu_check.sh --dry-run: every step of the prepared GPU check runs for a few steps on
 the CPU (tiny model and images) and writes the files and figures the real check writes, so the
-script cannot rot between the sessions that have a GPU."""
+script cannot rot between the sessions that have a GPU.
+
+The script runs as CI runs it, with its Python commands (`$PYTHON`: each step's script, the report's
+readers, the ladder's train.py, the GPU tests' pytest) forked from this pytest process by
+tests/fork_server.py instead of each importing torch and Lightning in a new interpreter (about 20
+commands, 8 s of CPU each): what is checked is the script and the steps' programs, not how an
+interpreter starts."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 import torch
 
+from tests.fork_server import ForkServer
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
@@ -28,13 +35,21 @@ LADDER = ["resnet50_baseline", "resnet50_data", "resnet50_amp", "resnet50_channe
           "resnet50_optimized"]
 
 
+def _dry_run(out, *steps: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/gpu_check.sh --dry-run --out OUT [--steps ...], its Python commands forked (see above)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    with ForkServer() as server:
+        env["PYTHON"] = str(server.python)
+        proc = server.run([str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(out), *steps],
+                          timeout=600, cwd=REPO, env=env)
+        assert server.served >= 2 * (len(steps[1].split(",")) if steps else len(STEPS)), "its commands were forked"
+    return proc
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHON"] = sys.executable
-    proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(out)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = _dry_run(out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc
 
@@ -43,10 +58,7 @@ def dry_run(tmp_path_factory):
 def extras_run(tmp_path_factory):
     """The steps run only when asked (--steps), in the order given: their functions are kept working."""
     out = tmp_path_factory.mktemp("gpu_check_extras")
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHON"] = sys.executable
-    proc = subprocess.run([str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", str(out), "--steps",
-                           ",".join(EXTRA_STEPS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = _dry_run(out, "--steps", ",".join(EXTRA_STEPS))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [(step, "ok") for step in EXTRA_STEPS]
