@@ -11,6 +11,9 @@ next resume's completed summary, it completes with resume=if_any to the uninterr
 and metrics. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
 
 These start real processes (each imports torch and Lightning), so they are marked slow; CI runs them.
+The runs started by Lightning have rank 0 forked from this pytest process (tests.helpers.ddp_forked):
+Lightning's launcher starts rank 1 as a new interpreter as always. One of them, the batch-size test,
+is launched wholly as a person does (`python train.py`), and torchrun's runs are torchrun's.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, train_forked
+from tests.helpers import REPO, ddp_forked, train_forked
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -55,7 +58,7 @@ REFERENCE = [*TWO_CPU_PROCESSES, "trainer.max_epochs=8", "trainer.deterministic=
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ddp_reference")
-    result = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE], root)
+    result = ddp_forked(REFERENCE, root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("done: ") + result.stderr.count("done: ") == 1  # rank 0 alone reports
     return _only_run_folder(root)
@@ -105,7 +108,7 @@ def test_crashed_under_torchrun_and_resumed_mid_epoch_equals_the_uninterrupted_r
     assert position == {"epoch": 4, "batches": 4, "items": 512, "items_per_batch": 64, "replicas": 2, "size": 1257}
 
     resumed_root = tmp_path / "resumed"
-    resumed = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE, f"resume={checkpoint}"], resumed_root)
+    resumed = ddp_forked([*REFERENCE, f"resume={checkpoint}"], resumed_root)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     folder = _only_run_folder(resumed_root)
     summary = json.loads((folder / "summary.json").read_text())
@@ -133,7 +136,7 @@ def test_preempting_one_process_stops_both_at_the_same_step_and_the_run_carries_
     assert torch.load(checkpoint, map_location="cpu", weights_only=True)["global_step"] == 23
 
     resumed_root = tmp_path / "resumed"
-    resumed = _launch([sys.executable, str(REPO / "train.py"), *REFERENCE, f"resume={checkpoint}"], resumed_root)
+    resumed = ddp_forked([*REFERENCE, f"resume={checkpoint}"], resumed_root)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((_only_run_folder(resumed_root) / "summary.json").read_text())
     assert summary["steps"] == 72 and summary["steps_lost"] == 0 and summary["requeues"] == 1
@@ -175,13 +178,14 @@ def test_lr_find_gives_both_processes_rank_zeros_lr(tmp_path, launcher):
     batch of 128 by AdamW's sqrt rule. Under torchrun the other rank waits while rank 0 tests (the
     process group exists already, and the test must not use it)."""
     lrs = tmp_path / "lrs"
-    start = [sys.executable, str(REPO / "train.py")] if launcher == "lightning" else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(REPO / "train.py")]
-    result = _launch([*start, *TWO_CPU_PROCESSES, "optimizer.lr=find", "optimizer.find_steps=20",
-                      "trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1",
-                      "trainer.limit_test_batches=1", "checkpointing=off",
-                      "+callbacks.lr._target_=tests.helpers.RecordLr", f"+callbacks.lr.folder={lrs}"], tmp_path,
-                     timeout=180)
+    args = [*TWO_CPU_PROCESSES, "optimizer.lr=find", "optimizer.find_steps=20", "trainer.max_epochs=1",
+            "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1",
+            "checkpointing=off", "+callbacks.lr._target_=tests.helpers.RecordLr", f"+callbacks.lr.folder={lrs}"]
+    if launcher == "lightning":
+        result = ddp_forked(args, tmp_path, timeout=180)
+    else:
+        result = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(REPO / "train.py"), *args], tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = _only_run_folder(tmp_path)
     record = json.loads((folder / "lr_find.json").read_text())
@@ -213,12 +217,12 @@ def test_killed_at_three_moments_resumes_to_the_uninterrupted_result(reference, 
     print(f"\nDDP kill draw: KILL_SEED={seed}: step {step}, test batch {batch}, the summary")
     expected_weights = _weights(Path(expected["final_checkpoint"]))
     root = tmp_path / "killed"
-    args = [sys.executable, str(REPO / "train.py"), *REFERENCE, "run.name=killed", "checkpointing.every_n_steps=4"]
+    args = [*REFERENCE, "run.name=killed", "checkpointing.every_n_steps=4"]
     for launch, (moment, number) in enumerate((("step", step), ("test_batch", batch), ("summary", 0))):
-        killed = _launch([*args, *(["resume=if_any"] if launch else []), "+callbacks.kill._target_=tests.helpers.KillJobAt",
-                          f"+callbacks.kill.moment={moment}", f"+callbacks.kill.number={number}"], root)
+        killed = ddp_forked([*args, *(["resume=if_any"] if launch else []), "+callbacks.kill._target_=tests.helpers.KillJobAt",
+                             f"+callbacks.kill.moment={moment}", f"+callbacks.kill.number={number}"], root)
         assert killed.returncode == -9, (moment, killed.stderr[-3000:])
-    resumed = _launch([*args, "resume=if_any"], root)
+    resumed = ddp_forked([*args, "resume=if_any"], root)
     assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
     summaries = sorted(root.glob("runs/*/*/summary.json"), key=lambda p: p.stat().st_mtime_ns)
     summary = json.loads(summaries[-1].read_text())

@@ -2,21 +2,19 @@
 train the default digits run to the uncompressed run's losses, within rounding, and the hook is
 really registered (Lightning's own DDPStrategy drops it on CPU: the losses would then be bit-equal).
 
-Three real two-process runs of 27 steps each (about 15 s apiece on two cores), so marked slow.
+Three real two-process runs of 27 steps each (about 15 s apiece on two cores), so marked slow. Rank 0
+is forked from this pytest process (tests.helpers.ddp_forked), rank 1 started by Lightning's launcher.
 PowerSGD is refused on gloo (tests/unit/test_communication.py) and is checked on GPUs only.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import ddp_forked
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -27,11 +25,7 @@ RUN = ["trainer=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.d
 
 
 def _train(compression: str, root: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["OMP_NUM_THREADS"] = "1"  # two processes on two cores
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), *RUN,
-                             f"trainer.gradient_compression={compression}", f"run.root={root / compression}"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    result = ddp_forked([*RUN, f"trainer.gradient_compression={compression}"], root / compression)
     assert result.returncode == 0, result.stderr[-3000:]
     [summary] = (root / compression / "runs").glob("*/*/summary.json")
     return json.loads(summary.read_text())

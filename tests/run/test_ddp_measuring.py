@@ -2,9 +2,10 @@
 gets its figures and its share of the step, every process measures the same steps (else the run
 would hang in a collective), and rank 0 alone writes and prints.
 
-Who wrote what in the run folder is recorded by an audit hook (a `sitecustomize` on PYTHONPATH,
-loaded by every process, Lightning's second one included): each file opened for writing, renamed
-into place there, with the writer's rank. The arithmetic is
+Who wrote what in the run folder is recorded by an audit hook: each file opened for writing, renamed
+into place there, with the writer's rank. Rank 0 is forked from this pytest process
+(tests.helpers.ddp_forked) and installs the hook itself; rank 1, started by Lightning's launcher as a
+new interpreter, loads it as a `sitecustomize` on PYTHONPATH. The arithmetic is
 tests/unit/test_ddp_measuring.py."""
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import Result, ddp_forked
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -54,18 +54,20 @@ if _root and _log:
 '''
 
 
-def _launch(overrides: list[str], root: Path, timeout: float = 180) -> tuple[subprocess.CompletedProcess[str],
-                                                                              dict[str, set[str]]]:
+def _launch(overrides: list[str], root: Path, timeout: float = 180) -> tuple[Result, dict[str, set[str]]]:
     """train.py on two CPU processes under `root`, and the paths under `root` each rank wrote."""
     audit = root / "audit"
     audit.mkdir(parents=True)
     (audit / "sitecustomize.py").write_text(AUDIT)
     runs = root / "runs"
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [str(audit), env.get("PYTHONPATH")])),
-               WRITE_AUDIT_ROOT=str(runs), WRITE_AUDIT_LOG=str(audit / "writes.tsv"))
-    result = subprocess.run([sys.executable, str(REPO / "train.py"), *TWO_CPU_PROCESSES, *overrides, f"run.root={root}"],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(audit), os.environ.get("PYTHONPATH")])),
+           "WRITE_AUDIT_ROOT": str(runs), "WRITE_AUDIT_LOG": str(audit / "writes.tsv")}
+
+    def audit_rank_zero() -> None:  # what the sitecustomize does in a new interpreter
+        namespace: dict[str, Any] = {}
+        exec(AUDIT, namespace)
+
+    result = ddp_forked([*TWO_CPU_PROCESSES, *overrides], root, timeout=timeout, setup=audit_rank_zero, env=env)
     writes: dict[str, set[str]] = {}
     log = audit / "writes.tsv"
     for line in log.read_text().splitlines() if log.exists() else []:

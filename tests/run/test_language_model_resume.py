@@ -14,15 +14,13 @@ import json
 import math
 import os
 import random
-import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, kill_during_save, train_forked
+from tests.helpers import ddp_forked, kill_during_save, train_forked
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -89,12 +87,9 @@ def test_a_language_model_killed_at_any_moment_resumes_to_the_uninterrupted_resu
 
 
 def test_a_language_model_trains_on_two_processes_into_one_folder(tmp_path, corpus):
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["OMP_NUM_THREADS"] = "1"
-    command = [sys.executable, str(REPO / "train.py"), *tiny_lm(corpus, tmp_path / "cache"), "trainer=ddp",
-               "trainer.devices=2", "trainer.accelerator=cpu", "progress=plain", f"run.root={tmp_path}"]
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-                            start_new_session=True)
+    # Rank 0 forked from this process, rank 1 started by Lightning's launcher (tests.helpers.ddp_forked).
+    result = ddp_forked([*tiny_lm(corpus, tmp_path / "cache"), "trainer=ddp", "trainer.devices=2",
+                         "trainer.accelerator=cpu", "progress=plain"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("done: ") + result.stderr.count("done: ") == 1  # rank 0 alone reports
     [folder] = [p for p in (tmp_path / "runs").glob("*/*") if p.is_dir()]
