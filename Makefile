@@ -17,6 +17,8 @@ TORCH_INDEX ?=
 train: $(VENV)/.installed
 	$(BIN)/python train.py $(ARGS)
 
+# Where the CPU goes, per test file (CPU seconds and fresh interpreters, not wall time, which a shared
+# machine makes meaningless): TEST_CPU_LOG=cpu.log make test, then python -m tests.cpu_accounting cpu.log.
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
 

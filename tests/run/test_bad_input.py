@@ -5,6 +5,8 @@ The cases run `train.py` in a forked child (`train_forked`: same entry point and
 import of torch); one case runs in a fresh interpreter, as a person would, to keep that path honest.
 """
 
+import os
+
 import pytest
 
 from tests.helpers import train, train_forked, write_digit_pngs
@@ -91,7 +93,8 @@ def test_val_classes_must_exist_in_train(tmp_path):
 
 
 def test_full_error_shows_the_traceback(tmp_path):
-    result = train(["optimizer.lr=0"], tmp_path / "run", env={"HYDRA_FULL_ERROR": "1"})
+    # Set in the child after train_forked has cleared it: Hydra reads it as the error is handled.
+    result = train_forked(["optimizer.lr=0"], tmp_path / "run", setup=lambda: os.environ.update(HYDRA_FULL_ERROR="1"))
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "optimizer.lr" in result.stderr
 

@@ -1,12 +1,12 @@
 """`python train.py --help` through Hydra: the config groups, then every key of the composed config
-with its doc (the `config_help` resolver in conf/hydra/help/trainer.yaml), for the choices given."""
+with its doc (the `config_help` resolver in conf/hydra/help/trainer.yaml), for the choices given.
 
-import subprocess
-import sys
+Each command runs forked from this process (`train_forked`, `python_forked`): what is checked is the
+text, which names the command from its argv[0] (trainer.infra.command), as runpy sets it."""
 
 import pytest
 
-from tests.helpers import REPO, train_forked
+from tests.helpers import REPO, python_forked, train_forked
 
 
 def test_help_shows_each_key_with_its_doc_for_the_chosen_groups(tmp_path):
@@ -26,8 +26,7 @@ def test_help_shows_each_key_with_its_doc_for_the_chosen_groups(tmp_path):
 ])
 def test_help_speaks_the_command_that_was_typed(tmp_path, entry, typed):
     # From an empty folder, as a wheel user runs it: no example names a train.py they do not have.
-    proc = subprocess.run([sys.executable, *entry, "--help"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    proc = python_forked([*entry, "--help"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     first, *rest = proc.stdout.splitlines()
     assert first.startswith(f"{typed}: ")
@@ -37,8 +36,7 @@ def test_help_speaks_the_command_that_was_typed(tmp_path, entry, typed):
 
 
 def test_deploy_is_a_subcommand_of_the_entry_point(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "trainer", "deploy", "--help"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
+    proc = python_forked(["-m", "trainer", "deploy", "--help"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: python -m trainer deploy ")
     assert "export" in proc.stdout and "serve" in proc.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ON_CPU, python_forked, run_in_process, train, train_forked
+from tests.helpers import ON_CPU, python_forked, run_in_process, train_forked
 
 pytestmark = pytest.mark.run
 
@@ -129,8 +129,8 @@ def test_what_cannot_apply_to_a_language_model_refuses_in_one_line(tmp_path, ove
 def test_bucketed_batches_compile_with_dynamic_shapes_and_the_summary_records_the_graphs(tmp_path):
     """Batches of varying length compile one graph for training (and one for evaluation), not one
     per length: the plan turns dynamic shapes on and summary.json records what Dynamo compiled. In a
-    process of its own (a compile in this one would keep it from forking: tests.helpers.in_forked_child)."""
-    result = train([*ON_CPU, "task=language_model", "data=text", "data.sequences=bucketed", "data.sequence_length=64",
+    forked child (a compile in this process would keep it from forking: tests.helpers.in_forked_child)."""
+    result = train_forked([*ON_CPU, "task=language_model", "data=text", "data.sequences=bucketed", "data.sequence_length=64",
                     "data.batch_size=16", "model=gpt", "model.layers=2", "model.width=64", "compile=default",
                     "trainer.max_steps=12", "+trainer.val_check_interval=12", "trainer.limit_val_batches=3", "trainer.limit_test_batches=2", "optimizer.ref_batch_size=1024",
                     "progress=off"], tmp_path)

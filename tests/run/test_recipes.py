@@ -141,7 +141,7 @@ def test_digits_quickstart_first_losses_match_the_stored_values(tmp_path):
 
 
 def test_a_team_recipe_folder_on_the_search_path_records_its_own_parent(tmp_path):
-    from tests.helpers import train
+    from tests.helpers import train_forked
 
     team = tmp_path / "team_recipes"
     team.mkdir()
@@ -149,7 +149,7 @@ def test_a_team_recipe_folder_on_the_search_path_records_its_own_parent(tmp_path
                                          "  - _self_\noptimizer:\n  lr: 0.01\n")
     (team / "team_fast.yaml").write_text("# @package _global_\ndefaults:\n  - team_base\n  - _self_\n"
                                          "optimizer:\n  lr: 0.02\n")
-    result = train(["+recipe=team_fast", f"hydra.searchpath=[recipes://{team}]", *TINY], tmp_path / "run")
+    result = train_forked(["+recipe=team_fast", f"hydra.searchpath=[recipes://{team}]", *TINY], tmp_path / "run")
     assert result.returncode == 0, result
     recipe = result.summary["recipe"]
     assert recipe["parent"] == "team_base" and recipe["file"] == str(team / "team_fast.yaml")
