@@ -135,6 +135,10 @@ elif [[ "$OUT" != /* ]]; then
   OUT="$caller_dir/$OUT"
 fi
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "error: --out: cannot create '$OUT'" >&2; exit 2; }
+# Every Python command of every step goes through $PYTHON (scripts invoked by path, ladder.sh too):
+# tests/run/test_gpu_check.py sets it to tests/fork_server.py's stand-in, which forks each command from
+# the pytest worker that has imported torch and Lightning already (the dry run's CPU is then the steps'
+# own, not ~10 interpreter starts); a new step keeps to "$PYTHON" for the same reason.
 PYTHON=${PYTHON:-.venv/bin/python}
 export OUT DRY PYTHON
 if [ "$DRY" = 1 ]; then
