@@ -199,7 +199,8 @@ def run_as_python(python_args: Sequence[str], cwd: Path, env: dict[str, str] | N
     import runpy
     import warnings
 
-    # pytest's capture replaced sys.stdout/err with its own files: point them at the fds.
+    # pytest's capture replaced sys.stdin/out/err with its own files: point them at the fds.
+    sys.stdin = open(0, "r", closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     if env is not None:

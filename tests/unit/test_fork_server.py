@@ -39,7 +39,8 @@ def test_the_stand_in_is_the_interpreter_to_its_caller(tmp_path):
         assert server.served == 4
     lines = done.stdout.splitlines()
     records = [json.loads(line) for line in lines if line.startswith('{"argv"')]
-    assert [line for line in lines if line.startswith("status")] == ["status 3", "status 143", "status 1", "status 0"]
+    assert [line for line in lines if line.startswith("status")] == ["status 3", "status 143", "status 1", "status 0"], \
+        done.stderr[-3000:]
     assert '{"a":[1,2]}' in lines  # -m json.tool read its stdin and wrote to the caller's stdout
     assert done.stderr.count("on stderr") == 3 and "a message" in done.stderr
     for record, arg in zip(records, ("3", "signal", "text")):
