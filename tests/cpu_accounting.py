@@ -96,9 +96,14 @@ def summarise(log: Path) -> list[dict[str, Any]]:
     """Per test file: CPU seconds of its tests, fresh interpreters (with Lightning), their CPU."""
     files: dict[str, dict[str, Any]] = defaultdict(lambda: {"cpu_s": 0.0, "tests": 0, "interpreters": 0,
                                                             "with_lightning": 0, "interpreter_cpu_s": 0.0})
+    started_in: dict[int, str | None] = {}  # an interpreter's exit counts where it started (an xdist
+    # worker's environment names the last file it ran when it exits)
     for line in log.read_text().splitlines():
         entry = json.loads(line)
-        row = files[entry.get("file") or "(outside a test)"]
+        if entry["event"] == "start":
+            started_in[entry["pid"]] = entry.get("file")
+        where = started_in.get(entry["pid"], entry.get("file")) if entry["event"] == "exit" else entry.get("file")
+        row = files[where or "(outside a test)"]
         if entry["event"] == "test":
             row["cpu_s"] += entry["cpu_s"]
             row["tests"] += 1
