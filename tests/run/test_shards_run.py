@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, REPO, kill_tree, train_forked, write_photo_jpegs
+from tests.helpers import ON_CPU, REPO, kill_tree, python_forked, train_forked, write_photo_jpegs
 from tests.run.test_resume import kill_at_step, weights
 
 pytest.importorskip("litdata")
@@ -63,10 +63,11 @@ def s3(folder: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[
     server = s3_server.start(tmp_path_factory.mktemp("s3"))
     try:
         env = {**os.environ, **server.env()}
-        written = subprocess.run([sys.executable, "-m", "trainer.data.prepare", str(folder),
-                                  f"s3://{s3_server.BUCKET}/photos", "--format", "shards", "--chunk-mb", "1",
-                                  "--workers", "2", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True,
-                                 timeout=300)
+        # The command as typed, forked from this process (no new import of torch and Lightning): the
+        # store's settings are read from the environment when the client is made, not at start-up.
+        written = python_forked(["-m", "trainer.data.prepare", str(folder), f"s3://{s3_server.BUCKET}/photos",
+                                 "--format", "shards", "--chunk-mb", "1", "--workers", "2", "--quiet"], env=env,
+                                timeout=300)
         assert written.returncode == 0, written.stderr[-3000:]
         assert "wrote shards of 48 images" in written.stdout
         yield server
