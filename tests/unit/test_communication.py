@@ -203,7 +203,9 @@ def _profile_ddp_step(rank: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_a_profiled_gloo_ddp_step_shows_its_all_reduce_as_communication(tmp_path):
-    """Two processes (a few seconds): the names torch.profiler really gives the gradient all-reduce."""
+    """Two processes (a few seconds): the names torch.profiler really gives the gradient all-reduce.
+    Forked from this process (each sets one thread first), not spawned: two spawned interpreters
+    imported this module, and with it torch and Lightning, again (~12 s of CPU)."""
     import socket
 
     import torch.multiprocessing as mp
@@ -212,7 +214,7 @@ def test_a_profiled_gloo_ddp_step_shows_its_all_reduce_as_communication(tmp_path
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "names.txt"
-    mp.spawn(_profile_ddp_step, args=(port, str(out)), nprocs=2)
+    mp.start_processes(_profile_ddp_step, args=(port, str(out)), nprocs=2, start_method="fork")
     names = out.read_text().splitlines()
     communication = {name for name in names if category_of(name) == COMMUNICATION}
     assert {"c10d::allreduce_", "gloo:all_reduce"} <= communication, names
