@@ -62,9 +62,18 @@
 #                progressive resizing's default 224 px schedule (128-224 px), beside the fast loader's
 #                images per host core at that size, and the schedule's expected time against all-224
 #                (progressive_resize.md)
-#   batch_study  benchmarks/batch_scaling.py on the GPU: ResNet-18 on the expanded digits at 28 px,
-#                batch 512 and 4,096, AdamW's sqrt rule against none, one seed, 2 epochs: final val
-#                accuracy at a GPU-sized batch (batch_scaling.md; one seed, so no interval)
+#   batch_study  benchmarks/batch_scaling_gpu.py: the first GPU regime of the batch study, designed under
+#                trainer/measure/decision_rule.py and committed before its first job: ResNet-18 on the
+#                28 px expanded digits, AdamW's sqrt rule against none at batches 512 and 4,096, seed by
+#                seed while 330 s allow (at least 2 for a paired test), verdict by the rule
+#                (batch_scaling_gpu.md; a 6-minute lease: `--steps batch_study`)
+#   encoder_kernels  benchmarks/encoder_kernels.py --device cuda: the encoder's fused against unfused
+#                QKV and its FFN eager against compiled at lengths 128 and 512 (bf16, batch 32), and
+#                compile's dynamic None/true on an epoch of bucketed batches with their recompiles
+#                (encoder_kernels.md; estimated 4-5 min, not yet run on a GPU)
+#   serve_text   the tiny encoder recipe and a tiny GPT trained on the GPU, exported, served and
+#                load-tested: P50/P90/P99 and QPS by length bin and concurrency, time to first token
+#                and per token, RSS/PSS (deploy_load_encoder.md, deploy_load_gpt.md; estimated 3 min)
 #
 # A later step is a function step_NAME plus its budgets in BUDGET_S and DRY_BUDGET_S, its name in
 # STEPS or EXTRA_STEPS (and, for key figures, a reader in benchmarks/gpu_check_report.py). Keep the
@@ -73,7 +82,7 @@ set -uo pipefail
 
 STEPS=(environment overhead data_stage gpu_tests)
 EXTRA_STEPS=(ceiling step_cost ladder practices reduce_overhead fsdp profile_memory gpt input_pipeline
-             progressive_resize batch_study)
+             progressive_resize batch_study encoder_kernels serve_text)
 # Seconds per step on one H200, from the first run's durations (benchmarks/results/gpu/, 2026-12-04:
 # environment 4.3 s, ladder 101.6, gpt 18.0, step_cost 66.6, gpu_tests 80.9, data_stage 61.8,
 # practices 103.2; reduce_overhead, fsdp and profile_memory stopped at 40, 30 and 30 s after their
@@ -92,13 +101,14 @@ EXTRA_STEPS=(ceiling step_cost ladder practices reduce_overhead fsdp profile_mem
 # to stop one that overruns.
 declare -A BUDGET_S=([environment]=10 [overhead]=210 [data_stage]=70 [gpu_tests]=110
                      [ceiling]=540 [step_cost]=80 [ladder]=120 [practices]=125 [reduce_overhead]=90 [fsdp]=60
-                     [profile_memory]=70 [gpt]=25 [input_pipeline]=25 [progressive_resize]=20 [batch_study]=40)
+                     [profile_memory]=70 [gpt]=25 [input_pipeline]=25 [progressive_resize]=20 [batch_study]=360
+                     [encoder_kernels]=330 [serve_text]=240)
 # These only stop a hung step of the dry run (about 70 s for the default steps on 2 CPU cores, ~10 s
 # of each step the interpreter's imports; the --steps-only ones ~190 s more).
 declare -A DRY_BUDGET_S=([environment]=40 [overhead]=120 [data_stage]=90 [gpu_tests]=90 [ceiling]=120
                          [step_cost]=90 [ladder]=120 [practices]=120 [reduce_overhead]=90 [fsdp]=90
                          [profile_memory]=90 [gpt]=90 [input_pipeline]=90 [progressive_resize]=90
-                         [batch_study]=120)
+                         [batch_study]=120 [encoder_kernels]=240 [serve_text]=300)
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 
@@ -321,18 +331,43 @@ step_ladder() {
 }
 
 step_batch_study() {
-  local dir="$OUT/batch_study"
-  local size=(--batches 512,4096 --epochs 2 --accelerator gpu --set model=resnet18 --set data.image_size=28)
-  # The dry run: the default network on a tenth of the set, on the CPU.
-  [ "$DRY" = 1 ] && size=(--batches 32,64 --epochs 1 --accelerator cpu --set data.copies=2 --set data.eval_copies=1)
-  "$PYTHON" benchmarks/batch_scaling.py --studies lr --optimizers adamw --rules sqrt,none --seeds 1 \
-    --out "$dir/batch_scaling.md" --runs "$dir/runs" "${size[@]}"
+  local dir="$OUT/batch_study" dry=()
+  # The dry run: the same design's code on the CPU at a tenth of the size (batch_scaling_gpu.py's "dry").
+  [ "$DRY" = 1 ] && dry=(--dry-run)
+  "$PYTHON" benchmarks/batch_scaling_gpu.py "${dry[@]}" --out "$dir/batch_scaling_gpu.md" --runs "$dir/runs"
+}
+
+step_encoder_kernels() {
+  local args=(--device cuda --rounds 5 --round-s 0.5 --dynamic None,true)
+  [ "$DRY" = 1 ] && args=(--quick)
+  "$PYTHON" benchmarks/encoder_kernels.py "${args[@]}" --out "$OUT/encoder_kernels/encoder_kernels.md"
+}
+
+# serve_text: train, export, serve and load each text model (trainer/deploy; docs/deploy.md).
+step_serve_text() {
+  local dir="$OUT/serve_text" on=(trainer.accelerator=gpu) device=(--device cuda) short=()
+  if [ "$DRY" = 1 ]; then
+    on=(trainer.accelerator=cpu) device=()
+    short=(trainer.max_steps=10 trainer.val_check_interval=10 trainer.limit_val_batches=4)
+  fi
+  local status=0 name recipe
+  for name in encoder gpt; do
+    recipe=encoder_tiny_text
+    [ $name = gpt ] && recipe=gpt_tiny_text
+    "$PYTHON" train.py +recipe=$recipe "${on[@]}" "${short[@]}" progress=off "hydra.run.dir=$dir/$name" \
+      "data.cache_dir=$dir/cache_$name" > "$dir/train_$name.log" 2>&1 &&
+      "$PYTHON" -m trainer.deploy export "$dir/$name" &&
+      "$PYTHON" -m trainer.deploy load "$dir/$name" "${device[@]}" --concurrency 1,8 --requests 300 \
+        --budget-s 8 || status=1
+    cp "$dir/$name/deploy_load.md" "$dir/deploy_load_$name.md" 2>/dev/null
+  done
+  return $status
 }
 
 export TEXT_CACHE
 export -f step_environment step_overhead step_ceiling step_step_cost step_ladder step_data_stage step_gpu_tests \
   step_practices step_reduce_overhead step_fsdp step_profile_memory step_gpt step_input_pipeline \
-  step_progressive_resize step_batch_study tiny_base check_runs
+  step_progressive_resize step_batch_study step_encoder_kernels step_serve_text tiny_base check_runs
 
 # -- running them ----------------------------------------------------------------------------------
 

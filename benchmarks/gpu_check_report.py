@@ -182,13 +182,41 @@ def figures_progressive_resize(folder: Path) -> list[str]:
 
 
 def figures_batch_study(folder: Path) -> list[str]:
-    """The study's verdict lines, then each job's final val accuracy (benchmarks/batch_scaling.py)."""
-    text = (folder / "batch_scaling.md").read_text()
-    verdicts = text.split("## Verdicts", 1)[1].split("## Tables", 1)[0]
-    jobs = json.loads((folder / "batch_scaling_jobs.json").read_text())
-    accuracies = ", ".join(f"batch {j['batch']} {j['lr_rule']} {_fmt(j['val_acc'], '{:.4f}')}" for j in jobs)
-    return [f"{len(jobs)} runs on {jobs[0]['machine'] if jobs else '?'}: val acc {accuracies}",
+    """The study's verdict lines by the rule, then each arm's seeds (benchmarks/batch_scaling_gpu.py)."""
+    text = (folder / "batch_scaling_gpu.md").read_text()
+    verdicts = text.split("## Verdicts", 1)[1].split("## Runs", 1)[0]
+    jobs = json.loads((folder / "batch_scaling_gpu_jobs.json").read_text())
+    seeds = sorted({j["seed"] for j in jobs})
+    return [f"{len(jobs)} runs, seeds {', '.join(map(str, seeds))}, on {jobs[0]['machine'] if jobs else '?'}",
             *(line[2:] for line in verdicts.splitlines() if line.startswith("- "))]
+
+
+def figures_encoder_kernels(folder: Path) -> list[str]:
+    """The encoder's fused/unfused QKV and FFN compile ratios, and the recompiles (benchmarks/encoder_kernels.py)."""
+    lines = _bullets(folder / "encoder_kernels.md")
+    if not lines:
+        raise ValueError("encoder_kernels.md has no figures")
+    return lines
+
+
+def figures_serve_text(folder: Path) -> list[str]:
+    """Each text model's served figures at every concurrency (all lengths mixed for the encoder) and its
+    server's memory, from trainer/deploy/load_text.py's deploy_load.json."""
+    lines = []
+    for name in ("encoder", "gpt"):
+        report = json.loads((folder / name / "deploy_load.json").read_text())
+        for row in report["rows"]:
+            f = row["figures"]
+            if report["generating"]:
+                lines.append(f"gpt at concurrency {row['concurrency']}: {_num(f['tokens_per_s'])} tokens/s, time to first "
+                             f"token P50 {f['ttft_p50_ms']:.1f} ms (P99 {f['ttft_p99_ms']:.1f}), "
+                             f"{f['tpot_p50_ms']:.2f} ms per token")
+            elif row["bin"] == "all":
+                lines.append(f"encoder at concurrency {row['concurrency']}: {_num(row['qps'])} QPS, P50 "
+                             f"{row['p50_ms']:.1f} ms, P99 {row['p99_ms']:.1f} ms, mean batch {f['mean_batch']:.1f}")
+        total = report["memory_mib"]["total"]
+        lines.append(f"{name} server memory: RSS {_num(total['rss_mib'])} MiB, PSS {_num(total['pss_mib'])} MiB")
+    return lines
 
 
 def _runs(folder: Path, name: str = "runs.json") -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -386,7 +414,7 @@ FIGURES: dict[str, Callable[[Path], list[str]]] = {
     "data_stage": figures_data_stage, "gpu_tests": figures_gpu_tests, "practices": figures_practices,
     "reduce_overhead": figures_reduce_overhead, "fsdp": figures_fsdp, "profile_memory": figures_profile_memory,
     "gpt": figures_gpt, "input_pipeline": figures_input_pipeline, "progressive_resize": figures_progressive_resize,
-    "batch_study": figures_batch_study,
+    "batch_study": figures_batch_study, "encoder_kernels": figures_encoder_kernels, "serve_text": figures_serve_text,
 }
 
 

@@ -125,6 +125,30 @@ def test_step_cost_and_gpt_figures_read_their_scripts_records(tmp_path):
     assert figures_gpt(tmp_path)[0] == "gpt_small: 428,470 tokens/s, MFU 28.6% on NVIDIA H200 (26 steps, 2 windows)"
 
 
+def test_serve_text_and_batch_study_figures_read_their_records(tmp_path):
+    """The --steps-only serve_text and batch_study steps' key figures, read from records of the shape
+    their programs write: the committed CPU load reports, and a GPU batch study's report and jobs."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check_report import figures_batch_study, figures_serve_text
+
+    for name in ("encoder", "gpt"):
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "benchmarks" / "results" / f"deploy_load_{name}_tiny_text_cpu.json",
+                    tmp_path / name / "deploy_load.json")
+    lines = figures_serve_text(tmp_path)
+    assert lines[0].startswith("encoder at concurrency 1: ") and " QPS, P50 " in lines[0]
+    assert any(line.startswith("gpt at concurrency 16: ") and "time to first token P50" in line for line in lines)
+    assert sum("server memory: RSS " in line for line in lines) == 2
+    (tmp_path / "batch_scaling_gpu.md").write_text("# t\n\n## Verdicts\n\n- sqrt against none at 512: val acc "
+                                                    "+0.0100 [-0.0050, +0.0250]\n\n## Runs\n\n- not a verdict\n")
+    (tmp_path / "batch_scaling_gpu_jobs.json").write_text(json.dumps([
+        {"seed": seed, "machine": "NVIDIA H200"} for seed in (1, 2, 1, 2)]))
+    assert figures_batch_study(tmp_path) == ["4 runs, seeds 1, 2, on NVIDIA H200",
+                                             "sqrt against none at 512: val acc +0.0100 [-0.0050, +0.0250]"]
+
+
 def test_practices_table_has_the_other_rows_with_numbers(extras_run):
     out, _ = extras_run
     record = json.loads((out / "practices" / "practices.json").read_text())
