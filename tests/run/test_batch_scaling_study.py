@@ -70,7 +70,8 @@ def test_the_gpu_batch_study_s_dry_run_fits_its_budget_and_decides_by_the_rule(t
     elapsed = time.monotonic() - started
     jobs = json.loads((tmp_path / "gpu_jobs.json").read_text())
     seeds = sorted({j["seed"] for j in jobs})
-    assert seeds == list(range(1, len(seeds) + 1)) and 1 <= len(seeds) <= study.DESIGN["dry"]["most_seeds"]
+    dry = study.DESIGN["dry"]
+    assert seeds == list(range(1, len(seeds) + 1)) and dry["least_seeds"] <= len(seeds) <= dry["most_seeds"]
     assert sorted((j["rule"], j["batch"]) for j in jobs if j["seed"] == 1) == [("none", 32), ("none", 64),
                                                                                 ("sqrt", 32), ("sqrt", 64)]
     assert len(jobs) == 4 * len(seeds)
@@ -78,8 +79,12 @@ def test_the_gpu_batch_study_s_dry_run_fits_its_budget_and_decides_by_the_rule(t
     # the stopping rule: a seed starts only while spent + the slowest seed so far fits the budget
     walls = [float(w.split(": ")[1].rstrip(" s")) for w in out.read_text().split("This call: ")[1].split(".\n")[0].split("; ")
              if w.startswith("seed ")]
-    assert len(walls) == len(seeds) and sum(walls[:-1]) + max(walls[:-1], default=0) <= study.DESIGN["dry"]["budget_s"]
-    assert elapsed < study.DESIGN["dry"]["budget_s"] + 2 * max(walls) + 60
+    assert len(walls) == len(seeds)
+    if len(seeds) > dry["least_seeds"]:  # a seed past the least started only within the clock
+        assert sum(walls[:-1]) + max(walls[:-1]) <= dry["budget_s"]
+    else:
+        assert "stopped after" in out.read_text() or len(seeds) == dry["most_seeds"]
+    assert elapsed < sum(walls) + 60
     text = out.read_text()
     assert "- sqrt against none at 32: val acc" in text and "- sqrt at 64 against 32: val acc" in text
     assert "| 64 | none | 0.004 |" in text  # none: AdamW's 0.004 as given
