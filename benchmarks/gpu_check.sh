@@ -346,14 +346,15 @@ step_encoder_kernels() {
 # serve_text: train, export, serve and load each text model (trainer/deploy; docs/deploy.md).
 step_serve_text() {
   local dir="$OUT/serve_text" on=(trainer.accelerator=gpu) device=(--device cuda) short=()
-  if [ "$DRY" = 1 ]; then
-    on=(trainer.accelerator=cpu) device=()
-    short=(trainer.max_steps=10 trainer.val_check_interval=10 trainer.limit_val_batches=4)
-  fi
+  [ "$DRY" = 1 ] && on=(trainer.accelerator=cpu) device=()
   local status=0 name recipe
   for name in encoder gpt; do
     recipe=encoder_tiny_text
-    [ $name = gpt ] && recipe=gpt_tiny_text
+    [ "$DRY" = 1 ] && short=(trainer.max_steps=10 trainer.limit_val_batches=4)
+    if [ $name = gpt ]; then
+      recipe=gpt_tiny_text
+      [ "$DRY" = 1 ] && short=(trainer.max_steps=10 trainer.val_check_interval=10 trainer.limit_val_batches=4)
+    fi
     "$PYTHON" train.py +recipe=$recipe "${on[@]}" "${short[@]}" progress=off "hydra.run.dir=$dir/$name" \
       "data.cache_dir=$dir/cache_$name" > "$dir/train_$name.log" 2>&1 &&
       "$PYTHON" -m trainer.deploy export "$dir/$name" &&

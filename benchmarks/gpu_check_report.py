@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import math
 import platform
 import sys
@@ -192,10 +193,18 @@ def figures_batch_study(folder: Path) -> list[str]:
 
 
 def figures_encoder_kernels(folder: Path) -> list[str]:
-    """The encoder's fused/unfused QKV and FFN compile ratios, and the recompiles (benchmarks/encoder_kernels.py)."""
-    lines = _bullets(folder / "encoder_kernels.md")
+    """Each variant's paired ratio against the fused QKV per network and length, then each
+    compile.dynamic setting's frames and cost (benchmarks/encoder_kernels.py's encoder_kernels.json)."""
+    record = json.loads((folder / "encoder_kernels.json").read_text())
+    lines = [f"{case['shape']} at {case['length']}: {variant} {statistics.median(ratios):.2f}x the fused step's time"
+             for case in record["cases"] for variant, ratios in case["ratios"].items() if variant != "fused"]
+    for row in record["dynamic"]["rows"]:
+        train, val = row["train"], row["val"]
+        lines.append(f"compile.dynamic {row['dynamic']}: frames {train['frames_compiled']} / {val['frames_compiled']}"
+                     f" (train / val), compile {train['compile_s']:.1f} / {val['compile_s']:.1f} s, epoch + val "
+                     f"{train['total_s'] + val['total_s']:.1f} s")
     if not lines:
-        raise ValueError("encoder_kernels.md has no figures")
+        raise ValueError("encoder_kernels.json has no figures")
     return lines
 
 

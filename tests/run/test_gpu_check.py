@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.run, pytest.mark.slow]
 
 STEPS = ["environment", "overhead", "data_stage", "gpu_tests"]
 # Only with --steps, in this order (the order the test asks for, not the script's).
-# progressive_resize and batch_study: their scripts have tests of their own. step_cost and gpt: their
+# progressive_resize, batch_study, encoder_kernels and serve_text: their scripts have tests of their own
+# (the last three's step functions ran whole in a hand-run dry run, 2026-12-07: 48, 25 and 144 s). step_cost and gpt: their
 # scripts are the practices and reduce_overhead steps' (practices.py, check_runs.py), and what they
 # measure the default overhead step measures too; their key-figure readers are tested on records of
 # the shape those scripts write (so that the dry run takes no longer than before the overhead step).
