@@ -196,7 +196,7 @@ def test_an_export_that_fails_while_writing_leaves_nothing_behind(team_run, tmp_
         for name, body in earlier.items():
             (run / "export" / name).write_bytes(body)
 
-    def failing(net, images, path):
+    def failing(net, images, path, *limits):  # limits: an encoder's max_length
         path.write_bytes(b"half a program")
         raise _Failed("the exporter failed")
 
