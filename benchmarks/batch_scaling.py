@@ -26,6 +26,20 @@ optimizer and a plot. Each sweep's own `comparison.md` is copied to `<out>_sweep
     python benchmarks/batch_scaling.py --report-only                     # the report from the jobs file
     python benchmarks/batch_scaling.py --quick --out /tmp/batch_scaling.md   # CI: outputs only, about 30 s
 
+The small-batch arms (issue 51 item 4), designed and committed before their first job: the weight-decay
+rules and the calibration at 64 and 512, and SGD's linear lr rule at 32, each against the defaults run
+in the same study with the same seeds, into their own report. Seeds from the power calculation on the
+spread the test uses: the per-seed differences' sd measured at these batches in the first study was
+at most 0.0038 (SGD at 512); planned at 0.0045 for headroom, a paired two-sided test calling a
+difference of one point with 80% power at Holm's strictest level of the largest family, four (AdamW's
+two other weight-decay rules at two batches), needs 6 seeds (`decision_rule.seeds_for(0.0045, family=4,
+is_paired=True)`), and non-inferiority within one point needs 5:
+
+    python benchmarks/batch_scaling.py --studies defaults,wd,calibration --batches 64,512 --seeds 1,2,3,4,5,6 \
+        --out benchmarks/results/batch_scaling_small_cpu.md
+    python benchmarks/batch_scaling.py --studies defaults,lr --optimizers sgd --rules linear --batches 32 \
+        --seeds 1,2,3,4,5,6 --out benchmarks/results/batch_scaling_small_cpu.md
+
 Every job is one process's run in sequence (Hydra's basic launcher): nothing else should run on
 the machine meanwhile, and a job that ran beside other load is flagged and kept out of time figures.
 """
@@ -53,16 +67,19 @@ REFERENCE_BATCH = 64  # the batch the others are held against, or the smallest m
 STUDIES = ("defaults", "lr", "large", "warmup", "wd", "calibration")
 #: The optimizer each large-batch optimizer is compared with, at the same batch.
 PARTNER = {"lamb": "adamw", "lars": "sgd"}
-#: The other lr rules, tried at `LR_BATCHES`: the smallest, the middle and the largest (factors of 4).
-LR_BATCHES = (128, 512, 2048)
+#: The other lr rules, tried at `LR_BATCHES`: the smallest, the middle and the largest (factors of 4),
+#: and 32, where SGD's linear rule gives an lr 2.8x below sqrt's (the small-batch arms below).
+LR_BATCHES = (32, 128, 512, 2048)
 #: The other weight-decay rules, tried where the rules differ most from the reference batch of 256.
 #: SGD's decay is 5e-5: only the linear rule moves it enough (x8 at batch 2,048) to be worth a run.
 WD_ALTERNATIVES = {"adamw": ("linear", "none"), "sgd": ("linear",)}
-WD_BATCHES = (2048,)
+#: 64 and 512 besides 2,048: batches where every run trains (the 2,048 runs stalled under the step
+#: budget), so that the defaults kept by incumbency at 2,048 meet arms that can decide them.
+WD_BATCHES = (64, 512, 2048)
 #: LAMB and LARS against AdamW and SGD, and the clipping calibration left unclipped (today's default
 #: clips it), where they are meant to matter.
 LARGE_BATCHES = (1024, 2048)
-CALIBRATION_BATCHES = (2048,)
+CALIBRATION_BATCHES = (64, 512, 2048)  # 64 and 512 as for WD_BATCHES
 #: Warmup off against the default, at the largest batches whose default warmup is at least
 #: `WARMUP_STEPS` optimizer steps (below that, warmup is two or three steps and tests nothing).
 WARMUP_ALTERNATIVES = ("0",)
