@@ -17,6 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 QUIET = ("checkpointing=off", "progress=off")
 
 
+def run_command(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """The one place a study starts a job's process, from the repository root, its output captured
+    (the suite's tests put a forked child of the pytest worker here: same command, no import cost)."""
+    return subprocess.run(list(command), cwd=REPO, capture_output=True, text=True)
+
+
 def run_multirun(overrides: Sequence[str], folder: Path, label: str, accelerator: str = "cpu",
                  quiet: bool = True) -> float:
     """`python train.py -m OVERRIDES` with its runs and comparison in `folder` (without checkpoints
@@ -24,7 +30,7 @@ def run_multirun(overrides: Sequence[str], folder: Path, label: str, accelerator
     command = [sys.executable, str(REPO / "train.py"), "-m", *overrides, *(QUIET if quiet else ()),
                f"trainer.accelerator={accelerator}", f"run.root={folder}", f"hydra.sweep.dir={folder}"]
     started = time.monotonic()
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    done = run_command(command)
     if done.returncode != 0:
         raise SystemExit(f"the sweep {label} failed:\n{done.stderr[-3000:]}")
     return time.monotonic() - started

@@ -9,11 +9,13 @@ import time
 
 import pytest
 
+from tests.forked_jobs import fork_study_jobs
 from tests.helpers import benchmark
 
 
 @pytest.mark.run
-def test_the_quick_study_keeps_each_job_s_provenance_and_reports_from_the_jobs_alone(tmp_path):
+def test_the_quick_study_keeps_each_job_s_provenance_and_reports_from_the_jobs_alone(tmp_path, monkeypatch):
+    fork_study_jobs(monkeypatch)
     study = benchmark("batch_scaling")
     out = tmp_path / "scaling.md"
     study.main(["--quick", "--out", str(out), "--runs", str(tmp_path / "runs")])
@@ -46,9 +48,11 @@ def test_every_arm_is_today_s_defaults_with_one_change_and_warmup_runs_long_enou
         by_study.setdefault(sweep.study, []).append(sweep)
     assert [s.overrides for s in by_study["defaults"]] == [(), ()]
     assert [s.overrides for s in by_study["lr"]] == [("optimizer.lr_scaling=linear,none",)] * 2
-    assert by_study["lr"][0].batches == (128, 512, 2048)
+    assert by_study["lr"][0].batches == (32, 128, 512, 2048)  # 32: SGD's linear rule (issue 51 item 4)
     assert [s.overrides for s in by_study["wd"]] == [("optimizer.wd_scaling=linear,none",), ("optimizer.wd_scaling=linear",)]
     assert by_study["calibration"][0].overrides == ("clipping.clip_during_calibration=false",)
+    # the weight-decay rules and the calibration also where every run trains (issue 51 item 4)
+    assert by_study["wd"][0].batches == by_study["calibration"][0].batches == (64, 512, 2048)
     assert by_study["large"][0].optimizers == ("lamb", "lars") and by_study["large"][0].overrides == ()
     # 26,397 images: batch 256 gives 104 steps an epoch, 208 in 2 epochs, a warmup of 10.4 steps; 512 gives 5.2
     assert by_study["warmup"][0].batches == (64, 128, 256)
@@ -59,10 +63,11 @@ def test_every_arm_is_today_s_defaults_with_one_change_and_warmup_runs_long_enou
 
 @pytest.mark.run
 @pytest.mark.slow
-def test_the_gpu_batch_study_s_dry_run_fits_its_budget_and_decides_by_the_rule(tmp_path):
+def test_the_gpu_batch_study_s_dry_run_fits_its_budget_and_decides_by_the_rule(tmp_path, monkeypatch):
     """benchmarks/batch_scaling_gpu.py --dry-run: the GPU step's design (issue 51 item 6) on the CPU,
     seed-major within its clock budget: every seed has all four arms, every job its design's commit,
     and the report the family's verdicts by the rule."""
+    fork_study_jobs(monkeypatch)
     study = benchmark("batch_scaling_gpu")
     out = tmp_path / "gpu.md"
     started = time.monotonic()

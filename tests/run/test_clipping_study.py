@@ -10,12 +10,14 @@ import json
 
 import pytest
 
+from tests.forked_jobs import fork_study_jobs
 from tests.helpers import benchmark
 
 
 
 @pytest.mark.run
-def test_the_quick_study_writes_its_verdicts_tables_jobs_and_plot(tmp_path):
+def test_the_quick_study_writes_its_verdicts_tables_jobs_and_plot(tmp_path, monkeypatch):
+    fork_study_jobs(monkeypatch)
     clipping_study = benchmark("clipping_study")
     out = tmp_path / "clipping.md"
     clipping_study.main(["--quick", "--out", str(out), "--runs", str(tmp_path / "runs")])

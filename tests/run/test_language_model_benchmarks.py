@@ -11,11 +11,13 @@ import json
 
 import pytest
 
+from tests.forked_jobs import fork_study_jobs
 from tests.helpers import benchmark
 
 
 @pytest.mark.run
-def test_the_quick_language_model_study_writes_its_verdicts_table_jobs_and_plot(tmp_path):
+def test_the_quick_language_model_study_writes_its_verdicts_table_jobs_and_plot(tmp_path, monkeypatch):
+    fork_study_jobs(monkeypatch)
     study = benchmark("lm_batch_scaling")
     out = tmp_path / "lm.md"
     study.main(["--quick", "--out", str(out)])
