@@ -30,15 +30,18 @@ The small-batch arms (issue 51 item 4), designed and committed before their firs
 rules and the calibration at 64 and 512, and SGD's linear lr rule at 32, each against the defaults run
 in the same study with the same seeds, into their own report. Seeds from the power calculation on the
 spread the test uses: the per-seed differences' sd measured at these batches in the first study was
-at most 0.0038 (SGD at 512); planned at 0.0045 for headroom, a paired two-sided test calling a
-difference of one point with 80% power at Holm's strictest level of the largest family, four (AdamW's
-two other weight-decay rules at two batches), needs 6 seeds (`decision_rule.seeds_for(0.0045, family=4,
-is_paired=True)`), and non-inferiority within one point needs 5:
+at most 0.0038 (SGD at 512); a paired two-sided test calling a difference of one point with 80% power
+at Holm's strictest level of the largest family, four (AdamW's two other weight-decay rules at two
+batches), needs 5 seeds (`decision_rule.seeds_for(0.0038, family=4, is_paired=True)`), and
+non-inferiority within one point needs 5 too. Every job on one thread (`--threads 1`, recorded in each
+job): these jobs share the machine with other work, and a job's two OpenMP threads spinning against
+other processes made one 22x slower (741 s against 34 s) in a first start of this design (6 seeds,
+torch's threads), stopped after 3 jobs, none of them used:
 
-    python benchmarks/batch_scaling.py --studies defaults,wd,calibration --batches 64,512 --seeds 1,2,3,4,5,6 \
-        --out benchmarks/results/batch_scaling_small_cpu.md
+    python benchmarks/batch_scaling.py --studies defaults,wd,calibration --batches 64,512 --seeds 1,2,3,4,5 \
+        --threads 1 --out benchmarks/results/batch_scaling_small_cpu.md
     python benchmarks/batch_scaling.py --studies defaults,lr --optimizers sgd --rules linear --batches 32 \
-        --seeds 1,2,3,4,5,6 --out benchmarks/results/batch_scaling_small_cpu.md
+        --seeds 1,2,3,4,5 --threads 1 --out benchmarks/results/batch_scaling_small_cpu.md
 
 Every job is one process's run in sequence (Hydra's basic launcher): nothing else should run on
 the machine meanwhile, and a job that ran beside other load is flagged and kept out of time figures.
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -282,7 +286,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--quick", action="store_true", help="two batches, two rules, one seed, a tenth of the data")
     parser.add_argument("--report-only", action="store_true", help="write the report from the jobs file, training nothing")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="each job's compute threads (OMP_NUM_THREADS, recorded in every job); default: torch's")
     args = parser.parse_args(argv)
+    threads = {} if args.threads is None else {"threads": args.threads}
+    if args.threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by each job's torch at its start
     if args.quick:
         args.studies, args.optimizers, args.batches, args.rules, args.seeds, args.epochs, args.copies = \
             "defaults,lr", "adamw", "64,128", "sqrt,none", "1,2", 1, 2
@@ -312,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
         except SystemExit as failed:
             print(failed, file=sys.stderr)
             walls.append(f"{sweep.label} failed")
-        add_jobs(jobs_file, [{**job, "study_command": command, "design": design} for job in read_sweep(runs / sweep.label)],
+        add_jobs(jobs_file, [{**job, "study_command": command, "design": design, **threads} for job in read_sweep(runs / sweep.label)],
                  key)
         keep_comparison(runs / sweep.label, comparisons, sweep.label)
     jobs = load_jobs(jobs_file)
