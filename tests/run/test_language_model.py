@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ON_CPU, python_forked, run_in_process, train_forked
+from tests.shared_runs import GPT_RECIPE_SHORT, copy_run, gpt_recipe_run, summary_of
 
 pytestmark = pytest.mark.run
 
@@ -24,16 +25,16 @@ pytestmark = pytest.mark.run
 #: make test's workers): val perplexity 376 measured against the corpus's unigram baseline of 565, so the
 #: test's bound (three quarters of it, 424) has an 11% margin. 160 steps reached 257 but took 223 s, the
 #: longest fixture of the suite; the whole recipe reaches 91 (2 min on 2 threads, docs/measured.md).
-SHORT_RECIPE = ["+recipe=gpt_tiny_text", *ON_CPU, "trainer.max_steps=80", "trainer.val_check_interval=40",
-                "progress=off"]
+SHORT_RECIPE = GPT_RECIPE_SHORT
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The shortened recipe, with a target perplexity; its summary (the run folder: run_dir)."""
-    summary = run_in_process([*SHORT_RECIPE, "target.metric=val/perplexity", "target.value=450"],
-                             tmp_path_factory.mktemp("gpt_tiny_text"))
-    assert summary is not None and summary["status"] == "completed"
+    """The shortened recipe, with a target perplexity, trained in this process as train.py runs it;
+    its summary (the run folder: run_dir). The session's one such run (tests/shared_runs.py):
+    test_serve_text.py serves a copy of it. Read-only: a test that writes into it copies it."""
+    summary = summary_of(gpt_recipe_run(tmp_path_factory))
+    assert summary["status"] == "completed"
     return summary
 
 
@@ -100,9 +101,10 @@ def test_the_trained_model_writes_text(short_run):
     assert write("--greedy").startswith("def ")
 
 
-def test_the_language_model_exports_with_its_tokenizer_inside(short_run):
-    """Serving it (POST /generate) is tests/run/test_serve_text.py's."""
-    run_dir = short_run["run_dir"]
+def test_the_language_model_exports_with_its_tokenizer_inside(short_run, tmp_path):
+    """Serving it (POST /generate) is tests/run/test_serve_text.py's. On a copy of the run (the
+    session's run is shared, tests/shared_runs.py)."""
+    run_dir = str(copy_run(Path(short_run["run_dir"]), tmp_path / "run"))
     exported = python_forked(["-m", "trainer.deploy", "export", run_dir], timeout=600)
     assert exported.returncode == 0, exported.stderr[-2000:]
     card = json.loads((Path(run_dir) / "export" / "model.json").read_text())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import train_forked
+from tests.shared_runs import encoder_recipe_run
 from trainer.data.labelled_corpus import builtin_samples
 from trainer.deploy.export import load_network
 
@@ -25,11 +26,9 @@ FOLDER_PER_CLASS = 40
 
 @pytest.fixture(scope="module")
 def recipe_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("encoder_tiny_text") / "run"
-    cache = run_dir.parent / "cache"
-    done = train_forked(["+recipe=encoder_tiny_text", "progress=plain", f"data.cache_dir={cache}"], run_dir, timeout=600)
-    assert done.returncode == 0, done
-    return done
+    """The whole recipe, as a person runs it (`python train.py +recipe=encoder_tiny_text`, forked):
+    the session's one such run (tests/shared_runs.py), which test_serve_text.py serves a copy of."""
+    return encoder_recipe_run(tmp_path_factory)
 
 
 def test_the_tiny_recipe_learns_far_above_the_majority_class(recipe_run):

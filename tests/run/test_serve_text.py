@@ -1,5 +1,6 @@
-"""Text models exported, served and loaded, end to end on loopback: a tiny encoder (the tiny recipe,
-15 steps) and a tiny GPT (a few steps), each exported, served by a real ``deploy serve`` process
+"""Text models exported, served and loaded, end to end on loopback: a tiny encoder and a tiny GPT
+(copies of the session's runs of their recipes, tests/shared_runs.py: what is tested here is the
+serving, not the training), each exported, served by a real ``deploy serve`` process
 once for the module and asked many things: the encoder's answers are its network's own
 probabilities for the same text, concurrent requests are batched by length, refusals are one line
 and the server goes on; the GPT's greedy text is the uncached `generate`'s, streamed and whole; the
@@ -16,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import python_forked, train_forked
+from tests.helpers import python_forked
+from tests.shared_runs import copy_run, encoder_recipe_run, gpt_recipe_run
 from trainer.deploy.export import export_run, load_card, load_network
 from trainer.deploy.load import ServerProcess
 from trainer.deploy.load_text import load_text_run
@@ -29,12 +31,10 @@ LONG_TEXT = " ".join(f"asyncio.sleep({i}) await" for i in range(100))  # far ove
 
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
-    """(run folder, export, server) of the tiny encoder recipe trained for 15 steps (what is tested is the
-    serving, not the accuracy)."""
+    """(run folder, export, server) of a copy of the session's tiny encoder recipe run (the one
+    test_sequence_classification_run.py checks; here any trained encoder of the recipe would do)."""
     root = tmp_path_factory.mktemp("encoder")
-    done = train_forked(["+recipe=encoder_tiny_text", "trainer.max_steps=15", "progress=off",
-                         f"data.cache_dir={root / 'cache'}"], root / "run", timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    copy_run(encoder_recipe_run(tmp_path_factory).run_dir, root / "run")
     exported = export_run(root / "run")
     server = ServerProcess(exported.folder, max_batch_size=16, batch_timeout_ms=150, log=root / "serve.log",
                            extra=["--max-bytes", str(MAX_BYTES), "--max-chars", str(MAX_CHARS), "--top-k", "3"])
@@ -47,12 +47,10 @@ def encoder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt(tmp_path_factory):
+    """(run folder, export, server) of a copy of the session's shortened tiny GPT recipe run (the one
+    test_language_model.py checks; here any trained GPT would do)."""
     root = tmp_path_factory.mktemp("gpt")
-    done = train_forked(["+recipe=gpt_tiny_text", "trainer.max_steps=20", "trainer.val_check_interval=20",
-                         "data.max_corpus_mb=2", "model.layers=2", "model.width=64", "model.heads=2",
-                         "data.batch_size=8", "progress=off", f"data.cache_dir={root / 'cache'}"], root / "run",
-                        timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    copy_run(gpt_recipe_run(tmp_path_factory), root / "run")
     exported = export_run(root / "run")
     server = ServerProcess(exported.folder, max_batch_size=1, batch_timeout_ms=0, log=root / "serve.log",
                            extra=["--max-bytes", str(MAX_BYTES), "--max-new-tokens", str(MAX_NEW_TOKENS)])
@@ -76,6 +74,55 @@ def _post(url: str, body: bytes | dict, content_type: str = "application/json") 
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return answer.read().decode()
+
+
+# The GPT's tests first: its shared run is made early in a session (by test_language_model.py), the
+# encoder's later (test_sequence_classification_run.py, which may still be training it on another worker).
+def test_the_gpt_generates_greedy_text_equal_to_uncached_generation_whole_and_streamed(gpt):
+    from trainer.generate import load_language_model, load_tokenizer
+    from trainer.models.gpt import generate
+
+    run_dir, exported, server = gpt
+    card = json.loads((exported.folder / "model.json").read_text())
+    assert card["tokenizer"] == "tokenizer.json" and (exported.folder / "tokenizer.json").is_file()
+    tokenizer = load_tokenizer(run_dir)
+    net = load_language_model(run_dir, exported.checkpoint)
+    prompt = "def main(self):\n    return"
+    ids = torch.tensor([tokenizer.encode(prompt).ids])
+    out = generate(net, ids, 30, greedy=True, cache=False, stop_token=card["text"]["end_of_text_id"])[0, ids.shape[1]:]
+    tokens = [t for t in out.tolist() if t != card["text"]["end_of_text_id"]]
+    status, whole = _post(server.url + "/generate", {"prompt": prompt, "max_tokens": 30, "temperature": 0})
+    assert status == 200 and whole["text"] == tokenizer.decode(tokens) and whole["tokens"] == len(tokens)
+    assert whole["finish_reason"] == ("stop" if len(tokens) < 30 else "length") and whole["prompt_tokens"] == ids.shape[1]
+    assert whole["ttft_ms"] > 0 and (whole["tpot_ms"] is None or whole["tpot_ms"] > 0)
+    request = urllib.request.Request(server.url + "/generate/stream", method="POST", headers={
+        "Content-Type": "application/json"}, data=json.dumps({"prompt": prompt, "max_tokens": 30, "temperature": 0}).encode())
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        assert answer.headers["Content-Type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in answer.read().decode().splitlines()]
+    assert "".join(line["token"] for line in lines[:-1]) == whole["text"] and lines[-1]["text"] == whole["text"]
+    sampled = [_post(server.url + "/generate", {"prompt": prompt, "max_tokens": 12, "seed": seed})[1]["text"]
+               for seed in (3, 3)]
+    assert sampled[0] == sampled[1]
+
+
+def test_the_gpt_server_refuses_over_its_limits_in_one_line(gpt):
+    _, _, server = gpt
+    url = server.url + "/generate"
+    cases = [({"prompt": "x", "max_tokens": MAX_NEW_TOKENS + 1}, 413, "--max-new-tokens"),
+             ({"prompt": "def f(): pass " * 100}, 413, "context of 128 tokens"), ({"prompt": ""}, 422, "empty"),
+             ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens=0"), ({"prompt": "x", "temperature": -1}, 422,
+                                                                          "temperature=-1"),
+             ({"prompt": "x", "top_k": 0}, 422, "top_k=0"), ({"prompt": "x", "seed": "a"}, 422, "seed=\"a\"")]
+    for body, status, words in cases:
+        got, answer = _post(url, body)
+        assert got == status and words in answer["detail"], (body, answer)
+    assert _post(url, b"{oops", "application/json")[0] == 400 and _post(url, b"x", "text/plain")[0] == 415
+    info = json.loads(_get(server.url + "/info"))["server"]
+    assert info["max_new_tokens"] == MAX_NEW_TOKENS and info["context"] == 128 and info["kv_cache"] is True
+    assert "one generation at a time" in info["concurrency"]
+    assert "/generate/stream" in json.loads(_get(server.url + "/openapi.json"))["paths"]
+    assert 'trainer_serve_predict_requests_total{status="413"} 2.0' in _get(server.url + "/metrics")
 
 
 def test_the_encoders_export_serves_alone_and_checks_every_length(encoder):
@@ -178,53 +225,6 @@ def test_info_and_openapi_state_the_limits(encoder):
     assert text["maxLength"] == MAX_CHARS and "128 tokens" in text["description"]
     assert {"400", "413", "415", "422"} <= set(predict["responses"])
     assert "/info" in api["paths"] and "/metrics" in api["paths"]
-
-
-def test_the_gpt_generates_greedy_text_equal_to_uncached_generation_whole_and_streamed(gpt):
-    from trainer.generate import load_language_model, load_tokenizer
-    from trainer.models.gpt import generate
-
-    run_dir, exported, server = gpt
-    card = json.loads((exported.folder / "model.json").read_text())
-    assert card["tokenizer"] == "tokenizer.json" and (exported.folder / "tokenizer.json").is_file()
-    tokenizer = load_tokenizer(run_dir)
-    net = load_language_model(run_dir, exported.checkpoint)
-    prompt = "def main(self):\n    return"
-    ids = torch.tensor([tokenizer.encode(prompt).ids])
-    out = generate(net, ids, 30, greedy=True, cache=False, stop_token=card["text"]["end_of_text_id"])[0, ids.shape[1]:]
-    tokens = [t for t in out.tolist() if t != card["text"]["end_of_text_id"]]
-    status, whole = _post(server.url + "/generate", {"prompt": prompt, "max_tokens": 30, "temperature": 0})
-    assert status == 200 and whole["text"] == tokenizer.decode(tokens) and whole["tokens"] == len(tokens)
-    assert whole["finish_reason"] == ("stop" if len(tokens) < 30 else "length") and whole["prompt_tokens"] == ids.shape[1]
-    assert whole["ttft_ms"] > 0 and (whole["tpot_ms"] is None or whole["tpot_ms"] > 0)
-    request = urllib.request.Request(server.url + "/generate/stream", method="POST", headers={
-        "Content-Type": "application/json"}, data=json.dumps({"prompt": prompt, "max_tokens": 30, "temperature": 0}).encode())
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        assert answer.headers["Content-Type"].startswith("application/x-ndjson")
-        lines = [json.loads(line) for line in answer.read().decode().splitlines()]
-    assert "".join(line["token"] for line in lines[:-1]) == whole["text"] and lines[-1]["text"] == whole["text"]
-    sampled = [_post(server.url + "/generate", {"prompt": prompt, "max_tokens": 12, "seed": seed})[1]["text"]
-               for seed in (3, 3)]
-    assert sampled[0] == sampled[1]
-
-
-def test_the_gpt_server_refuses_over_its_limits_in_one_line(gpt):
-    _, _, server = gpt
-    url = server.url + "/generate"
-    cases = [({"prompt": "x", "max_tokens": MAX_NEW_TOKENS + 1}, 413, "--max-new-tokens"),
-             ({"prompt": "def f(): pass " * 100}, 413, "context of 128 tokens"), ({"prompt": ""}, 422, "empty"),
-             ({"prompt": "x", "max_tokens": 0}, 422, "max_tokens=0"), ({"prompt": "x", "temperature": -1}, 422,
-                                                                          "temperature=-1"),
-             ({"prompt": "x", "top_k": 0}, 422, "top_k=0"), ({"prompt": "x", "seed": "a"}, 422, "seed=\"a\"")]
-    for body, status, words in cases:
-        got, answer = _post(url, body)
-        assert got == status and words in answer["detail"], (body, answer)
-    assert _post(url, b"{oops", "application/json")[0] == 400 and _post(url, b"x", "text/plain")[0] == 415
-    info = json.loads(_get(server.url + "/info"))["server"]
-    assert info["max_new_tokens"] == MAX_NEW_TOKENS and info["context"] == 128 and info["kv_cache"] is True
-    assert "one generation at a time" in info["concurrency"]
-    assert "/generate/stream" in json.loads(_get(server.url + "/openapi.json"))["paths"]
-    assert 'trainer_serve_predict_requests_total{status="413"} 2.0' in _get(server.url + "/metrics")
 
 
 def test_load_reports_of_both_text_servers(encoder, gpt):
