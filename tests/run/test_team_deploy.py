@@ -2,7 +2,10 @@
 the run records the team folder (summary.json's ``team_dirs``), and `python -m trainer.deploy export`
 and `serve`, typed in another folder, import the team's network and data from the recorded folder, or
 from TRAINER_TEAM_DIRS when the folder has moved since. A class that still does not import is one line
-naming both remedies, and a failed export leaves no folder behind (nor changes one that was there)."""
+naming both remedies, and a failed export leaves no folder behind (nor changes one that was there).
+
+The training and the exports run as forked `python -m` commands that know no more of the team than a
+new interpreter would (`_python_m`); the server is a new interpreter."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import stop_server
+from tests.helpers import ForkedRun, stop_server
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE
 from trainer.deploy import export as export_module
 from trainer.deploy.export import export_run, onnx_logits
@@ -42,23 +45,43 @@ def _env(team_dirs: str | None = None) -> dict[str, str]:
     return env | ({TEAM_DIRS_VARIABLE: team_dirs} if team_dirs else {})
 
 
+def _as_a_new_interpreter() -> None:
+    """A `setup` for a forked `python -m ...` (tests.helpers.ForkedRun): what this test process knows of
+    the team's package forgotten (the in-process exports below put the team folder on sys.path and
+    import it), and the working folder first on sys.path, as `python -m` puts it. The command then
+    finds the team's package only as a new interpreter would: from the folder the run recorded, from
+    TRAINER_TEAM_DIRS, or from the folder it is typed in."""
+    import importlib
+
+    for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
+    sys.path[:] = [p for p in sys.path if not (Path(p or ".") / PACKAGE).is_dir()]
+    sys.path.insert(0, os.getcwd())
+    importlib.invalidate_caches()
+
+
+def _python_m(args: list[str], cwd: Path, team_dirs: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m ARGS` typed in `cwd`, in a forked child of this process (torch and Lightning already
+    imported) that knows no more of the team than a new interpreter (`_as_a_new_interpreter`)."""
+    with ForkedRun(["-m", *args], setup=_as_a_new_interpreter, cwd=cwd, env=_env(team_dirs)) as child:
+        done = child.wait(300)
+    return subprocess.CompletedProcess(["-m", *args], done.returncode, done.stdout, done.stderr)
+
+
 def _deploy(args: list[str], cwd: Path, team_dirs: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainer.deploy", *args], cwd=cwd, env=_env(team_dirs),
-                          capture_output=True, text=True, timeout=300, check=False)
+    return _python_m(["trainer.deploy", *args], cwd, team_dirs)
 
 
 @pytest.fixture(scope="module")
 def team_run(tmp_path_factory) -> tuple[Path, Path]:
     """(team folder, run folder): the scaffold's digits recipe, one short epoch, trained as a person
-    does, from the team folder."""
+    does, from the team folder (`python -m trainer ...`, forked: `_python_m`)."""
     root = tmp_path_factory.mktemp("team_deploy")
     team = root / "team"
     scaffold(team, package=PACKAGE)
     run_dir = root / "run"
-    done = subprocess.run([sys.executable, "-m", "trainer", f"+recipe={PACKAGE}_digits", "trainer.max_epochs=1",
-                           "trainer.limit_train_batches=4", "trainer.accelerator=cpu", "progress=off",
-                           f"hydra.run.dir={run_dir}"], cwd=team, env=_env(), capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = _python_m(["trainer", f"+recipe={PACKAGE}_digits", "trainer.max_epochs=1", "trainer.limit_train_batches=4",
+                      "trainer.accelerator=cpu", "progress=off", f"hydra.run.dir={run_dir}"], team)
     assert done.returncode == 0, done.stderr[-3000:]
     return team, run_dir
 
@@ -125,6 +148,8 @@ def test_serve_without_an_export_imports_from_trainer_team_dirs(team_run, tmp_pa
     elsewhere.mkdir()
     port = free_port()
     log = tmp_path / "serve.log"
+    # A new interpreter, not a forked one: the server starts LitServe's processes, and a fork of a fork of
+    # this multi-threaded pytest can hang in a lock it inherited (tests/run/test_serve.py).
     with open(log, "wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "trainer.deploy", "serve", str(run), "--port", str(port)],
                                   cwd=elsewhere, env=_env(str(moved)), stdout=out, stderr=subprocess.STDOUT)
