@@ -18,12 +18,14 @@ from trainer.groups.optimizer.scaling import MEASURED_LIMITS, MeasuredLimit
 
 pytestmark = pytest.mark.run
 
-SHORT = ["progress=plain", "trainer.max_epochs=2"]
+#: A run that only has to build its optimizer and take a step or two (the param groups' lr and weight
+#: decay are the optimizer's from the start): 8 batches of one epoch.
+STEPS = ["progress=plain", "trainer.max_epochs=1", "trainer.limit_train_batches=8"]
 
 
 def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
     result = train_forked(["data.batch_size=32", "trainer.accumulate_grad_batches=4", "scheduler=constant",
-                    "checkpointing=off", *SHORT], tmp_path / "run")
+                    "checkpointing=off", *STEPS], tmp_path / "run")
     assert result.returncode == 0, result
     summary = result.summary
     assert summary["hyperparameters"]["global_batch_size"] == 128
@@ -38,7 +40,7 @@ def test_batch_scaling_uses_the_global_batch_with_accumulation(tmp_path):
 
 def test_linear_rule_and_sgd(tmp_path):
     result = train_forked(["optimizer=sgd", "optimizer.lr_scaling=linear", "optimizer.wd_scaling=sqrt", "scheduler=constant",
-                    "checkpointing=off", *SHORT], tmp_path / "run")
+                    "checkpointing=off", *STEPS], tmp_path / "run")
     assert result.returncode == 0, result
     decay = result.summary["optimizer_param_groups"][0]
     assert decay["lr"] == pytest.approx(0.1 * 64 / 256)
