@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -156,17 +156,264 @@ def ddp_forked(args: Sequence[str], root: Path, timeout: float = 300, setup: Cal
                env: dict[str, str] | None = None) -> Result:
     """`python train.py ARGS run.root=ROOT` for a run on several CPU processes started by Lightning
     (`trainer=ddp trainer.devices=2 trainer.accelerator=cpu`), rank 0 a forked child as in
-    `train_forked`: Lightning's own launcher then starts every other rank as it always does, a new
-    `python train.py ...` with the rank's environment (one interpreter's import saved per run, not
-    the launcher's work). One thread per process (OMP_NUM_THREADS=1 for the started ranks; the forked
-    one sets it), the environment this process's, less HYDRA_FULL_ERROR, plus `env`. The child leads
-    its own process group, and the started ranks join it: killpg ends the whole job, as
-    `start_new_session` did for a launched interpreter. A test whose claim is the launch itself
-    (the first rank a new interpreter) starts it with `subprocess`."""
+    `train_forked`. Lightning's own launcher then starts every other rank as it always does (its
+    command line, environment, working folder and `subprocess.Popen`), with one difference: the
+    interpreter it names is `_RankServer`'s stand-in, which has the rank forked from this pytest
+    process as well (see there), so no rank imports torch and Lightning again. One thread per
+    process (OMP_NUM_THREADS=1 for every rank; the forked ones set it), the environment this
+    process's, less HYDRA_FULL_ERROR, plus `env`. Rank 0 leads its own process group and the other
+    ranks join it: killpg ends the whole job, as `start_new_session` did for a launched interpreter.
+    `setup` runs first in every rank (what a `sitecustomize` on PYTHONPATH did in a new interpreter).
+    A test whose claim is the launch itself (a new interpreter for each rank) starts it with
+    `subprocess`."""
     full_env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     full_env.update(OMP_NUM_THREADS="1", **(env or {}))
-    with ForkedRun([str(REPO / "train.py"), *args, f"run.root={root}"], None, setup, env=full_env) as child:
-        return child.wait(timeout)
+    with _RankServer(setup) as ranks:
+        def rank_zero() -> None:
+            ranks.launch_ranks_here()
+            if setup is not None:
+                setup()
+
+        with ForkedRun([str(REPO / "train.py"), *args, f"run.root={root}"], None, rank_zero, env=full_env) as child:
+            return ranks.wait(child, timeout)
+
+
+def launch_with_forked_ranks(commands: Sequence[Sequence[str]], env: Mapping[str, str], cwd: Path = REPO,
+                             timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
+    """Run launcher commands (`python -m torch.distributed.run ...`) side by side, each a new
+    interpreter in a session of its own, with `PYTHON_EXEC` (the interpreter torchrun starts its ranks
+    with) naming `_RankServer`'s stand-in: torchrun works as always (its rendezvous, its worker
+    processes, their sessions, its signals to them and its report of how they ended), but each rank is
+    forked from this pytest process instead of importing torch and Lightning again. Their results as
+    `subprocess.run(..., capture_output=True, text=True)` gives them; past `timeout`, every launcher
+    and rank is killed and the results say so (status -9)."""
+    import tempfile
+
+    with _RankServer() as ranks, tempfile.TemporaryDirectory(prefix="launch-") as folder:
+        files = [(open(Path(folder) / f"{n}.out", "w+"), open(Path(folder) / f"{n}.err", "w+"))  # noqa: SIM115
+                 for n in range(len(commands))]
+        try:
+            launches = [subprocess.Popen(list(command), cwd=cwd, env={**env, "PYTHON_EXEC": str(ranks.python)},
+                                         stdout=out, stderr=err, text=True, start_new_session=True)
+                        for command, (out, err) in zip(commands, files)]
+            if not ranks.serve(lambda: all(launch.poll() is not None for launch in launches), timeout):
+                for launch in launches:
+                    kill_tree(launch.pid)
+            results = []
+            for command, launch, (out, err) in zip(commands, launches, files):
+                launch.wait(60)
+                out.seek(0)
+                err.seek(0)
+                results.append(subprocess.CompletedProcess(list(command), launch.returncode, out.read(), err.read()))
+            return results
+        finally:
+            for out, err in files:
+                out.close()
+                err.close()
+
+
+#: `_RankServer`'s stand-in for `python`: sends its arguments, folder, environment, process group
+#: and stdio (the descriptors themselves) to the server, which forks the rank; then passes on the
+#: signals a launcher sends it (Lightning's `kill`) and exits with the rank's status, or dies of its
+#: signal. Imports only the standard library.
+RANK_CLIENT = '''#!{python}
+import json, os, signal, socket, sys
+
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+server.connect({address!r})
+request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+                      "pgid": os.getpgrp()}}).encode()
+socket.send_fds(server, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
+reply = server.makefile("rb")
+rank = int(reply.readline())
+
+def forward(signum, frame):
+    try:
+        os.kill(rank, signum)
+    except ProcessLookupError:
+        pass
+
+for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(signum, forward)
+status = int(reply.read() or b"1")
+if status < 0:  # the rank died of a signal: so does its stand-in
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
+'''
+
+
+class _RankServer:
+    """The ranks a launcher starts (Lightning's, torchrun), forked from this pytest process (which
+    has imported torch and Lightning once) instead of new interpreters importing them again (~8 s of
+    CPU each on two cores). The launcher is given `self.python`, a small stand-in script, as the
+    interpreter (Lightning's: `launch_ranks_here` in rank 0; torchrun's: PYTHON_EXEC); the stand-in
+    sends its request here and this process, while it waits for the launch (`serve`), forks a child
+    that joins the stand-in's process group where it can (Lightning's launch: rank 0's; torchrun's
+    stand-ins lead sessions of their own, and the rank leads a group of its own), takes its
+    descriptors, environment and folder, and runs the command as `python_forked` does, with a new
+    interpreter's signal dispositions and Lightning's rank-zero flag set from the environment as a
+    new interpreter's import sets it. The stand-in passes on the signals it is sent and ends as its
+    rank ends; a stand-in killed (SIGKILL cannot be passed on) takes its rank with it."""
+
+    def __init__(self, setup: Callable[[], None] | None = None) -> None:
+        import socket
+        import tempfile
+
+        self._setup = setup
+        self._tmp = tempfile.TemporaryDirectory(prefix="ranks-")
+        folder = Path(self._tmp.name)
+        self.python = folder / "python"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(folder / "socket"))
+        self._listener.listen(16)
+        self.python.write_text(RANK_CLIENT.format(python=sys.executable, address=str(folder / "socket")))
+        self.python.chmod(0o755)
+        self._ranks: dict[int, Any] = {}  # forked rank -> its stand-in's connection
+        self.served = 0
+
+    def launch_ranks_here(self) -> None:
+        """In rank 0: Lightning's launcher starts the other ranks through `self.python`."""
+        import lightning.pytorch.strategies.launchers.subprocess_script as launcher
+
+        self._listener.close()  # rank 0's copy: only this pytest process serves
+        stand_in = str(self.python)
+
+        def popen(command: Sequence[str], *args: Any, **kwargs: Any) -> subprocess.Popen:
+            assert command[0] == sys.executable, command  # the launcher's interpreter, replaced
+            return subprocess.Popen([stand_in, *command[1:]], *args, **kwargs)
+
+        launcher.subprocess = SimpleNamespace(Popen=popen)  # type: ignore[assignment]
+
+    def wait(self, child: ForkedRun, timeout: float) -> Result:
+        """Serve the stand-ins while rank 0 (`child`) runs; its result. Past `timeout` the whole job
+        is killed and TimeoutError raised."""
+        if not self.serve(child.done, timeout):
+            child.kill()
+            child.wait(60)
+            raise TimeoutError(f"{' '.join(child.args)} did not finish in {timeout} s")
+        return child.wait(0)
+
+    def serve(self, ended: Callable[[], bool], timeout: float, grace: float = 60) -> bool:
+        """Serve the stand-ins until `ended()` (the launch has ended) and every rank forked here has
+        ended; False, with the ranks killed, where that took longer than `timeout`. A rank still
+        running `grace` seconds after the launch ended is killed (a rank started as a new interpreter
+        would have been left behind)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        launch_ended = False
+        while not launch_ended or self._ranks:
+            if not launch_ended and ended():
+                launch_ended, deadline = True, min(deadline, time.monotonic() + grace)
+            if time.monotonic() > deadline:
+                self._kill_all()
+                return launch_ended
+            self._serve_once(0.02)
+        return True
+
+    def _serve_once(self, wait_s: float) -> None:
+        import select
+
+        readable = select.select([self._listener, *self._ranks.values()], [], [], wait_s)[0]
+        for ready in readable:
+            if ready is self._listener:
+                self._serve(self._listener.accept()[0])
+        for pid, connection in list(self._ranks.items()):
+            if connection in readable and not connection.recv(1):  # its stand-in is gone
+                self._kill(pid)
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                self._ranks.pop(pid)
+                try:
+                    connection.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+                except OSError:
+                    pass  # the stand-in was killed: nobody waits for the status
+                connection.close()
+
+    def _serve(self, connection: Any) -> None:
+        import json
+        import socket
+
+        header, fds, _, _ = socket.recv_fds(connection, 8 + 65536, 3)
+        size = int.from_bytes(header[:8], "big")
+        body = header[8:]
+        while len(body) < size:
+            body += connection.recv(size - len(body))
+        request = json.loads(body)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_rank(request, fds)
+        for fd in fds:
+            os.close(fd)
+        connection.sendall(f"{pid}\n".encode())
+        self._ranks[pid] = connection
+        self.served += 1
+
+    def _become_rank(self, request: dict[str, Any], fds: list[int]) -> None:
+        """In the forked child: the stand-in's process group and descriptors, then its command."""
+        code = 1
+        try:
+            self._listener.close()
+            for connection in self._ranks.values():
+                connection.close()
+            try:
+                os.setpgid(0, request["pgid"])
+            except OSError:
+                os.setpgid(0, 0)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            new_interpreter_signals()
+
+            def rank_setup() -> None:
+                # Lightning sets its rank-zero flag from the environment when it is imported (here, in
+                # pytest, with no rank): set it as this rank's new interpreter would have.
+                from lightning.fabric.utilities import rank_zero
+                from lightning_utilities.core.rank_zero import rank_zero_only
+
+                rank_zero_only.rank = rank_zero.rank_zero_only.rank = rank_zero._get_rank() or 0
+                if self._setup is not None:
+                    self._setup()
+
+            argv = request["argv"][1:] if request["argv"][:1] == ["-u"] else request["argv"]  # torchrun's -u
+            code = run_as_python(argv, Path(request["cwd"]), request["env"], rank_setup, script_path=True)
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code)
+
+    def _kill(self, pid: int) -> None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _kill_all(self) -> None:
+        for pid in list(self._ranks):
+            self._kill(pid)
+            os.waitpid(pid, 0)
+            self._ranks.pop(pid).close()
+
+    def __enter__(self) -> _RankServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._kill_all()
+        self._listener.close()
+        self._tmp.cleanup()
+
+
+def new_interpreter_signals() -> None:
+    """In a forked child: the signal dispositions of a new interpreter (SIGINT raising
+    KeyboardInterrupt, the others their defaults), not those this pytest process has."""
+    for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def train_py_argv(args: Sequence[str], run_dir: Path) -> list[str]:
@@ -287,6 +534,15 @@ class ForkedRun:
             if pid:
                 self._status = status
         return self._status is not None
+
+    def output(self) -> str:
+        """What the child has written to its stdout so far."""
+        return self._out.read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        """`signum` to the child alone (not its group), as `subprocess.Popen.send_signal` sends it."""
+        if not self.done():
+            os.kill(self.pid, signum)
 
     def kill(self) -> None:
         """SIGKILL the child and everything in its process group; no handler runs, nothing is flushed."""

@@ -11,9 +11,12 @@ next resume's completed summary, it completes with resume=if_any to the uninterr
 and metrics. A multirun of DDP jobs started on this machine is refused in one line before any job trains.
 
 These start real processes (each imports torch and Lightning), so they are marked slow; CI runs them.
-The runs started by Lightning have rank 0 forked from this pytest process (tests.helpers.ddp_forked):
-Lightning's launcher starts rank 1 as a new interpreter as always. One of them, the batch-size test,
-is launched wholly as a person does (`python train.py`), and torchrun's runs are torchrun's.
+The runs started by Lightning have rank 0 forked from this pytest process (tests.helpers.ddp_forked), and
+Lightning's launcher starts rank 1 as always, its interpreter a stand-in that forks it from this process
+too (no rank imports torch and Lightning again). One of them, the batch-size test,
+is launched wholly as a person does (`python train.py`). torchrun's runs are torchrun's (a new
+interpreter, its rendezvous, its worker processes and their sessions, its report of how they ended),
+with the interpreter it starts each rank with a stand-in that forks the rank from this process.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, ddp_forked, train_forked
+from tests.helpers import REPO, ddp_forked, launch_with_forked_ranks, train_forked
 
 pytestmark = [pytest.mark.run, pytest.mark.slow]
 
@@ -42,6 +45,19 @@ def _launch(command: list[str], root: Path, timeout: float = 300) -> subprocess.
     # A session of its own: a job that kills its process group (KillJobAt) takes only itself.
     return subprocess.run([*command, f"run.root={root}"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True)
+
+
+def _torchrun(args: list[str], root: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """`python -m torch.distributed.run --standalone --nproc-per-node=2 train.py ARGS run.root=ROOT`:
+    torchrun a new interpreter in a session of its own, as `_launch` starts it, starting its two ranks
+    as always, each forked from this process through the interpreter it is given (PYTHON_EXEC:
+    tests.helpers.launch_with_forked_ranks) rather than a new one importing torch and Lightning."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["OMP_NUM_THREADS"] = "1"
+    [done] = launch_with_forked_ranks([[sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                        "--nproc-per-node=2", str(REPO / "train.py"), *args, f"run.root={root}"]],
+                                      env, timeout=timeout)
+    return done
 
 
 def _only_run_folder(root: Path) -> Path:
@@ -94,9 +110,8 @@ def test_crashed_under_torchrun_and_resumed_mid_epoch_equals_the_uninterrupted_r
     # name its folder from its own clock and make a second one. Both ranks crash in step 43; the
     # last checkpoint is of step 40, four steps into the fifth epoch.
     crashed_root = tmp_path / "crashed"
-    crashed = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                       str(REPO / "train.py"), *REFERENCE, "model._target_=tests.helpers.ExplodingCNN",
-                       "+model.fail_at=43", "checkpointing.every_n_steps=4"], crashed_root)
+    crashed = _torchrun([*REFERENCE, "model._target_=tests.helpers.ExplodingCNN", "+model.fail_at=43",
+                         "checkpointing.every_n_steps=4"], crashed_root)
     assert crashed.returncode != 0 and "simulated crash in the forward pass" in crashed.stderr
     folder = _only_run_folder(crashed_root)
     summary = json.loads((folder / "summary.json").read_text())
@@ -123,9 +138,8 @@ def test_preempting_one_process_stops_both_at_the_same_step_and_the_run_carries_
     # Under torchrun, only rank 1 gets submitit's USR2, during step 23 (the fifth step of epoch 2):
     # both ranks agree at the end of that step, rank 0 writes last.ckpt there, both stop.
     preempted_root = tmp_path / "preempted"
-    preempted = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                         str(REPO / "train.py"), *REFERENCE, "model._target_=tests.helpers.PreemptedCNN",
-                         "+model.signal_at=23"], preempted_root)
+    preempted = _torchrun([*REFERENCE, "model._target_=tests.helpers.PreemptedCNN", "+model.signal_at=23"],
+                          preempted_root)
     assert preempted.returncode != 0 and "stopped by SIGUSR2 at step 23" in preempted.stderr, preempted.stderr[-3000:]
     # The one traceback is torchrun's own report of children that exited non-zero (140).
     assert preempted.stderr.count("Traceback") == 1 and "ChildFailedError" in preempted.stderr
@@ -184,8 +198,7 @@ def test_lr_find_gives_both_processes_rank_zeros_lr(tmp_path, launcher):
     if launcher == "lightning":
         result = ddp_forked(args, tmp_path, timeout=180)
     else:
-        result = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          str(REPO / "train.py"), *args], tmp_path, timeout=180)
+        result = _torchrun(args, tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = _only_run_folder(tmp_path)
     record = json.loads((folder / "lr_find.json").read_text())

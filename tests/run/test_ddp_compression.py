@@ -3,7 +3,8 @@ train the default digits run to the uncompressed run's losses, within rounding, 
 really registered (Lightning's own DDPStrategy drops it on CPU: the losses would then be bit-equal).
 
 Three real two-process runs of 27 steps each (about 15 s apiece on two cores), so marked slow. Rank 0
-is forked from this pytest process (tests.helpers.ddp_forked), rank 1 started by Lightning's launcher.
+is forked from this pytest process (tests.helpers.ddp_forked), rank 1 started by Lightning's launcher
+through a stand-in interpreter that forks it from this process as well.
 PowerSGD is refused on gloo (tests/unit/test_communication.py) and is checked on GPUs only.
 """
 

@@ -4,8 +4,9 @@ would hang in a collective), and rank 0 alone writes and prints.
 
 Who wrote what in the run folder is recorded by an audit hook: each file opened for writing, renamed
 into place there, with the writer's rank. Rank 0 is forked from this pytest process
-(tests.helpers.ddp_forked) and installs the hook itself; rank 1, started by Lightning's launcher as a
-new interpreter, loads it as a `sitecustomize` on PYTHONPATH. The arithmetic is
+(tests.helpers.ddp_forked); rank 1, started by Lightning's launcher through a stand-in interpreter, is
+forked from this process too: ddp_forked's setup installs the hook in both. The same hook is also a
+`sitecustomize` on PYTHONPATH, so any rank started as a new interpreter is audited as well. The arithmetic is
 tests/unit/test_ddp_measuring.py."""
 
 from __future__ import annotations
@@ -63,11 +64,11 @@ def _launch(overrides: list[str], root: Path, timeout: float = 180) -> tuple[Res
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(audit), os.environ.get("PYTHONPATH")])),
            "WRITE_AUDIT_ROOT": str(runs), "WRITE_AUDIT_LOG": str(audit / "writes.tsv")}
 
-    def audit_rank_zero() -> None:  # what the sitecustomize does in a new interpreter
+    def audit_rank() -> None:  # what the sitecustomize does in a new interpreter; ddp_forked runs it in every rank
         namespace: dict[str, Any] = {}
         exec(AUDIT, namespace)
 
-    result = ddp_forked([*TWO_CPU_PROCESSES, *overrides], root, timeout=timeout, setup=audit_rank_zero, env=env)
+    result = ddp_forked([*TWO_CPU_PROCESSES, *overrides], root, timeout=timeout, setup=audit_rank, env=env)
     writes: dict[str, set[str]] = {}
     log = audit / "writes.tsv"
     for line in log.read_text().splitlines() if log.exists() else []:

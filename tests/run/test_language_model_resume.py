@@ -87,7 +87,8 @@ def test_a_language_model_killed_at_any_moment_resumes_to_the_uninterrupted_resu
 
 
 def test_a_language_model_trains_on_two_processes_into_one_folder(tmp_path, corpus):
-    # Rank 0 forked from this process, rank 1 started by Lightning's launcher (tests.helpers.ddp_forked).
+    # Rank 0 forked from this process, rank 1 started by Lightning's launcher and forked from this process
+    # through a stand-in interpreter (tests.helpers.ddp_forked).
     result = ddp_forked([*tiny_lm(corpus, tmp_path / "cache"), "trainer=ddp", "trainer.devices=2",
                          "trainer.accelerator=cpu", "progress=plain"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
