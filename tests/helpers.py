@@ -237,7 +237,8 @@ for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, sig
     signal.signal(signum, forward)
 status = int(reply.read() or b"1")
 if status < 0:  # the rank died of a signal: so does its stand-in
-    signal.signal(-status, signal.SIG_DFL)
+    if -status not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to take away)
+        signal.signal(-status, signal.SIG_DFL)
     os.kill(os.getpid(), -status)
 sys.exit(status)
 '''

@@ -8,23 +8,24 @@ shards see disjoint shares that together cover the training split. Wrong credent
 bucket, a store that cannot be reached and a damaged shard each end the run in one line naming the
 source, with no checkpoint written.
 
-Real processes (a server, forked runs, two ranks): marked slow; CI runs them.
+Real processes (a server, forked runs, two ranks, torchrun): marked slow; CI runs them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import ON_CPU, REPO, kill_tree, python_forked, train_forked, write_photo_jpegs
+from tests.helpers import (ON_CPU, REPO, ForkedRun, launch_with_forked_ranks, python_forked, train_forked,
+                           write_photo_jpegs)
 from tests.run.test_resume import kill_at_step, weights
 
 pytest.importorskip("litdata")
@@ -131,14 +132,21 @@ print(json.dumps({"rank": dist.get_rank(), "seen": seen}))
 
 
 def test_two_processes_read_disjoint_shares_that_cover_the_training_split(local_shards, tmp_path):
+    """Two ranks of one process group (gloo, met through env:// as torchrun's ranks meet: MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE), each a forked child of this process running the script: the claim
+    is what each rank's data module reads, not the launch (the two-node test below is torchrun's)."""
     script = tmp_path / "share.py"
     script.write_text(SHARE_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                             str(script), str(local_shards)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    with contextlib.ExitStack() as stack:
+        ranks = [stack.enter_context(ForkedRun([str(script), str(local_shards)], cwd=tmp_path,
+                                               env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+                 for rank in (0, 1)]
+        results = [rank.wait(300) for rank in ranks]
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for result in results for line in result.stdout.splitlines() if line.startswith("{")]
     shares = {row["rank"]: row["seen"] for row in rows}
     assert set(shares) == {0, 1} and len(shares[0]) == len(shares[1]) == 18
     assert not set(shares[0]) & set(shares[1])
@@ -158,26 +166,18 @@ def _free_port() -> int:
 
 def _two_nodes(args: list[str], root: Path, node1: tuple[str, ...] = (), timeout: float = 300) -> list[tuple]:
     """Two launches of one process each, node ranks 0 and 1, meeting on the loopback address as two
-    hosts would (torchrun's static rendezvous: MASTER_ADDR, NODE_RANK, WORLD_SIZE); (rc, stderr) each."""
+    hosts would (torchrun's static rendezvous: MASTER_ADDR, NODE_RANK, WORLD_SIZE); (rc, stderr) each.
+    Each torchrun is a new interpreter in a session of its own; the rank each starts is forked from
+    this process through the interpreter torchrun is given (tests.helpers.launch_with_forked_ranks)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["OMP_NUM_THREADS"] = "1"
-    launches = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
-                                  "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-                                  str(REPO / "train.py"), *args, *(node1 if node == 1 else ()), f"run.root={root}"],
-                                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True) for node in (0, 1)]
-    done = []
-    for launch in launches:
-        try:
-            _, err = launch.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # The other launch too: a process of either left alive would hold the pipes open.
-            for other in launches:
-                kill_tree(other.pid)
-            _, err = launch.communicate(timeout=60)
-        done.append((launch.returncode, err))
-    return done
+    done = launch_with_forked_ranks([[sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                                      f"--node-rank={node}", "--nproc-per-node=1", "--master-addr=127.0.0.1",
+                                      f"--master-port={port}", str(REPO / "train.py"), *args,
+                                      *(node1 if node == 1 else ()), f"run.root={root}"] for node in (0, 1)],
+                                    env, timeout=timeout)
+    return [(launch.returncode, launch.stderr) for launch in done]
 
 
 def _the_run_folder(root: Path) -> Path:
