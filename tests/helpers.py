@@ -537,8 +537,8 @@ class ForkedRun:
         return self._status is not None
 
     def output(self) -> str:
-        """What the child has written to its stdout so far."""
-        return self._out.read_text(errors="replace")
+        """What the child has written to its stdout so far (nothing before it has opened the file)."""
+        return self._out.read_text(errors="replace") if self._out.exists() else ""
 
     def send_signal(self, signum: int) -> None:
         """`signum` to the child alone (not its group), as `subprocess.Popen.send_signal` sends it."""
