@@ -147,7 +147,10 @@ def write_config(folder: Path, cpus: int | None = None) -> Cluster:
     }
     text = "\n".join(f"{key}={value}" for key, value in lines.items())
     text += (f"\nNodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory_mib} State=UNKNOWN"
-             f"\nPartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP\n")
+             f"\nPartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP"
+             # Two jobs may share a CPU: a test module's jobs run side by side (test_requeue's paced
+             # job, which mostly sleeps, while the module's other jobs run) instead of queueing.
+             " OverSubscribe=FORCE:2\n")
     conf = folder / "slurm.conf"
     conf.write_text(text)
     return Cluster(folder, conf, node, cpus)
