@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -180,36 +181,24 @@ def ddp_forked(args: Sequence[str], root: Path, timeout: float = 300, setup: Cal
 
 def launch_with_forked_ranks(commands: Sequence[Sequence[str]], env: Mapping[str, str], cwd: Path = REPO,
                              timeout: float = 300) -> list[subprocess.CompletedProcess[str]]:
-    """Run launcher commands (`python -m torch.distributed.run ...`) side by side, each a new
-    interpreter in a session of its own, with `PYTHON_EXEC` (the interpreter torchrun starts its ranks
-    with) naming `_RankServer`'s stand-in: torchrun works as always (its rendezvous, its worker
-    processes, their sessions, its signals to them and its report of how they ended), but each rank is
-    forked from this pytest process instead of importing torch and Lightning again. Their results as
-    `subprocess.run(..., capture_output=True, text=True)` gives them; past `timeout`, every launcher
-    and rank is killed and the results say so (status -9)."""
-    import tempfile
-
-    with _RankServer() as ranks, tempfile.TemporaryDirectory(prefix="launch-") as folder:
-        files = [(open(Path(folder) / f"{n}.out", "w+"), open(Path(folder) / f"{n}.err", "w+"))  # noqa: SIM115
-                 for n in range(len(commands))]
-        try:
-            launches = [subprocess.Popen(list(command), cwd=cwd, env={**env, "PYTHON_EXEC": str(ranks.python)},
-                                         stdout=out, stderr=err, text=True, start_new_session=True)
-                        for command, (out, err) in zip(commands, files)]
-            if not ranks.serve(lambda: all(launch.poll() is not None for launch in launches), timeout):
-                for launch in launches:
-                    kill_tree(launch.pid)
-            results = []
-            for command, launch, (out, err) in zip(commands, launches, files):
-                launch.wait(60)
-                out.seek(0)
-                err.seek(0)
-                results.append(subprocess.CompletedProcess(list(command), launch.returncode, out.read(), err.read()))
-            return results
-        finally:
-            for out, err in files:
-                out.close()
-                err.close()
+    """Run launchers side by side, each `python COMMAND` (`-m torch.distributed.run ...`) in a forked
+    child of this process as `python_forked` runs it, in a process group of its own (as
+    `start_new_session` gave a new interpreter) with a new interpreter's signal dispositions, and with
+    `PYTHON_EXEC` (the interpreter torchrun starts its ranks with) naming `_RankServer`'s stand-in:
+    torchrun works as always (its rendezvous, its worker processes in sessions of their own, its
+    signals to them, its report of how they ended and its exit status), but neither it nor any rank
+    imports torch and Lightning again. Their results as `subprocess.run(..., capture_output=True,
+    text=True)` gives them; past `timeout`, every launcher and rank is killed and the results say so
+    (status -9)."""
+    with _RankServer() as ranks, contextlib.ExitStack() as stack:
+        launches = [stack.enter_context(ForkedRun(command, cwd=cwd, env={**env, "PYTHON_EXEC": str(ranks.python)},
+                                                  setup=new_interpreter_signals)) for command in commands]
+        if not ranks.serve(lambda: all(launch.done() for launch in launches), timeout):
+            for launch in launches:
+                launch.kill()
+        results = [launch.wait(60) for launch in launches]
+        return [subprocess.CompletedProcess(list(command), result.returncode, result.stdout, result.stderr)
+                for command, result in zip(commands, results)]
 
 
 #: `_RankServer`'s stand-in for `python`: sends its arguments, folder, environment, process group

@@ -14,9 +14,10 @@ These start real processes (each imports torch and Lightning), so they are marke
 The runs started by Lightning have rank 0 forked from this pytest process (tests.helpers.ddp_forked), and
 Lightning's launcher starts rank 1 as always, its interpreter a stand-in that forks it from this process
 too (no rank imports torch and Lightning again). One of them, the batch-size test,
-is launched wholly as a person does (`python train.py`). torchrun's runs are torchrun's (a new
-interpreter, its rendezvous, its worker processes and their sessions, its report of how they ended),
-with the interpreter it starts each rank with a stand-in that forks the rank from this process.
+is launched wholly as a person does (`python train.py`). torchrun's runs are torchrun's (its
+rendezvous, its worker processes and their sessions, its report of how they ended), torchrun itself
+forked from this process, and the interpreter it starts each rank with a stand-in that forks the rank
+from this process too.
 """
 
 from __future__ import annotations
@@ -49,14 +50,14 @@ def _launch(command: list[str], root: Path, timeout: float = 300) -> subprocess.
 
 def _torchrun(args: list[str], root: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """`python -m torch.distributed.run --standalone --nproc-per-node=2 train.py ARGS run.root=ROOT`:
-    torchrun a new interpreter in a session of its own, as `_launch` starts it, starting its two ranks
-    as always, each forked from this process through the interpreter it is given (PYTHON_EXEC:
-    tests.helpers.launch_with_forked_ranks) rather than a new one importing torch and Lightning."""
+    torchrun in a process group of its own (as `_launch`'s session gave it), starting its two ranks as
+    always; it and each rank forked from this process (the ranks through the interpreter torchrun is
+    given, PYTHON_EXEC: tests.helpers.launch_with_forked_ranks) rather than new interpreters
+    importing torch and Lightning again."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["OMP_NUM_THREADS"] = "1"
-    [done] = launch_with_forked_ranks([[sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                        "--nproc-per-node=2", str(REPO / "train.py"), *args, f"run.root={root}"]],
-                                      env, timeout=timeout)
+    [done] = launch_with_forked_ranks([["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                                        str(REPO / "train.py"), *args, f"run.root={root}"]], env, timeout=timeout)
     return done
 
 

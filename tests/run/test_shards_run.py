@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -167,12 +166,13 @@ def _free_port() -> int:
 def _two_nodes(args: list[str], root: Path, node1: tuple[str, ...] = (), timeout: float = 300) -> list[tuple]:
     """Two launches of one process each, node ranks 0 and 1, meeting on the loopback address as two
     hosts would (torchrun's static rendezvous: MASTER_ADDR, NODE_RANK, WORLD_SIZE); (rc, stderr) each.
-    Each torchrun is a new interpreter in a session of its own; the rank each starts is forked from
-    this process through the interpreter torchrun is given (tests.helpers.launch_with_forked_ranks)."""
+    Each torchrun is forked from this process into a process group of its own, and the rank each
+    starts is forked from this process through the interpreter torchrun is given
+    (tests.helpers.launch_with_forked_ranks): no new interpreter imports torch and Lightning."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     env["OMP_NUM_THREADS"] = "1"
-    done = launch_with_forked_ranks([[sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+    done = launch_with_forked_ranks([["-m", "torch.distributed.run", "--nnodes=2",
                                       f"--node-rank={node}", "--nproc-per-node=1", "--master-addr=127.0.0.1",
                                       f"--master-port={port}", str(REPO / "train.py"), *args,
                                       *(node1 if node == 1 else ()), f"run.root={root}"] for node in (0, 1)],
