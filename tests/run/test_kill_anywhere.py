@@ -71,7 +71,10 @@ def count_saves(counter: Path) -> Callable[[], None]:
 
 
 class Reference:
-    def __init__(self, result: Result, wall_s: float, saves: int) -> None:
+    def __init__(self, result: Result, wall_s: float, saves: int, args: list[str]) -> None:
+        assert result.run_dir is not None
+        self.run_dir = result.run_dir
+        self.args = args  # the command's overrides (its run.root and run.name among them)
         self.summary = result.summary
         self.weights = weights(result.run_dir / "checkpoints" / "last.ckpt")
         self.wall_s = wall_s
@@ -87,12 +90,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     for number in range(2):
         counter = root / f"saves{number}.txt"
         started = time.monotonic()
-        result = train_forked([*RUN, f"run.root={root}", f"run.name=reference{number}"], root / f"run{number}",
-                              setup=count_saves(counter))
+        args = [*RUN, f"run.root={root}", f"run.name=reference{number}"]
+        result = train_forked(args, root / f"run{number}", setup=count_saves(counter))
         wall = time.monotonic() - started
         assert result.returncode == 0, result
         assert result.summary["steps"] == FINAL_STEP and result.summary["phase"] == "completed"
-        runs.append(Reference(result, wall, len(counter.read_text().splitlines())))
+        runs.append(Reference(result, wall, len(counter.read_text().splitlines()), args))
     first, second = runs
     assert compared(first.summary["metrics"]) == compared(second.summary["metrics"])
     assert all(torch.equal(first.weights[k], second.weights[k]) for k in first.weights)
@@ -166,19 +169,21 @@ def test_killed_at_any_moment_resumes_to_the_uninterrupted_result(tmp_path, refe
 
 
 def test_a_completed_run_asked_to_resume_says_so_in_one_line_and_changes_nothing(tmp_path, reference):
+    """The completed run is the module's uninterrupted one (the fixture has read its summary and
+    weights already): the same command with resume=if_any, then with resume=auto, each in a folder of
+    its own, finds it, says so in one line and changes nothing there, which is what is checked after
+    each (so the second request meets a completed run as untouched as the first did)."""
+    first = reference.run_dir
+    before = (first / "summary.json").read_bytes()
     for request in ("if_any", "auto"):
-        root = tmp_path / request
-        args = [*RUN, f"run.root={root}", "run.name=done"]
-        first = train_forked(args, root / "first")
-        assert first.returncode == 0, first
-        before = (root / "first" / "summary.json").read_bytes()
-        again = train_forked([*args, f"resume={request}"], root / "again")
+        again = train_forked([*reference.args, f"resume={request}"], tmp_path / request)
         assert again.returncode == 0, again
         said = [line for line in (again.stdout + again.stderr).splitlines() if "already completed" in line]
-        assert len(said) == 1 and f"in {root / 'first'}" in said[0], again
+        assert len(said) == 1 and f"in {first}" in said[0], again
         assert "Traceback" not in again.stderr and "Restoring states" not in again.stdout + again.stderr
-        assert (root / "first" / "summary.json").read_bytes() == before
-        assert not (root / "again" / "summary.json").exists() and not (root / "again" / "checkpoints").exists()
+        assert (first / "summary.json").read_bytes() == before
+        assert not (tmp_path / request / "summary.json").exists()
+        assert not (tmp_path / request / "checkpoints").exists()
 
 
 def fail_finishing_the_loggers() -> None:
