@@ -49,7 +49,8 @@ while chunk := server.recv(64):
     reply += chunk
 status = int(reply or b"1")
 if status < 0:  # the command died of a signal: so does its stand-in
-    signal.signal(-status, signal.SIG_DFL)
+    if -status != signal.SIGKILL:  # SIGKILL cannot be handled, so it needs no reset (signal.signal raises)
+        signal.signal(-status, signal.SIG_DFL)
     os.kill(os.getpid(), -status)
 sys.exit(status)
 '''

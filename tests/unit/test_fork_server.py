@@ -18,6 +18,8 @@ SCRIPT = textwrap.dedent("""
     print("on stderr", file=sys.stderr)
     if sys.argv[1] == "signal":
         os.kill(os.getpid(), signal.SIGTERM)
+    if sys.argv[1] == "kill":  # SIGKILL: its stand-in cannot reset a handler for it, and dies of it all the same
+        os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else "a message")
 """)
 
@@ -30,20 +32,20 @@ def test_the_stand_in_is_the_interpreter_to_its_caller(tmp_path):
     script.write_text(SCRIPT)
     work = tmp_path / "work"
     work.mkdir()
-    shell = (f'cd {work} && for arg in 3 signal text; do echo "in-$arg" | "$PYTHON" {script} $arg; echo "status $?"; '
+    shell = (f'cd {work} && for arg in 3 signal kill text; do echo "in-$arg" | "$PYTHON" {script} $arg; echo "status $?"; '
              'done; "$PYTHON" -m json.tool --compact <<< \'{"a": [1, 2]}\'; echo "status $?"')
     env = {**os.environ, "FORK_SERVER_VARIABLE": "seen"}
     with ForkServer() as server:
         env["PYTHON"] = str(server.python)
         done = server.run(["bash", "-c", shell], timeout=120, env=env)
-        assert server.served == 4
+        assert server.served == 5
     lines = done.stdout.splitlines()
     records = [json.loads(line) for line in lines if line.startswith('{"argv"')]
-    assert [line for line in lines if line.startswith("status")] == ["status 3", "status 143", "status 1", "status 0"], \
+    assert [line for line in lines if line.startswith("status")] == ["status 3", "status 143", "status 137", "status 1", "status 0"], \
         done.stderr[-3000:]
     assert '{"a":[1,2]}' in lines  # -m json.tool read its stdin and wrote to the caller's stdout
-    assert done.stderr.count("on stderr") == 3 and "a message" in done.stderr
-    for record, arg in zip(records, ("3", "signal", "text")):
+    assert done.stderr.count("on stderr") == 4 and "a message" in done.stderr
+    for record, arg in zip(records, ("3", "signal", "kill", "text")):
         assert record["argv"] == [str(script), arg] and record["stdin"] == f"in-{arg}"
         assert record["cwd"] == str(work) and record["path0"] == str(script.parent)
         assert record["variable"] == "seen" and record["lightning"]  # inherited from this process: a fork
