@@ -133,3 +133,28 @@ def test_lamb_steps_each_weight_by_its_trust_ratio_and_leaves_biases_unscaled():
     moved = (net.weight.detach() - before_w).norm() / before_w.norm()
     assert moved == pytest.approx(0.01, rel=0.05)
     assert (net.bias.detach() - before_b).abs().max() == pytest.approx(0.01, rel=0.05)
+
+
+def test_importing_timms_optimizers_leaves_dynamos_recompile_limit_as_it_was():
+    """timm.optim's import sets Dynamo's recompile limit to 1,000,000 process-wide (for its Kron
+    optimizer); reached through the optimizer group it is put back, so that compile.dynamic=false
+    still meets the limit and says so. timm.optim is imported afresh here (its modules taken out of
+    sys.modules and put back after), so that timm's assignment really runs."""
+    import sys
+
+    from trainer.groups.optimizer.registry import locate_optimizer
+
+    config = torch._dynamo.config
+    kept = {name: module for name, module in sys.modules.items() if name == "timm.optim" or name.startswith("timm.optim.")}
+    for name in kept:
+        del sys.modules[name]
+    try:
+        with config.patch(recompile_limit=8):
+            assert locate_optimizer("timm.optim.lamb.Lamb").__name__ == "Lamb"
+            assert config.recompile_limit == 8
+            for name in [n for n in sys.modules if n == "timm.optim" or n.startswith("timm.optim.")]:
+                del sys.modules[name]
+            import timm.optim  # noqa: F401 - what the guard undoes, seen unguarded
+            assert config.recompile_limit == 1_000_000
+    finally:
+        sys.modules.update(kept)

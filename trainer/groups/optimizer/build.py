@@ -14,9 +14,8 @@ import torch
 from torch import nn
 
 from trainer.groups.optimizer.parameters import layer_lr_scales, one_dimensional, parameter_groups
-from trainer.groups.optimizer.registry import kernel_arguments, kernels, row_of
+from trainer.groups.optimizer.registry import kernel_arguments, kernels, locate_optimizer, row_of
 from trainer.groups.optimizer.schema import OptimizerConfig
-from trainer.infra.schema import locate_target
 
 
 def fused_supported(device_type: str) -> bool:
@@ -40,7 +39,7 @@ def choose_implementation(requested: str, device_type: str, grad_scaler: bool, c
     so gradient clipping would see scaled gradients, and fused SGD has been reported to advance
     momentum on steps the scaler skips. A class without a kernel asked for runs its plain loop.
     """
-    offered = kernels(locate_target("optimizer", cfg.target))
+    offered = kernels(locate_optimizer(cfg.target))
     if requested in ("auto", "fused") and "fused" not in offered:
         fallback = "foreach" if "foreach" in offered else "for_loop"
         return fallback, f"{requested} -> {fallback} ({cfg.name} has no fused kernel)"
@@ -86,7 +85,7 @@ class OptimizerRecipe:
         for group in groups:
             if "lr_scale" in group:
                 group["lr"] = self.lr * group["lr_scale"]
-        optimizer_class = locate_target("optimizer", self.cfg.target)
+        optimizer_class = locate_optimizer(self.cfg.target)
         row = row_of(self.cfg.target)
         return optimizer_class(groups, lr=self.lr, **kernel_arguments(implementation or self.implementation,
                                                                        optimizer_class),

@@ -5,9 +5,10 @@ its `_target_` and arguments as they are; its kernels (fused, foreach) are read 
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, Callable, Mapping, Optional
+from typing import Annotated, Any, Callable, Iterator, Mapping, Optional
 
 from trainer.infra.errors import UserError
 from trainer.infra.schema import POSITIVE, Range, locate_target
@@ -15,6 +16,28 @@ from trainer.infra.schema import POSITIVE, Range, locate_target
 #: Constructor arguments the framework fills in: the parameter groups, their lr and weight decay
 #: (from the batch rules), and the kernel (`implementation`).
 FRAMEWORK_ARGUMENTS = ("params", "lr", "weight_decay", "foreach", "fused")
+
+
+@contextmanager
+def recompile_limit_kept() -> Iterator[None]:
+    """Dynamo's recompile limit as it was before the block. Deliberately undoes a library's import:
+    importing timm.optim (LAMB, LARS) sets the limit to 1,000,000 for the whole process, for timm's
+    Kron optimizer, which the framework does not offer (timm/optim/kron.py); kept, `compile.dynamic=
+    false` would recompile for every new shape with no limit reached and no line saying so
+    (trainer/groups/compile.py)."""
+    import torch._dynamo
+
+    limit = torch._dynamo.config.recompile_limit
+    try:
+        yield
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+
+
+def locate_optimizer(target: str) -> Any:
+    """The optimizer class at import path `target` (`locate_target`), Dynamo's limit kept."""
+    with recompile_limit_kept():
+        return locate_target("optimizer", target)
 
 
 def _nesterov_needs_momentum(prefix: str, arguments: Mapping[str, Any]) -> None:
@@ -52,7 +75,7 @@ ROWS: Mapping[str, OptimizerRow] = MappingProxyType({
 def row_of(target: str) -> Optional[OptimizerRow]:
     """The row of the class at import path `target` (any alias of it), or None."""
     try:
-        cls = locate_target("optimizer", target)
+        cls = locate_optimizer(target)
     except UserError:
         return None  # reported where the target is checked
     return ROWS.get(f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', '')}")

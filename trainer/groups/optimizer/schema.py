@@ -11,11 +11,11 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-from trainer.groups.optimizer.registry import FRAMEWORK_ARGUMENTS, row_of
+from trainer.groups.optimizer.registry import FRAMEWORK_ARGUMENTS, locate_optimizer, recompile_limit_kept, row_of
 from trainer.infra.errors import UserError, first_line
 from trainer.infra.extras import require
 from trainer.infra.schema import (AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Doc, Range, check_keys, check_target,
-                                  locate_target, schema_of_dataclass)
+                                  schema_of_dataclass)
 
 ScalingRule = Literal["sqrt", "linear", "none"]
 #: optimizer.lr=find: the lr comes from Lightning's lr range test (trainer/modes/lr_finder.py).
@@ -73,7 +73,7 @@ class OptimizerConfig(OptimizerKeys):
         (None where the class has no such argument)."""
         if name in self.arguments:
             return self.arguments[name]
-        parameter = inspect.signature(locate_target("optimizer", self.target)).parameters.get(name)
+        parameter = inspect.signature(locate_optimizer(self.target)).parameters.get(name)
         return None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
 
 
@@ -92,8 +92,9 @@ def validate(values: dict[str, Any]) -> OptimizerConfig:
         require("timm", f"optimizer={own.name}")  # timm's LAMB and LARS
     row = row_of(target) if isinstance(target, str) else None
     fixed = tuple(row.fixed) if row else ()
-    checked = check_target("optimizer", values, skip=FRAMEWORK_ARGUMENTS + fixed, also=keys,
-                           bounds=row.bounds if row else None)
+    with recompile_limit_kept():  # the target's first import may be here
+        checked = check_target("optimizer", values, skip=FRAMEWORK_ARGUMENTS + fixed, also=keys,
+                               bounds=row.bounds if row else None)
     arguments = {k: tuple(v) if isinstance(v, list) else v for k, v in checked.items()
                  if k not in keys.fields and not (k.startswith("_") and k.endswith("_"))}
     if row is not None and row.check is not None:
@@ -110,8 +111,8 @@ def _try_building(own: OptimizerKeys, target: str, arguments: Mapping[str, Any],
 
     lr = own.find_min_lr if isinstance(own.lr, str) else own.lr
     try:
-        locate_target("optimizer", target)([torch.nn.Parameter(torch.zeros(1))], lr=lr,
-                                           weight_decay=own.weight_decay, **fixed, **arguments)
+        locate_optimizer(target)([torch.nn.Parameter(torch.zeros(1))], lr=lr, weight_decay=own.weight_decay,
+                                 **fixed, **arguments)
     except (TypeError, ValueError, RuntimeError) as ex:
         raise UserError("optimizer", f"{target} refused its arguments: {first_line(ex)}",
                         "values its constructor accepts (see its documentation)") from None
