@@ -158,3 +158,5 @@ def test_importing_timms_optimizers_leaves_dynamos_recompile_limit_as_it_was():
             assert config.recompile_limit == 1_000_000
     finally:
         sys.modules.update(kept)
+        if "timm.optim" in kept:  # the package's attribute too, as the import had left it
+            sys.modules["timm"].optim = kept["timm.optim"]  # type: ignore[attr-defined]
