@@ -21,39 +21,23 @@ not pipes, so that nothing blocks), which forks as `ForkedRun` does: no thread i
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tests.helpers import run_as_python
+from tests.helpers import STAND_IN_EXIT, STAND_IN_REQUEST, exit_with, open_stand_in, receive_command, run_as_python, take_the_callers_place
 
-#: The stand-in for `python`. Its imports are the standard library's few; its exit is the command's.
-CLIENT = '''#!{python}
-import array, json, os, signal, socket, sys
-
-server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-server.connect({address!r})
-request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
-                      "pgid": os.getpgrp()}}).encode()
-socket.send_fds(server, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
-reply = b""
+#: The stand-in for `python`: its exit is the command's.
+CLIENT = STAND_IN_REQUEST + '''reply = b""
 while chunk := server.recv(64):
     reply += chunk
 status = int(reply or b"1")
-if status < 0:  # the command died of a signal: so does its stand-in
-    if -status != signal.SIGKILL:  # SIGKILL cannot be handled, so it needs no reset (signal.signal raises)
-        signal.signal(-status, signal.SIG_DFL)
-    os.kill(os.getpid(), -status)
-sys.exit(status)
-'''
+''' + STAND_IN_EXIT
 
 
 class ForkServer:
@@ -62,14 +46,7 @@ class ForkServer:
     def __init__(self) -> None:
         import lightning  # noqa: F401 - imported once here, inherited by every command
 
-        self._tmp = tempfile.TemporaryDirectory(prefix="fork-server-")
-        folder = Path(self._tmp.name)
-        self.python = folder / "python"
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(folder / "socket"))
-        self._listener.listen(16)
-        self.python.write_text(CLIENT.format(python=sys.executable, address=str(folder / "socket")))
-        self.python.chmod(0o755)
+        self._tmp, self.python, self._listener = open_stand_in(CLIENT, "fork-server-")
         self._children: dict[int, socket.socket] = {}  # forked command -> its stand-in's connection
         self.served = 0
 
@@ -93,12 +70,7 @@ class ForkServer:
             return subprocess.CompletedProcess(list(command), proc.returncode, out.read(), err.read())
 
     def _serve(self, connection: socket.socket) -> None:
-        header, fds, _, _ = socket.recv_fds(connection, 8 + 65536, 3)
-        size = int.from_bytes(header[:8], "big")
-        body = header[8:]
-        while len(body) < size:
-            body += connection.recv(size - len(body))
-        request = json.loads(body)
+        request, fds = receive_command(connection)
         pid = os.fork()
         if pid == 0:
             self._become_command(request, fds)
@@ -109,29 +81,11 @@ class ForkServer:
 
     def _become_command(self, request: dict[str, Any], fds: list[int]) -> None:
         """In the forked child: the caller's process group and descriptors, then its command."""
-        code = 1
-        try:
-            self._listener.close()
-            for connection in self._children.values():
-                connection.close()
-            try:
-                os.setpgid(0, request["pgid"])
-            except OSError:
-                os.setpgid(0, 0)  # the caller's group is in another session: a group of its own
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-                os.close(fd)
-            # The signal dispositions of a new interpreter, not this process's handlers.
-            for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
-                signal.signal(number, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            code = run_as_python(request["argv"], Path(request["cwd"]), request["env"], script_path=True)
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+        def command() -> int:
+            take_the_callers_place(request, fds, [self._listener, *self._children.values()])
+            return run_as_python(request["argv"], Path(request["cwd"]), request["env"], script_path=True)
+
+        exit_with(command)
 
     def _reap(self) -> None:
         for pid in list(self._children):

@@ -201,11 +201,10 @@ def launch_with_forked_ranks(commands: Sequence[Sequence[str]], env: Mapping[str
                 for command, result in zip(commands, results)]
 
 
-#: `_RankServer`'s stand-in for `python`: sends its arguments, folder, environment, process group
-#: and stdio (the descriptors themselves) to the server, which forks the rank; then passes on the
-#: signals a launcher sends it (Lightning's `kill`) and exits with the rank's status, or dies of its
-#: signal. Imports only the standard library.
-RANK_CLIENT = '''#!{python}
+#: The start of a stand-in for `python` (a template: `python`, `address`): it sends its arguments,
+#: folder, environment, process group and stdio (the descriptors themselves) to its server, which
+#: forks the command (`receive_command`, `take_the_callers_place`). Imports only the standard library.
+STAND_IN_REQUEST = '''#!{python}
 import json, os, signal, socket, sys
 
 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -213,7 +212,17 @@ server.connect({address!r})
 request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
                       "pgid": os.getpgrp()}}).encode()
 socket.send_fds(server, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
-reply = server.makefile("rb")
+'''
+#: Its end, once `status` holds the command's: it exits with it, or dies of the command's signal.
+STAND_IN_EXIT = '''if status < 0:  # the command died of a signal: so does its stand-in
+    if -status not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to take away)
+        signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+sys.exit(status)
+'''
+#: `_RankServer`'s stand-in: between the two, it learns its rank's pid and passes on the signals a
+#: launcher sends it (Lightning's `kill`).
+RANK_CLIENT = STAND_IN_REQUEST + '''reply = server.makefile("rb")
 rank = int(reply.readline())
 
 def forward(signum, frame):
@@ -225,12 +234,7 @@ def forward(signum, frame):
 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(signum, forward)
 status = int(reply.read() or b"1")
-if status < 0:  # the rank died of a signal: so does its stand-in
-    if -status not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to take away)
-        signal.signal(-status, signal.SIG_DFL)
-    os.kill(os.getpid(), -status)
-sys.exit(status)
-'''
+''' + STAND_IN_EXIT
 
 
 class _RankServer:
@@ -247,18 +251,8 @@ class _RankServer:
     rank ends; a stand-in killed (SIGKILL cannot be passed on) takes its rank with it."""
 
     def __init__(self, setup: Callable[[], None] | None = None) -> None:
-        import socket
-        import tempfile
-
         self._setup = setup
-        self._tmp = tempfile.TemporaryDirectory(prefix="ranks-")
-        folder = Path(self._tmp.name)
-        self.python = folder / "python"
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(folder / "socket"))
-        self._listener.listen(16)
-        self.python.write_text(RANK_CLIENT.format(python=sys.executable, address=str(folder / "socket")))
-        self.python.chmod(0o755)
+        self._tmp, self.python, self._listener = open_stand_in(RANK_CLIENT, "ranks-")
         self._ranks: dict[int, Any] = {}  # forked rank -> its stand-in's connection
         self.served = 0
 
@@ -322,15 +316,7 @@ class _RankServer:
                 connection.close()
 
     def _serve(self, connection: Any) -> None:
-        import json
-        import socket
-
-        header, fds, _, _ = socket.recv_fds(connection, 8 + 65536, 3)
-        size = int.from_bytes(header[:8], "big")
-        body = header[8:]
-        while len(body) < size:
-            body += connection.recv(size - len(body))
-        request = json.loads(body)
+        request, fds = receive_command(connection)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -344,19 +330,8 @@ class _RankServer:
 
     def _become_rank(self, request: dict[str, Any], fds: list[int]) -> None:
         """In the forked child: the stand-in's process group and descriptors, then its command."""
-        code = 1
-        try:
-            self._listener.close()
-            for connection in self._ranks.values():
-                connection.close()
-            try:
-                os.setpgid(0, request["pgid"])
-            except OSError:
-                os.setpgid(0, 0)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-                os.close(fd)
-            new_interpreter_signals()
+        def rank() -> int:
+            take_the_callers_place(request, fds, [self._listener, *self._ranks.values()])
 
             def rank_setup() -> None:
                 # Lightning sets its rank-zero flag from the environment when it is imported (here, in
@@ -369,13 +344,9 @@ class _RankServer:
                     self._setup()
 
             argv = request["argv"][1:] if request["argv"][:1] == ["-u"] else request["argv"]  # torchrun's -u
-            code = run_as_python(argv, Path(request["cwd"]), request["env"], rank_setup, script_path=True)
-        finally:
-            try:
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            return run_as_python(argv, Path(request["cwd"]), request["env"], rank_setup, script_path=True)
+
+        exit_with(rank)
 
     def _kill(self, pid: int) -> None:
         try:
@@ -396,6 +367,66 @@ class _RankServer:
         self._kill_all()
         self._listener.close()
         self._tmp.cleanup()
+
+
+def open_stand_in(client: str, prefix: str) -> tuple[Any, Path, Any]:
+    """A stand-in for `python` made from the template `client` (`STAND_IN_REQUEST` ...) in a new
+    temporary folder named `prefix`..., and the Unix socket it calls, listening: (the folder, the
+    stand-in's path, the socket)."""
+    import socket
+    import tempfile
+
+    folder = tempfile.TemporaryDirectory(prefix=prefix)
+    python = Path(folder.name) / "python"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(Path(folder.name) / "socket"))
+    listener.listen(16)
+    python.write_text(client.format(python=sys.executable, address=str(Path(folder.name) / "socket")))
+    python.chmod(0o755)
+    return folder, python, listener
+
+
+def receive_command(connection: Any) -> tuple[dict[str, Any], list[int]]:
+    """What a stand-in interpreter sent (tests/fork_server.py's CLIENT, `_RankServer`'s): its request
+    (argv, cwd, env, pgid; JSON after an 8-byte length) and the descriptors it passed (0, 1, 2)."""
+    import socket
+
+    header, fds, _, _ = socket.recv_fds(connection, 8 + 65536, 3)
+    size = int.from_bytes(header[:8], "big")
+    body = header[8:]
+    while len(body) < size:
+        body += connection.recv(size - len(body))
+    return json.loads(body), list(fds)
+
+
+def take_the_callers_place(request: dict[str, Any], fds: Sequence[int], sockets: Sequence[Any]) -> None:
+    """In a child forked for a stand-in: the server's sockets closed, the stand-in's process group
+    joined (a group of its own where that one is in another session), its descriptors as 0, 1 and 2,
+    and a new interpreter's signal dispositions."""
+    for connection in sockets:
+        connection.close()
+    try:
+        os.setpgid(0, request["pgid"])
+    except OSError:
+        os.setpgid(0, 0)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    new_interpreter_signals()
+
+
+def exit_with(command: Callable[[], int]) -> None:
+    """In a forked child: run `command` and leave with its status (1 where it raised), output flushed
+    and nothing of the parent's (pytest's atexit, its fixtures) run."""
+    code = 1
+    try:
+        code = command()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 def new_interpreter_signals() -> None:
