@@ -233,21 +233,35 @@ def findings(jobs: list[dict[str, Any]], defaults: Defaults, primary: list[Famil
 # --- the text ----------------------------------------------------------------------------------
 
 
+def predates_the_rule(jobs: list[dict[str, Any]]) -> bool:
+    """Jobs that record no design: the study of 2026-12-03, run before the rule and re-issued by it."""
+    return any(not j.get("design") for j in jobs)
+
+
+def seed_range(jobs: list[dict[str, Any]]) -> str:
+    seeds = sorted({j["seed"] for j in jobs})
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
+
+
 def power_section(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
     planned = seeds_for(PILOT_SD, PLANNED_FAMILY)
     lines = ["## The decision rule and its power", "",
              "The rule (trainer/measure/decision_rule.py, docs/practices.md \"How a default is decided\"): a run failed "
              "only where it measured nothing (stopped, a non-finite loss); failures are counted by Fisher's exact test and "
              "every measured val accuracy (a run that ended at 0.14 is measured at 0.14) enters the paired t test by seed "
-             "(every arm ran seeds 1-5). *Better* / *worse*: the two-sided p, Holm-adjusted within the family, below "
+             f"(every arm ran seeds {seed_range(jobs)}). *Better* / *worse*: the two-sided p, Holm-adjusted within the family, below "
              f"{ALPHA}. *Holds*: the one-sided {1 - ALPHA:.0%} bound of the difference above -{MARGIN} (one point) and no "
              "more failures; a limit is the fixed sequence 128, 256, ... up to the first batch that does not hold. "
              "Neither shown: *inconclusive*, which is never read as equal.",
-             "", f"The seeds were planned before the runs on the rule of the time (a two-sided Welch test catching {MARGIN} "
-             f"with {POWER:.0%} power at {ALPHA}/{PLANNED_FAMILY}, on the pilot Welch sd {PILOT_SD}): **{planned} seeds**. "
-             "The spread the test now uses is the sd of the per-seed differences against batch 64; at it, the margin "
-             f"that 5 seeds show to hold with {POWER:.0%} power (a fixed-sequence step, unadjusted) and the difference "
-             "they catch at Holm's strictest level of the family:", "",
+             "", (f"The seeds were planned before the runs on the rule of the time (a two-sided Welch test catching {MARGIN} "
+                  f"with {POWER:.0%} power at {ALPHA}/{PLANNED_FAMILY}, on the pilot Welch sd {PILOT_SD}): **{planned} seeds**. "
+                  if predates_the_rule(jobs) else
+                  "The seeds were planned by this rule's power calculation on the paired spread, in the design committed "
+                  f"before the first job (its commit in every job; the calculation in benchmarks/batch_scaling.py): "
+                  f"**{len(set(j['seed'] for j in jobs))} seeds**. ")
+             + "The spread the test now uses is the sd of the per-seed differences against batch 64; at it, the margin "
+             f"that {len(set(j['seed'] for j in jobs))} seeds show to hold with {POWER:.0%} power (a fixed-sequence step, "
+             "unadjusted) and the difference they catch at Holm's strictest level of the family:", "",
              "| optimizer | batch | sd of the paired differences | margin shown to hold | difference caught |",
              "|---|---:|---:|---:|---:|"]
     for family in families(jobs, defaults):
@@ -328,8 +342,9 @@ def verdicts(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
         lines.append(f"- {optimizer}: {text}" if kind != "limit" else f"- {text}")
         if kind == "limit" and optimizer in second:
             lines.append(f"  - test accuracy from the same runs, a second look: {limit_text(second[optimizer])}")
-    lines += ["", "### What the rule of issue 51 changed (the same jobs; the 2026-12-03 report said)", ""]
-    lines += [f"- {BEFORE[k]}; now: {said[k]}" for k in BEFORE if k in said]
+    if predates_the_rule(jobs):  # the jobs of 2026-12-03, whose report this rule re-issued
+        lines += ["", "### What the rule of issue 51 changed (the same jobs; the 2026-12-03 report said)", ""]
+        lines += [f"- {BEFORE[k]}; now: {said[k]}" for k in BEFORE if k in said]
     lines += ["", "### Every comparison, by family (val accuracy; paired t by seed, 95% interval, raw and Holm-adjusted "
               "p; the one-sided non-inferiority bound and p)", ""]
     by_name = {f.name: f for f in secondary}

@@ -121,3 +121,17 @@ def test_the_report_has_the_power_the_verdicts_and_every_family(report, tmp_path
     assert "adamw: the weight-decay rule against its default (sqrt)" in text and "Holm p=" in text
     module.plot(jobs, defaults, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_preregistered_studys_report_names_its_own_planning_and_no_earlier_report(report):
+    """Jobs that record their design (every job since issue 51) were planned by the rule's power
+    calculation: the report says so, with their seed count, and has no "what the rule changed"
+    section, which compares the jobs of 2026-12-03 with their first report."""
+    module, defaults = report
+    design = {"commit": "abc", "committed": "2026-12-07T13:18:00+00:00", "files": [], "clean": True}
+    jobs = [{**job, "design": design} for job in [*jobs_at("adamw", 64, 0.96), *jobs_at("adamw", 512, 0.95)]
+            if job["seed"] <= 4]
+    text = "\n".join(module.report(jobs, defaults, ["# title"]))
+    assert "planned by this rule's power calculation" in text and "**4 seeds**" in text
+    assert "every arm ran seeds 1-4" in text and "rule of the time" not in text
+    assert "What the rule of issue 51 changed" not in text
