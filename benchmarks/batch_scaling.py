@@ -237,6 +237,26 @@ def regime(jobs: list[dict[str, Any]]) -> str:
     return " ".join(sorted(shared or ()))
 
 
+def designs(jobs: list[dict[str, Any]]) -> str:
+    """The design commits the jobs recorded, with how many jobs ran under each: '' where none did."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        if (job.get("design") or {}).get("commit"):
+            commit = f"{job['design']['commit'][:7]} of {job['design']['committed']}"
+            counts[commit] = counts.get(commit, 0) + 1
+    return ": " + ", ".join(f"{commit} for {n}" for commit, n in counts.items()) if counts else ""
+
+
+def threads_of(jobs: list[dict[str, Any]]) -> str:
+    """The compute threads the jobs recorded (`--threads`): '' where none did."""
+    counts: dict[Any, int] = {}
+    for job in jobs:
+        counts[job.get("threads", "torch's default")] = counts.get(job.get("threads", "torch's default"), 0) + 1
+    if list(counts) == ["torch's default"]:
+        return ""
+    return "Compute threads per job: " + ", ".join(f"{t} ({n} jobs)" for t, n in counts.items()) + ". "
+
+
 def header(jobs: list[dict[str, Any]], jobs_file: Path, comparisons: Path, walls: list[str]) -> list[str]:
     """What the report was written from: the jobs, their shared regime, machines and load, and the
     commands of the study that ran them."""
@@ -256,8 +276,10 @@ def header(jobs: list[dict[str, Any]], jobs_file: Path, comparisons: Path, walls
             f"Machines: {machines(jobs)}; {alone} of {len(jobs)} jobs timed alone (1-minute load within the CPUs "
             "+ 0.5 at start and end); times compare only within one machine and only jobs timed alone enter them. "
             + f"Pre-registration: {registered.count(True)} of {len(jobs)} jobs ran under a design committed before they "
-            f"started (`design` in each job); {registered.count(None)} predate that record (the rule of their time, "
-            "trainer/measure/decision_rule.py, was committed 5 min 54 s after their first job started, with 9 jobs done). "
+            f"started (`design` in each job{designs(jobs)})"
+            + (f"; {registered.count(None)} predate that record (the rule of their time, trainer/measure/decision_rule.py, "
+               "was committed 5 min 54 s after their first job started, with 9 jobs done). " if None in registered else ". ")
+            + threads_of(jobs)
             + (f"This call's sweeps: {', '.join(walls)}. " if walls else "")
             + f"Each sweep's own comparison is in `{comparisons.name}/`.", "", "The study's commands (jobs):", "",
             *(f"- `{command}` ({n})" for command, n in studies.items()), ""]

@@ -135,3 +135,20 @@ def test_a_preregistered_studys_report_names_its_own_planning_and_no_earlier_rep
     assert "planned by this rule's power calculation" in text and "**4 seeds**" in text
     assert "every arm ran seeds 1-4" in text and "rule of the time" not in text
     assert "What the rule of issue 51 changed" not in text
+
+
+def test_the_header_names_each_design_commit_and_the_jobs_threads():
+    """A study run in several commands may record two designs: the header names each commit with
+    its jobs, and the compute threads the jobs recorded; jobs from before the record name neither."""
+    study = benchmark("batch_scaling")
+    first = {"commit": "a" * 40, "committed": "2026-12-07T13:18:59+00:00", "files": [], "clean": True}
+    second = {**first, "commit": "b" * 40, "committed": "2026-12-07T14:39:52+00:00"}
+    jobs = [{**job, "design": first if job["seed"] <= 3 else second, "threads": 1, "started": "2026-12-07T15:00:00+00:00"}
+            for job in jobs_at("adamw", 64, 0.96)]
+    text = " ".join(study.header(jobs, study.REPO / "x_jobs.json", study.REPO / "x_sweeps", []))
+    assert "5 of 5 jobs ran under a design committed before they started" in text
+    assert "aaaaaaa of 2026-12-07T13:18:59+00:00 for 3, bbbbbbb of 2026-12-07T14:39:52+00:00 for 2" in text
+    assert "Compute threads per job: 1 (5 jobs)" in text and "predate that record" not in text
+    old = " ".join(study.header(jobs_at("adamw", 64, 0.96), study.REPO / "x_jobs.json", study.REPO / "x_sweeps", []))
+    assert "0 of 5 jobs ran under a design" in old and "5 predate that record" in old
+    assert "Compute threads" not in old
