@@ -18,8 +18,9 @@ import secrets
 import shutil
 import sysconfig
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Optional
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional, TypeVar
 
 import numpy as np
 
@@ -222,13 +223,31 @@ class TokenSettings:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A prepared corpus: per split ``{split}.tokens`` (the token ids, flat, one end-of-text before
-    every document and after the last) and ``{split}.docs.npy`` (the positions of those end-of-text
-    tokens: document d spans ``offsets[d] .. offsets[d + 1]``), ``tokenizer.json`` and ``meta.json``."""
+class CacheFolder:
+    """A folder of the cache (`write_cached`): its files and ``meta.json``, which says what they are."""
 
     folder: Path
     meta: dict[str, Any]
+
+    @classmethod
+    def read(cls: type[C], folder: Path) -> Optional[C]:
+        try:
+            return cls(folder, json.loads((folder / "meta.json").read_text()))
+        except (OSError, ValueError):
+            return None  # not made yet, or unreadable: made again
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.folder / "tokenizer.json"
+
+
+C = TypeVar("C", bound=CacheFolder)
+
+
+class Prepared(CacheFolder):
+    """A prepared corpus: per split ``{split}.tokens`` (the token ids, flat, one end-of-text before
+    every document and after the last) and ``{split}.docs.npy`` (the positions of those end-of-text
+    tokens: document d spans ``offsets[d] .. offsets[d + 1]``), ``tokenizer.json`` and ``meta.json``."""
 
     @property
     def dtype(self) -> np.dtype:
@@ -243,53 +262,54 @@ class Prepared:
     def offsets(self, split: str) -> np.ndarray:
         return np.load(self.folder / f"{split}.docs.npy")
 
-    @property
-    def tokenizer_file(self) -> Path:
-        return self.folder / "tokenizer.json"
+
+def keyed_folder(cache_dir: Path, prefix: str, key: dict[str, Any]) -> Path:
+    """The cache folder named by a hash of `key`, everything that shapes what it holds."""
+    text = json.dumps(key, sort_keys=True)
+    return cache_dir / f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
 def cache_folder(cache_dir: Path, corpus_hash: str, settings: TokenSettings) -> Path:
-    key = json.dumps({"version": RECIPE_VERSION, "corpus": corpus_hash, "document_chars": DOCUMENT_CHARS,
-                      **settings.__dict__}, sort_keys=True)
-    return cache_dir / f"text-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return keyed_folder(cache_dir, "text", {"version": RECIPE_VERSION, "corpus": corpus_hash,
+                                            "document_chars": DOCUMENT_CHARS, **settings.__dict__})
 
 
 def prepare(corpus: Corpus, settings: TokenSettings, cache_dir: Path) -> Prepared:
     """The prepared corpus from the cache, or made now and cached."""
     corpus_hash = corpus.fingerprint()
     folder = cache_folder(cache_dir, corpus_hash, settings)
-    found = read_prepared(folder)
+    found = Prepared.read(folder)
     if found is not None:
         return found
     require("text", "data=text")  # the byte tokenizer too: generation loads its tokenizer.json
+    return write_cached(Prepared, folder, "the prepared corpus", partial(_make, corpus, settings, corpus_hash))
+
+
+def write_cached(kind: type[C], folder: Path, what: str, make: Callable[[Path], dict[str, Any]]) -> C:
+    """Make the cache folder `folder`: `make` writes the files into a staging folder and returns what
+    meta.json says, which is written last (it marks a folder done); the staging folder is then
+    renamed into place, so that a crash or a second process never sees half of it. `what` names
+    the folder in an error."""
+    cache_dir = folder.parent
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         # Not tempfile.mkdtemp: its folder is private (0700), and a cache may be shared by a team.
         staging = cache_dir / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         staging.mkdir()
     except OSError as ex:
-        raise UserError("data.cache_dir", f"cannot write the prepared corpus to {cache_dir}: {ex}",
-                        "a writable folder") from None
+        raise UserError("data.cache_dir", f"cannot write {what} to {cache_dir}: {ex}", "a writable folder") from None
     try:
-        meta = _make(corpus, settings, staging)
-        meta["corpus_hash"] = corpus_hash
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # last: it marks a folder done
+        meta = make(staging)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         _publish(staging, folder)
-    except OSError as ex:  # the corpus's own files are read by Corpus.read, which names them
-        raise UserError("data.cache_dir", f"cannot write the prepared corpus to {cache_dir}: {ex}",
+    except OSError as ex:  # the source's own files are read by Corpus.read, which names them
+        raise UserError("data.cache_dir", f"cannot write {what} to {cache_dir}: {ex}",
                         "a writable folder with room for it") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    prepared = read_prepared(folder)
-    assert prepared is not None, folder
-    return prepared
-
-
-def read_prepared(folder: Path) -> Optional[Prepared]:
-    try:
-        return Prepared(folder, json.loads((folder / "meta.json").read_text()))
-    except (OSError, ValueError):
-        return None  # not made yet, or unreadable: made again
+    made = kind.read(folder)
+    assert made is not None, folder
+    return made
 
 
 def _publish(staging: Path, folder: Path) -> None:
@@ -298,16 +318,16 @@ def _publish(staging: Path, folder: Path) -> None:
     for path in staging.iterdir():  # the rename is durable only once the data are
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-    if folder.exists() and read_prepared(folder) is None:
+    if folder.exists() and CacheFolder.read(folder) is None:
         shutil.rmtree(folder, ignore_errors=True)  # its meta.json is unreadable (damaged, edited by hand)
     try:
         os.rename(staging, folder)
     except OSError:
-        if read_prepared(folder) is None:
+        if CacheFolder.read(folder) is None:
             raise
 
 
-def _make(corpus: Corpus, settings: TokenSettings, out: Path) -> dict[str, Any]:
+def _make(corpus: Corpus, settings: TokenSettings, corpus_hash: str, out: Path) -> dict[str, Any]:
     """Write the tokenizer and the token files of every split into `out`; what meta.json says."""
     def documents() -> Iterator[tuple[str, str]]:
         return corpus.documents(settings.val_fraction, settings.test_fraction)
@@ -331,7 +351,7 @@ def _make(corpus: Corpus, settings: TokenSettings, out: Path) -> dict[str, Any]:
             "tokenizer": settings.tokenizer, "vocab_size_asked": settings.vocab_size, "vocab_size": vocab_size,
             "end_of_text": end_of_text, "dtype": dtype.name, "documents": counts, "tokens": tokens,
             "val_fraction": settings.val_fraction, "test_fraction": settings.test_fraction,
-            "unigram_val_perplexity": baseline}
+            "unigram_val_perplexity": baseline, "corpus_hash": corpus_hash}
 
 
 def _write_splits(documents: Iterable[tuple[str, str]], encoder: Any, end_of_text: int, dtype: np.dtype,

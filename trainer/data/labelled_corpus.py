@@ -35,21 +35,21 @@ import json
 import os
 import platform
 import re
-import secrets
-import shutil
 import sysconfig
 import textwrap
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import numpy as np
 
 # corpus.py's helpers: the split by hash, the folders its standard library corpus leaves out, the
-# content hash of files (Corpus.fingerprint) and the rename of a finished cache folder into place.
-from trainer.data.corpus import EXCLUDED_STDLIB, SPLITS, Corpus, _publish, _unit_hash, split_of
+# content hash of files (Corpus.fingerprint) and the cache folders (named by a key, made whole or not at all).
+from trainer.data.corpus import (EXCLUDED_STDLIB, SPLITS, CacheFolder, Corpus, _unit_hash, keyed_folder, split_of,
+                                 write_cached)
 from trainer.infra.errors import UserError, choices
 from trainer.infra.extras import require
 
@@ -424,14 +424,10 @@ def as_served(tokenizer: Any, ids: dict[str, int], max_length: int) -> Any:
 
 
 # -- the prepared folder ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PreparedLabels:
+class PreparedLabels(CacheFolder):
     """A prepared set: per split ``{split}.ids.npy`` ([n, max_length] token ids, padded),
     ``{split}.lengths.npy`` and ``{split}.labels.npy`` (class indices, or [n, classes] multi-hot
     uint8), with ``tokenizer.json`` and ``meta.json``."""
-
-    folder: Path
-    meta: dict[str, Any]
 
     def ids(self, split: str) -> np.ndarray:
         return np.load(self.folder / f"{split}.ids.npy")
@@ -442,19 +438,14 @@ class PreparedLabels:
     def labels(self, split: str) -> np.ndarray:
         return np.load(self.folder / f"{split}.labels.npy")
 
-    @property
-    def tokenizer_file(self) -> Path:
-        return self.folder / "tokenizer.json"
-
 
 def cache_folder(cache_dir: Path, source: Source, settings: LabelSettings) -> Path:
     """The folder named by the source's bytes and every setting (a given tokenizer by its bytes)."""
     tokenizer = settings.tokenizer
     if tokenizer != WORDPIECE:
         tokenizer = hashlib.sha256(_read_tokenizer_file(tokenizer)).hexdigest()
-    key = json.dumps({"version": RECIPE_VERSION, "source": source.fingerprint(), **asdict(settings),
-                      "tokenizer": tokenizer}, sort_keys=True)
-    return cache_dir / f"labels-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return keyed_folder(cache_dir, "labels", {"version": RECIPE_VERSION, "source": source.fingerprint(),
+                                              **asdict(settings), "tokenizer": tokenizer})
 
 
 def _read_tokenizer_file(path: str) -> bytes:
@@ -465,43 +456,18 @@ def _read_tokenizer_file(path: str) -> bytes:
                         "wordpiece, or the path of a tokenizer.json") from None
 
 
-def read_labelled(folder: Path) -> Optional[PreparedLabels]:
-    try:
-        return PreparedLabels(folder, json.loads((folder / "meta.json").read_text()))
-    except (OSError, ValueError):
-        return None  # not made yet, or unreadable: made again
-
-
 def prepare_labelled(source: Source, settings: LabelSettings, cache_dir: Path) -> PreparedLabels:
     """The prepared set from the cache, or made now and cached."""
     folder = cache_folder(cache_dir, source, settings)
-    found = read_labelled(folder)
+    found = PreparedLabels.read(folder)
     if found is not None:
         return found
     require("text", "data=text_classification")
     samples, multi = source.read(settings.columns)
     splits = split_samples(source, samples, settings.val_fraction, settings.test_fraction)
     names = class_names(splits, source)
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        # Not tempfile.mkdtemp: its folder is private (0700), and a cache may be shared by a team.
-        staging = cache_dir / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        staging.mkdir()
-    except OSError as ex:
-        raise UserError("data.cache_dir", f"cannot write the prepared set to {cache_dir}: {ex}",
-                        "a writable folder") from None
-    try:
-        meta = _make(source, splits, names, multi, settings, staging)
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")  # last: it marks a folder done
-        _publish(staging, folder)
-    except OSError as ex:
-        raise UserError("data.cache_dir", f"cannot write the prepared set to {cache_dir}: {ex}",
-                        "a writable folder with room for it") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    prepared = read_labelled(folder)
-    assert prepared is not None, folder
-    return prepared
+    make = partial(_make, source, splits, names, multi, settings)
+    return write_cached(PreparedLabels, folder, "the prepared set", make)
 
 
 def _make(source: Source, splits: dict[str, list[Sample]], names: list[str], multi: bool,
