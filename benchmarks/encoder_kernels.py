@@ -187,11 +187,12 @@ def measure_case(shape_name: str, length: int, variants: Sequence[str], settings
 def bucketed_batches(cache_dir: Optional[str], max_length: int, batch_size: int) -> dict[str, Any]:
     """`data=text_classification`'s training batches in one epoch's shuffled order and its validation
     batches (the built-in set), as the data module gives them, and the tokenizer's vocabulary."""
-    from trainer.data.labelled_text import GroupedBatches, LabelledTextData
+    from trainer.data.labelled_text import LabelledTextData
+    from trainer.data.text import LengthGroupedBatches
 
     data = LabelledTextData(batch_size=batch_size, max_length=max_length, cache_dir=cache_dir)
     data.setup("fit")
-    train = GroupedBatches(data.train_set, batch_size)
+    train = LengthGroupedBatches(data.train_set, batch_size)
     order = np.random.default_rng(SEED).permutation(len(train))
     val = data.val_set
     val_batches = [val.batch(np.arange(start, min(start + batch_size, len(val))))

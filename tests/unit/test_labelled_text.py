@@ -24,7 +24,8 @@ from trainer.data.base import SequenceRecord
 from trainer.data.corpus import SPLITS, split_of
 from trainer.data.labelled_corpus import (BUILTIN_CHARS, BUILTIN_PACKAGES, BUILTIN_PER_CLASS, MIN_SNIPPET_CHARS,
                                           Columns, builtin_samples, open_source, split_samples)
-from trainer.data.labelled_text import GroupedBatches, LabelledTextData, PadSequences
+from trainer.data.labelled_text import LabelledTextData, PadSequences
+from trainer.data.text import LengthGroupedBatches
 from trainer.infra.errors import UserError
 
 #: Each class draws its words from its own pool, so the classes are told apart by their words.
@@ -230,7 +231,7 @@ def test_batches_are_padded_to_a_multiple_of_8_at_most_max_length(tmp_path):
     module.inspect()
     module.setup()
     train: Any = module.train_set
-    grouped = GroupedBatches(train, 4)
+    grouped = LengthGroupedBatches(train, 4)
     lengths = train.lengths[grouped.batches]
     assert (lengths.max(axis=1)[:-1] <= lengths.min(axis=1)[1:]).all() and len(grouped) == len(train) // 4
     widths = set()

@@ -18,31 +18,22 @@ sequences in order of length, so they need little padding. The run folder gets t
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Annotated, Any, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
 
-from trainer.data.base import DataInfo, DataModule, SequenceRecord
+from trainer.data.base import DataInfo, SequenceRecord
 from trainer.data.corpus import SPLITS
-from trainer.data.digits_expanded import default_cache_dir
 from trainer.data.labelled_corpus import (WORDPIECE, Columns, LabelSettings, PreparedLabels, open_source,
                                           prepare_labelled)
-from trainer.data.text import PAD_MULTIPLE, Fraction, length_batches
-from trainer.infra.atomic import replace_atomic
+from trainer.data.text import Fraction, LengthSorted, TokenData, pad_rows, padded_width
 from trainer.infra.errors import UserError
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 
 
-def padded_width(longest: int, limit: int) -> int:
-    """A batch's length: its longest sequence rounded up to a multiple of `PAD_MULTIPLE`, at most `limit`."""
-    return max(longest, min(-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, limit))
-
-
-class LabelledSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class LabelledSequences(LengthSorted):
     """Sample i: (its ids, int64 [length]; its label, an int64 class index or float32 multi-hot [C]).
     `rows` are the prepared ``[n, max_length]`` ids padded with `pad_id`; `by_length` orders the
     samples by length (evaluation batches then need little padding). `batch` pads several at once."""
@@ -53,9 +44,6 @@ class LabelledSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.rows, self.lengths, self.labels = rows[order], lengths[order], labels[order]
         self.pad_id = pad_id
         self.limit = rows.shape[1]
-
-    def __len__(self) -> int:
-        return len(self.lengths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         ids = torch.from_numpy(self.rows[index, :self.lengths[index]].astype(np.int64))
@@ -70,7 +58,7 @@ class LabelledSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def _labels(labels: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(labels, dtype=np.float32 if labels.dtype == np.uint8 else np.int64))
 
-    def collate_fn(self) -> PadSequences:  # the base class's hook for a data set that batches its own way
+    def collate_fn(self) -> PadSequences:
         return PadSequences(self.pad_id, self.limit)
 
 
@@ -81,36 +69,16 @@ class PadSequences:
         self.pad_id, self.limit = pad_id, limit
 
     def __call__(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = padded_width(max(len(ids) for ids, _ in samples), self.limit)
-        ids = torch.full((len(samples), width), self.pad_id, dtype=torch.int64)
-        for row, (sequence, _) in enumerate(samples):
-            ids[row, :len(sequence)] = sequence
-        return ids, torch.stack([label for _, label in samples])
+        ids, labels = zip(*samples)
+        return pad_rows(ids, self.pad_id, self.limit), torch.stack(labels)
 
 
-class GroupedBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Item k: batch k of `length_batches` over the sequences' lengths, padded. A loader item is a
-    whole batch, so that the resumable sampler orders and counts batches (`items_per_batch` 1)."""
-
-    def __init__(self, sequences: LabelledSequences, batch_size: int) -> None:
-        self.sequences = sequences
-        self.batches = length_batches(sequences.lengths, batch_size)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.sequences.batch(self.batches[index])
-
-
-class LabelledTextData(DataModule):
+class LabelledTextData(TokenData[PreparedLabels]):
     """Labelled text (see the module docstring). `inspect` prepares the set (or finds it in the cache)
     and copies its tokenizer to the run's folder as ``tokenizer.json``."""
 
     # A few bytes a token, loaded whole: loader workers would only add copies of the arrays.
     in_memory = True
-    # Token ids reach the network as they are: nothing to finish on the host or the device.
-    finishes_on_host_itself = True
     #: Batches are padded to their own longest sequence: their length varies (compile then uses
     #: dynamic shapes, trainer/groups/compile.py).
     variable_shapes = True
@@ -139,7 +107,7 @@ class LabelledTextData(DataModule):
                                                 "~/.cache/gpu-practice-trainer)")] = None,
         **loader: Any,
     ) -> None:
-        super().__init__(**loader)
+        super().__init__(cache_dir, **loader)
         if tokenizer != WORDPIECE and not Path(tokenizer).expanduser().is_file():
             raise UserError("data.tokenizer", f"'{tokenizer}' is neither wordpiece nor a file",
                             "wordpiece, or the path of a tokenizer.json")
@@ -151,21 +119,18 @@ class LabelledTextData(DataModule):
         self.settings = LabelSettings(Columns(text_column, label_column, label_separator), val_fraction,
                                       test_fraction, tokenizer, vocab_size if tokenizer == WORDPIECE else 0,
                                       max_length)
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self._prepared: Optional[PreparedLabels] = None
 
-    def prepared(self) -> PreparedLabels:
-        """The set tokenized, from the cache or made now (once per data module)."""
-        if self._prepared is None:
-            self._prepared = prepare_labelled(open_source(self.source), self.settings, self.cache_dir)
-        return self._prepared
+    def _prepare(self) -> PreparedLabels:
+        return prepare_labelled(open_source(self.source), self.settings, self.cache_dir)
+
+    def split_set(self, prepared: PreparedLabels, split: str) -> LabelledSequences:
+        return LabelledSequences(prepared.ids(split), prepared.lengths(split), prepared.labels(split),
+                                 int(prepared.meta["pad_id"]), by_length=split != "train")
 
     def inspect(self) -> DataInfo:
         prepared = self.prepared()
         meta = prepared.meta
-        if self.run_dir is not None:  # what serving tokenizes a text with
-            source = prepared.tokenizer_file
-            replace_atomic(self.run_dir / "tokenizer.json", lambda tmp: shutil.copyfile(source, tmp))
+        self.copy_tokenizer(prepared)
         classes, multi = list(meta["classes"]), bool(meta["multi_label"])
         record = SequenceRecord(vocab_size=int(meta["vocab_size"]), sequence_length=self.settings.max_length,
                                 pad_id=int(meta["pad_id"]), multi_label=multi)
@@ -196,26 +161,9 @@ class LabelledTextData(DataModule):
                          f"{meta['majority']['val_share']:.1%} of val")
         return notes
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        if self.train_set is not None:
-            return
-        prepared = self.prepared()
-        sets = [LabelledSequences(prepared.ids(split), prepared.lengths(split), prepared.labels(split),
-                                  int(prepared.meta["pad_id"]), by_length=split != "train") for split in SPLITS]
-        self.train_set, self.val_set, self.test_set = sets
-
-    def _dataloader(self, dataset: Dataset[Any] | None, train: bool) -> DataLoader[Any]:
-        if not (train and isinstance(dataset, LabelledSequences)):
-            return super()._dataloader(dataset, train)
-        # Grouped here, not in setup, as batch_size=auto sets the batch after setup.
-        return self.grouped_batch_loader(GroupedBatches(dataset, self.batch_size))
-
     def inference_preprocessing(self) -> dict[str, Any]:
         """For the model card: how a text becomes the network's input."""
         meta = self.prepared().meta
         return {"text": "a string", "tokenizer": "tokenizer.json (in the run folder)",
                 "sequence": "[CLS] tokens [SEP]", "max_length": self.settings.max_length,
                 "pad_id": int(meta["pad_id"]), "layout": "N x L int64 token ids"}
-
-    def finish_batch(self, batch: Any, training: bool) -> Any:
-        return batch  # token ids: nothing to normalize or augment

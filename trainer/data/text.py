@@ -13,14 +13,14 @@ from __future__ import annotations
 import argparse
 import shutil
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence, cast
+from typing import Annotated, Any, Callable, Generic, Literal, Optional, Sequence, TypeVar, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.base import DataInfo, DataModule, TokenRecord
-from trainer.data.corpus import (SPLITS, Prepared, TokenSettings, builtin_corpus, folder_corpus, prepare)
+from trainer.data.corpus import SPLITS, CacheFolder, Prepared, TokenSettings, builtin_corpus, folder_corpus, prepare
 from trainer.data.digits_expanded import default_cache_dir
 from trainer.infra.atomic import replace_atomic
 from trainer.infra.errors import UserError, one_line_on_user_error
@@ -34,6 +34,8 @@ IGNORE_INDEX = -100
 PAD_MULTIPLE = 8
 #: The smallest byte-level BPE vocabulary: the 256 byte symbols and <|endoftext|>.
 MIN_BPE_VOCAB = 257
+#: The prepared set a `TokenData` module reads.
+P = TypeVar("P", bound=CacheFolder)
 
 
 class TokenFile:
@@ -83,25 +85,50 @@ def document_pieces(offsets: np.ndarray, sequence_length: int) -> tuple[np.ndarr
     return starts.astype(np.int64), lengths.astype(np.int64)
 
 
+def padded_width(longest: int, limit: int) -> int:
+    """A batch's length: its longest sequence rounded up to a multiple of `PAD_MULTIPLE`, at most `limit`."""
+    return max(longest, min(-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, limit))
+
+
+def pad_rows(sequences: Sequence[torch.Tensor], value: int, limit: int) -> torch.Tensor:
+    """Sequences of different lengths as the rows of one int64 tensor, padded with `value` to `padded_width`."""
+    rows = torch.full((len(sequences), padded_width(max(map(len, sequences)), limit)), value, dtype=torch.int64)
+    for row, sequence in enumerate(sequences):
+        rows[row, :len(sequence)] = sequence
+    return rows
+
+
 class PadToLongest:
-    """A loader's collate: samples of different lengths padded to the longest, rounded up to a
-    multiple of `PAD_MULTIPLE` (at most `limit`); inputs with `PAD_ID`, targets with -100."""
+    """A loader's collate: samples of different lengths padded to `padded_width`; inputs with
+    `PAD_ID`, targets with -100."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
 
     def __call__(self, samples: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        longest = max(len(inputs) for inputs, _ in samples)
-        width = max(longest, min(-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, self.limit))
-        inputs = torch.full((len(samples), width), PAD_ID, dtype=torch.int64)
-        targets = torch.full((len(samples), width), IGNORE_INDEX, dtype=torch.int64)
-        for row, (x, y) in enumerate(samples):
-            inputs[row, :len(x)] = x
-            targets[row, :len(y)] = y
-        return inputs, targets
+        inputs, targets = zip(*samples)
+        return pad_rows(inputs, PAD_ID, self.limit), pad_rows(targets, IGNORE_INDEX, self.limit)
 
 
-class DocumentPieces(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class LengthSorted(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Samples of different lengths (`lengths`), which a training loader takes in batches of similar
+    lengths (`LengthGroupedBatches`); `collate_fn`, the base class's hook for a data set that
+    batches its own way, pads them."""
+
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples `indices` as one padded batch."""
+        return self.collate_fn()([self[int(i)] for i in indices])
+
+    def collate_fn(self) -> Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], tuple[torch.Tensor, torch.Tensor]]:
+        raise NotImplementedError
+
+
+class DocumentPieces(LengthSorted):
     """Sample i: piece i of the documents as (inputs, targets) of 1..T tokens; `collate_fn` pads.
     `by_length`: the pieces in order of length (evaluation batches then need little padding)."""
 
@@ -112,14 +139,11 @@ class DocumentPieces(Dataset[tuple[torch.Tensor, torch.Tensor]]):
             order = np.argsort(self.lengths, kind="stable")
             self.starts, self.lengths = self.starts[order], self.lengths[order]
 
-    def __len__(self) -> int:
-        return len(self.starts)
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         window = self.tokens.window(int(self.starts[index]), int(self.lengths[index]))
         return window[:-1], window[1:]
 
-    def collate_fn(self) -> PadToLongest:  # the base class's hook for a data set that batches its own way
+    def collate_fn(self) -> PadToLongest:
         return PadToLongest(self.sequence_length)
 
 
@@ -135,27 +159,70 @@ def length_batches(lengths: np.ndarray, batch_size: int) -> np.ndarray:
 
 
 class LengthGroupedBatches(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Item k: batch k of `length_batches`, padded. A loader item is then a whole batch, so that the
-    resumable sampler orders and counts batches (its position is in batches, `items_per_batch` 1)."""
+    """Item k: batch k of `length_batches` over the samples' lengths, padded. A loader item is a whole
+    batch, so that the resumable sampler orders and counts batches (`items_per_batch` 1)."""
 
-    def __init__(self, pieces: DocumentPieces, batch_size: int) -> None:
-        self.pieces = pieces
-        self.batches = length_batches(pieces.lengths, batch_size)
-        self.collate = pieces.collate_fn()
+    def __init__(self, samples: LengthSorted, batch_size: int) -> None:
+        self.samples = samples
+        self.batches = length_batches(samples.lengths, batch_size)
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.collate([self.pieces[int(i)] for i in self.batches[index]])
+        return self.samples.batch(self.batches[index])
 
 
-class TextData(DataModule):
-    """A language model's data (see the module docstring). `inspect` prepares the corpus (or finds
-    it in the cache) and copies its tokenizer to the run's folder as ``tokenizer.json``."""
+class TokenData(DataModule, Generic[P]):
+    """What the text data modules share: the set tokenized once and cached (`prepared`, made by
+    `_prepare`) with its tokenizer copied to the run's folder (`copy_tokenizer`), the splits
+    (`split_set`), length-sorted training samples taken in batches of similar lengths."""
 
     # Token ids reach the network as they are: nothing to finish on the host or the device.
     finishes_on_host_itself = True
+
+    def __init__(self, cache_dir: Optional[str], **loader: Any) -> None:
+        super().__init__(**loader)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self._prepared: Optional[P] = None
+
+    def prepared(self) -> P:
+        """The set tokenized, from the cache or made now (once per data module)."""
+        if self._prepared is None:
+            self._prepared = self._prepare()
+        return self._prepared
+
+    def _prepare(self) -> P:
+        raise NotImplementedError
+
+    def split_set(self, prepared: P, split: str) -> Dataset[Any]:
+        raise NotImplementedError
+
+    def copy_tokenizer(self, prepared: P) -> None:
+        """The prepared tokenizer to the run's folder as ``tokenizer.json``: what generation
+        (trainer.generate) decodes the model's ids with, what serving tokenizes a text with."""
+        if self.run_dir is not None:
+            source = prepared.tokenizer_file
+            replace_atomic(self.run_dir / "tokenizer.json", lambda tmp: shutil.copyfile(source, tmp))
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.train_set is None:
+            prepared = self.prepared()
+            self.train_set, self.val_set, self.test_set = (self.split_set(prepared, split) for split in SPLITS)
+
+    def _dataloader(self, dataset: Dataset[Any] | None, train: bool) -> DataLoader[Any]:
+        if not (train and isinstance(dataset, LengthSorted)):
+            return super()._dataloader(dataset, train)
+        # Grouped here, not in setup, as batch_size=auto sets the batch after setup.
+        return self.grouped_batch_loader(LengthGroupedBatches(dataset, self.batch_size))
+
+    def finish_batch(self, batch: Any, training: bool) -> Any:
+        return batch  # token ids: nothing to normalize or augment
+
+
+class TextData(TokenData[Prepared]):
+    """A language model's data (see the module docstring). `inspect` prepares the corpus (or finds
+    it in the cache) and copies its tokenizer to the run's folder as ``tokenizer.json``."""
 
     def __init__(
         self,
@@ -181,7 +248,7 @@ class TextData(DataModule):
                                                 "~/.cache/gpu-practice-trainer)")] = None,
         **loader: Any,
     ) -> None:
-        super().__init__(**loader)
+        super().__init__(cache_dir, **loader)
         if tokenizer == "bpe" and vocab_size < MIN_BPE_VOCAB:
             raise UserError("data.vocab_size", f"{vocab_size} is smaller than a byte-level BPE vocabulary can be "
                             "(256 byte symbols and <|endoftext|>)", f"at least {MIN_BPE_VOCAB}, or data.tokenizer=byte")
@@ -194,34 +261,22 @@ class TextData(DataModule):
         self.sequence_length = sequence_length
         self.sequences = sequences
         self.max_corpus_mb = max_corpus_mb
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self._prepared: Optional[Prepared] = None
 
-    def prepared(self) -> Prepared:
-        """The corpus tokenized, from the cache or made now (once per data module)."""
-        if self._prepared is None:
-            corpus = folder_corpus(self.root, self.glob) if self.root else builtin_corpus(self.max_corpus_mb)
-            self._prepared = prepare(corpus, self.settings, self.cache_dir)
-        return self._prepared
+    def _prepare(self) -> Prepared:
+        corpus = folder_corpus(self.root, self.glob) if self.root else builtin_corpus(self.max_corpus_mb)
+        return prepare(corpus, self.settings, self.cache_dir)
 
-    def _datasets(self, prepared: Prepared) -> dict[str, Dataset[Any]]:
-        sets: dict[str, Dataset[Any]] = {}
-        for split in SPLITS:
-            tokens = TokenFile(prepared.token_file(split), prepared.dtype)
-            if self.sequences == "packed":
-                sets[split] = PackedSequences(tokens, prepared.meta["tokens"][split], self.sequence_length)
-            else:
-                sets[split] = DocumentPieces(tokens, prepared.offsets(split), self.sequence_length,
-                                             by_length=split != "train")
-        return sets
+    def split_set(self, prepared: Prepared, split: str) -> Dataset[Any]:
+        tokens = TokenFile(prepared.token_file(split), prepared.dtype)
+        if self.sequences == "packed":
+            return PackedSequences(tokens, prepared.meta["tokens"][split], self.sequence_length)
+        return DocumentPieces(tokens, prepared.offsets(split), self.sequence_length, by_length=split != "train")
 
     def inspect(self) -> DataInfo:
         prepared = self.prepared()
-        sizes = {split: len(cast(Any, dataset)) for split, dataset in self._datasets(prepared).items()}
+        sizes = {split: len(cast(Any, self.split_set(prepared, split))) for split in SPLITS}
         self._check_sizes(sizes, prepared)
-        if self.run_dir is not None:  # what generation (trainer.generate) decodes the model's ids with
-            source = prepared.tokenizer_file
-            replace_atomic(self.run_dir / "tokenizer.json", lambda tmp: shutil.copyfile(source, tmp))
+        self.copy_tokenizer(prepared)
         meta, T = prepared.meta, self.sequence_length
         tokens = ", ".join(f"{split} {meta['tokens'][split]:,}" for split in SPLITS)
         vocab = f"{meta['tokenizer']} vocabulary of {meta['vocab_size']}"
@@ -245,26 +300,11 @@ class TextData(DataModule):
                                 f"tokens, not one sequence of {self.sequence_length}",
                                 f"a smaller data.sequence_length, a larger data.{split}_fraction, or a larger corpus")
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        if self.train_set is not None:
-            return
-        sets = self._datasets(self.prepared())
-        self.train_set, self.val_set, self.test_set = (sets[split] for split in SPLITS)
-
-    def _dataloader(self, dataset: Dataset[Any] | None, train: bool) -> DataLoader[Any]:
-        if not (train and isinstance(dataset, DocumentPieces)):
-            return super()._dataloader(dataset, train)
-        # Bucketed training: grouped here, not in setup, as batch_size=auto sets the batch after setup.
-        return self.grouped_batch_loader(LengthGroupedBatches(dataset, self.batch_size))
-
     @property
     def variable_shapes(self) -> bool:
         """Bucketed batches are padded to their own longest piece: their length varies (compile then
         uses dynamic shapes, trainer/groups/compile.py)."""
         return self.sequences == "bucketed"
-
-    def finish_batch(self, batch: Any, training: bool) -> Any:
-        return batch  # token ids: nothing to normalize or augment
 
 
 # -- python -m trainer.data.text -------------------------------------------------------------------
