@@ -128,7 +128,6 @@ def folder_corpus(root: str, pattern: Optional[str]) -> Corpus:
     return Corpus(folder, tuple(files), f"{folder}: {len(files)} files, {size / 1e6:.2f} MB", "data.root")
 
 
-
 def stdlib_files() -> tuple[Path, list[str]]:
     """The standard library's folder and its `.py` sources (relative, sorted), less `EXCLUDED_STDLIB`."""
     root = Path(sysconfig.get_paths()["stdlib"])
