@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
@@ -67,6 +66,15 @@ def half_iqr(samples: list[float]) -> float:
     return (q3 - q1) / 2
 
 
+def timed_ms(run: Callable[[], Any], device: torch.device) -> float:
+    """Milliseconds of `run`, the device synchronized before and after it."""
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1000
+
+
 def exposed_from_pairs(synced: list[float], unsynced: list[float]) -> tuple[float, float]:
     """(median, half the interquartile range) of the pairs' differences, in ms: the pairs run one
     after the other, so a slow moment of the machine shifts both halves of a pair alike."""
@@ -89,22 +97,12 @@ def time_pairs(model: Any, step: Callable[[], None], device: torch.device, pairs
                warmup: int = 2) -> tuple[list[float], list[float]]:
     """`pairs` timings (ms) of `step` as DDP runs it and under `model.no_sync()`, alternated."""
 
-    def timed(context: Any) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        with context:
+    def unsynced() -> None:
+        with model.no_sync():
             step()
-        synchronize(device)
-        return (time.perf_counter() - start) * 1000
 
-    for _ in range(warmup):
-        timed(nullcontext())
-        timed(model.no_sync())
-    synced, unsynced = [], []
-    for _ in range(pairs):
-        synced.append(timed(nullcontext()))
-        unsynced.append(timed(model.no_sync()))
-    return synced, unsynced
+    timed = [(timed_ms(step, device), timed_ms(unsynced, device)) for _ in range(warmup + pairs)][warmup:]
+    return [synced for synced, _ in timed], [alone for _, alone in timed]
 
 
 def time_all_reduce(numel: int, dtype: torch.dtype, device: torch.device, repeats: int,
@@ -115,15 +113,10 @@ def time_all_reduce(numel: int, dtype: torch.dtype, device: torch.device, repeat
 
     flat = torch.ones(numel, dtype=dtype, device=device)
     samples = []
-    for index in range(warmup + repeats):
+    for _ in range(warmup + repeats):
         dist.barrier()
-        synchronize(device)
-        start = time.perf_counter()
-        dist.all_reduce(flat)
-        synchronize(device)
-        if index >= warmup:
-            samples.append((time.perf_counter() - start) * 1000)
-    return samples
+        samples.append(timed_ms(lambda: dist.all_reduce(flat), device))
+    return samples[warmup:]
 
 
 class CommunicationTimer(Callback):

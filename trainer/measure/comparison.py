@@ -26,7 +26,7 @@ from trainer.infra.atomic import write_text_atomic
 from trainer.infra.errors import UserError, exception_line, exit_with, one_line, one_line_on_user_error
 from trainer.infra.figures import new_figure, save_png
 from trainer.infra.schema import ConfigGroup
-from trainer.measure.seed_groups import Setting, group_by_setting, has_repeats, setting_of
+from trainer.measure.seed_groups import Setting, group_by_setting, has_repeats, setting_of, table
 from trainer.measure.seed_groups import markdown as settings_markdown
 
 log = logging.getLogger("trainer")
@@ -149,9 +149,7 @@ def stage_name(job: SweepJob) -> str:
     recipe = _get(job.summary, "choices", "recipe")
     if recipe:
         return str(recipe)
-    overrides = _get(job.summary, "overrides")
-    if not isinstance(overrides, list) or not overrides:
-        overrides = job.hydra_overrides
+    overrides = job_overrides(job) or job.hydra_overrides
     return " ".join(str(o) for o in overrides) if overrides else f"job {job.number}"
 
 
@@ -315,7 +313,7 @@ def markdown_table(rows: Sequence[Row]) -> str:
     mfu = _has_mfu(rows)
     columns = (list(COLUMNS[:4]) + (["time to target", "speed-up to target"] if targets else [])
                + (list(MFU_COLUMNS) if mfu else []) + list(COLUMNS[4:]))
-    lines = ["| " + " | ".join(columns) + " |", "|---|---|" + "---:|" * (len(columns) - 2)]
+    body = []
     for row in rows:
         stage = row.stage if row.status == "completed" else f"{row.stage} ({row.status})"
         cells = [stage, row.changed, _fmt(row.samples_per_s, "{:,.0f}"), _fmt(row.speedup, "{:.2f}x")]
@@ -326,8 +324,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
             cells += [_fmt(row.mfu, "{:.1%}"), _fmt(row.mfu_bf16_peak, "{:.1%}")]
         cells += [_fmt(row.peak_mib, "{:.0f}"), _fmt(row.final_loss, "{:.4f}"), _fmt(row.loss_spread, "{:.4f}"),
                   _fmt(row.val_acc, "{:.4f}"), _fmt(row.test_acc, "{:.4f}")]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines)
+        body.append(cells)
+    return "\n".join(table(columns, body, _cell))
 
 
 def _has_mfu(rows: Sequence[Row]) -> bool:

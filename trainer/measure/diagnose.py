@@ -15,7 +15,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterable
 
 import torch
 from torch.profiler import record_function
@@ -26,7 +26,8 @@ from trainer.data.loader import resolve_loader, usable_cpus
 from trainer.groups.precision import compute_dtype
 from trainer.infra.atomic import write_json_atomic
 from trainer.infra.figures import new_figure, save_png
-from trainer.measure.communication import CommunicationTimer, CommunicationTiming, communication_lines, half_iqr
+from trainer.measure.communication import (CommunicationTimer, CommunicationTiming, communication_lines, half_iqr,
+                                           timed_ms)
 from trainer.measure.profile import (BACKWARD_RANGE, ELEMENTWISE, FORWARD_RANGE, NORMALIZATION, OPTIMIZER, POOLING,
                                      Breakdown, breakdown, ops_of, unusual)
 
@@ -105,13 +106,7 @@ def median_and_noise(run_once: Callable[[], Any], device: torch.device, warmup: 
     """(median, half the interquartile range) in ms of `run_once`, device synchronized around each call."""
     for _ in range(warmup):
         run_once()
-    synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run_once()
-        synchronize(device)
-        samples.append((time.perf_counter() - start) * 1000)
+    samples = [timed_ms(run_once, device) for _ in range(repeats)]
     return statistics.median(samples), half_iqr(samples)
 
 
@@ -123,11 +118,24 @@ def _batches(datamodule: DataModule, device: torch.device) -> Generator[Any, Non
             yield datamodule.finish_batch(batch, training=True)
 
 
-def time_data(datamodule: DataModule, device: torch.device, steps: int, warmup: int) -> tuple[float, float]:
+def time_data(datamodule: DataModule, device: torch.device, steps: int) -> tuple[float, float]:
     """Milliseconds per batch from the training loader to a finished batch on the device, with its
-    noise (`median_and_noise`)."""
+    noise (`median_and_noise`). The warm-up covers the loader's workers' start and their first
+    prefetched batches."""
+    workers = datamodule.loader.num_workers if datamodule.loader else 0
     with closing(_batches(datamodule, device)) as batches:  # closing shuts the loader's workers down
-        return median_and_noise(lambda: next(batches), device, warmup, steps)
+        return median_and_noise(lambda: next(batches), device, 2 + 2 * workers, steps)
+
+
+def _sweep(datamodule: DataModule, device: torch.device, steps: int, key: str, values: Iterable[Any],
+           use: Callable[[Any], None]) -> list[dict[str, Any]]:
+    """Samples/s of the data pipeline with each of `values` put in place by `use`, recorded under `key`."""
+    results = []
+    for value in values:
+        use(value)
+        ms = time_data(datamodule, device, steps)[0]
+        results.append({key: value, "ms_per_batch": ms, "samples_per_s": datamodule.batch_size / (ms / 1000)})
+    return results
 
 
 def sweep_workers(datamodule: DataModule, device: torch.device, steps: int,
@@ -136,18 +144,15 @@ def sweep_workers(datamodule: DataModule, device: torch.device, steps: int,
     cpus = cpus or usable_cpus()
     counts = sorted({0, cpus, *itertools.takewhile(lambda n: n <= cpus, (2**i for i in range(10)))})
     configured = datamodule.loader
-    results = []
+
+    def use(workers: int) -> None:
+        datamodule.loader = resolve_loader(workers, configured.pin_memory if configured else "auto", False, "auto",
+                                           in_memory=datamodule.in_memory, cuda=device.type == "cuda")
+
     try:
-        for workers in counts:
-            datamodule.loader = resolve_loader(workers, configured.pin_memory if configured else "auto", False,
-                                               "auto", in_memory=datamodule.in_memory, cuda=device.type == "cuda")
-            # Warm-up covers the workers' start and their first prefetched batches.
-            ms = time_data(datamodule, device, steps, warmup=2 + 2 * workers)[0]
-            results.append({"num_workers": workers, "ms_per_batch": ms,
-                            "samples_per_s": datamodule.batch_size / (ms / 1000)})
+        return _sweep(datamodule, device, steps, "num_workers", counts, use)
     finally:
         datamodule.loader = configured
-    return results
 
 
 def sweep_decoders(datamodule: DataModule, device: torch.device, steps: int) -> list[dict[str, Any]]:
@@ -157,17 +162,11 @@ def sweep_decoders(datamodule: DataModule, device: torch.device, steps: int) -> 
     if len(modes) < 2:
         return []
     configured = getattr(datamodule, "decode_in_use", None)
-    workers = datamodule.loader.num_workers if datamodule.loader else 0
-    results = []
     try:
-        for mode in modes:
-            datamodule.use_decode(mode)
-            ms = time_data(datamodule, device, steps, warmup=2 + 2 * workers)[0]
-            results.append({"decode": mode, "ms_per_batch": ms, "samples_per_s": datamodule.batch_size / (ms / 1000)})
+        return _sweep(datamodule, device, steps, "decode", modes, datamodule.use_decode)
     finally:
         if configured is not None:
             datamodule.use_decode(configured)
-    return results
 
 
 def step_functions(model_step: ModelStep, batch: Any) -> tuple[Callable[[], Any], Callable[[], None],
@@ -530,8 +529,7 @@ def time_parts(datamodule: DataModule, model_step: ModelStep,
     batch_size = datamodule.batch_size
     early = full_step_samples_per_s() if communication is not None else None
     task.to(device)  # after a fit, Lightning's teardown has moved the model to the CPU
-    data_ms, data_noise = time_data(datamodule, device, steps, warmup=2 + 2 * (datamodule.loader.num_workers
-                                                                              if datamodule.loader else 0))
+    data_ms, data_noise = time_data(datamodule, device, steps)
     with closing(_batches(datamodule, device)) as batches:
         resident = next(batches)
     model = time_model(model_step, resident, steps, warmup=3)
@@ -550,8 +548,7 @@ def time_parts(datamodule: DataModule, model_step: ModelStep,
     windows_ms = [batch_size / r * 1000 for r in window_rates if r]
     # Under 4 windows there is no quartile: the full step is taken to be as noisy as the model's.
     full_noise = half_iqr(windows_ms) if len(windows_ms) >= 4 else full_ms * step_noise / max(step_ms, 1e-9)
-    noise = {"data": data_noise, "forward": model["forward"][1], "forward_backward": model["forward_backward"][1],
-             "step": step_noise, "full": full_noise}
+    noise = {"data": data_noise, **{part: part_noise for part, (_, part_noise) in model.items()}, "full": full_noise}
     if reduced is not None:
         noise["communication"] = reduced.exposed_noise_ms
     timings = Timings(batch_size, data_ms, forward_ms, fb_ms, step_ms, full_ms, notes, noise,

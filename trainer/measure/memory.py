@@ -160,30 +160,40 @@ def _step(net: nn.Module, optimizer: torch.optim.Optimizer, images: torch.Tensor
     optimizer.zero_grad(set_to_none=True)
 
 
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+
+
+def _peak(run: Callable[[], Any], device: torch.device, *tracked: Any) -> tuple[int, int]:
+    """(peak bytes while `run` runs, bytes allocated before it): on CUDA the allocator's; on the CPU
+    the peak of live tensor storages (MemTracker, told of `tracked`), with 0 before."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device), before
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(*tracked)
+    with tracker:
+        run()
+    return int(tracker.get_tracker_snapshot("peak").get(device, {}).get("Total", 0)), 0
+
+
 def optimizer_scratch(net: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> int:
     """Peak bytes the optimizer's step allocates beyond what exists before it (gradients in place)."""
     for p in net.parameters():
         if p.requires_grad:
             p.grad = torch.ones_like(p) * 1e-6
     try:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            optimizer.step()
-            torch.cuda.synchronize(device)
-            return max(0, torch.cuda.max_memory_allocated(device) - before)
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
-        tracker.track_external(net, optimizer)
-        with tracker:
-            optimizer.step()
-        snapshot = tracker.get_tracker_snapshot("peak").get(device, {})
-        current = storage_bytes([p for p in net.parameters()] + [p.grad for p in net.parameters() if p.grad is not None]
-                                + [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-                                + list(net.buffers()))
-        return max(0, int(snapshot.get("Total", 0)) - current)
+        peak, before = _peak(optimizer.step, device, net, optimizer)
+        if device.type != "cuda":  # what the step found in place: weights, gradients, state, buffers
+            before = storage_bytes([*net.parameters(), *(p.grad for p in net.parameters() if p.grad is not None),
+                                    *_state_tensors(optimizer), *net.buffers()])
+        return max(0, peak - before)
     finally:
         optimizer.zero_grad(set_to_none=True)
 
@@ -194,21 +204,11 @@ def measured_peak(net: nn.Module, optimizer: torch.optim.Optimizer, images: torc
     """Peak bytes of one whole training step: on CUDA, the allocator's high-water mark above what is
     allocated outside this measurement (everything but `baseline`, the copy's own weights and state);
     on the CPU, the peak of live tensor storages (MemTracker)."""
+    peak, before = _peak(lambda: _step(net, optimizer, images, labels, loss_fn, forward_context), device,
+                         net, optimizer, images, labels)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        others = torch.cuda.memory_allocated(device) - baseline
-        torch.cuda.reset_peak_memory_stats(device)
-        _step(net, optimizer, images, labels, loss_fn, forward_context)
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - others, "the CUDA allocator's peak"
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
-    tracker.track_external(net, optimizer, images, labels)
-    with tracker:
-        _step(net, optimizer, images, labels, loss_fn, forward_context)
-    total = int(tracker.get_tracker_snapshot("peak").get(device, {}).get("Total", 0))
-    return total - storage_bytes([images, labels]), "the peak of live tensor storages (torch MemTracker)"
+        return peak - (before - baseline), "the CUDA allocator's peak"
+    return peak - storage_bytes([images, labels]), "the peak of live tensor storages (torch MemTracker)"
 
 
 def plan_memory(net: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
@@ -225,7 +225,7 @@ def plan_memory(net: nn.Module, make_optimizer: Callable[[nn.Module], torch.opti
     trainable = [p for p in net.parameters() if p.requires_grad]
     weights = storage_bytes(list(net.parameters()) + list(net.buffers()))
     gradients = sum(p.numel() * p.element_size() for p in trainable)
-    state = storage_bytes([t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)])
+    state = storage_bytes(_state_tensors(optimizer))
     activations = measure_activations(net, make_batch, loss_fn, forward_context)
     scratch = optimizer_scratch(net, optimizer, device)
     peak, how = (measured_peak(net, optimizer, *make_batch(batch_size), loss_fn, forward_context, device,

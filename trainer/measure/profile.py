@@ -275,9 +275,8 @@ def ops_of(events: Iterable[Any], on_device: bool = False) -> tuple[list[Op], li
                       float(getattr(event, "flops", 0) or 0), sum(_numel(shape) for shape in shapes), float(inclusive),
                       backward=BACKWARD_RANGE in ancestors or "Backward" in event.name
                       or any(a.startswith("autograd::engine::evaluate_function") for a in ancestors),
-                      optimizer=not in_model and (event.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
-                                                  or any(a.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
-                                                         for a in ancestors))))
+                      optimizer=not in_model and any(name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))
+                                                     for name in (event.name, *ancestors))))
     return ops, steps
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 #: The numbers of a comparison row that are summarized over seeds: (Row field, column heading,
 #: format of a value).
@@ -152,28 +152,30 @@ def has_repeats(settings: Sequence[Setting]) -> bool:
     return any(len(s.rows) > 1 for s in settings)
 
 
-def markdown(settings: Sequence[Setting], cell: Any) -> str:
+def table(columns: Sequence[str], rows: Iterable[Sequence[str]], cell: Callable[[str], str],
+          text_columns: int = 2) -> list[str]:
+    """A Markdown table's lines: the first `text_columns` columns left-aligned, the numbers after
+    them right-aligned; `cell` escapes each cell of `rows`."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * text_columns + "---:|" * (len(columns) - text_columns),
+            *("| " + " | ".join(cell(c) for c in cells) + " |" for cells in rows)]
+
+
+def markdown(settings: Sequence[Setting], cell: Callable[[str], str]) -> str:
     """The settings table (mean ± sd (n) of each number) and the differences from the first
     setting with their intervals; `cell` escapes a table cell."""
     measures = [m for m in MEASURES if any(s.spreads[m[0]].n for s in settings)]
-    columns = ["setting", "seeds", "completed", *(heading for _, heading, _ in measures)]
-    lines = ["| " + " | ".join(columns) + " |", "|---|---|" + "---:|" * (len(columns) - 2)]
-    for setting in settings:
-        cells = [setting.name, ", ".join(setting.seeds) or "-", f"{setting.completed} of {len(setting.rows)}",
-                 *(setting.spreads[m].text(pattern) for m, _, pattern in measures)]
-        lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
+    lines = table(["setting", "seeds", "completed", *(heading for _, heading, _ in measures)],
+                  ([s.name, ", ".join(s.seeds) or "-", f"{s.completed} of {len(s.rows)}",
+                    *(s.spreads[m].text(pattern) for m, _, pattern in measures)] for s in settings), cell)
     compared = [m for m in measures if m[0] in COMPARED]
     if len(settings) < 2 or not compared:
         return "\n".join(lines)
     first = settings[0]
+    rows = []
+    for setting in settings[1:]:
+        found = [(difference(first.values(m), setting.values(m)), pattern) for m, _, pattern in compared]
+        rows.append([setting.name, *(d.text(pattern) if d is not None else "-" for d, pattern in found)])
     lines += ["", f"Difference from the first setting ({cell(first.name)}), mean and {CONFIDENCE:.0%} interval "
               "(Welch's t); within the noise where the interval holds 0:", "",
-              "| setting | " + " | ".join(heading for _, heading, _ in compared) + " |",
-              "|---|" + "---:|" * len(compared)]
-    for setting in settings[1:]:
-        cells = [setting.name]
-        for measure, _, pattern in compared:
-            found = difference(first.values(measure), setting.values(measure))
-            cells.append(found.text(pattern) if found is not None else "-")
-        lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
+              *table(["setting", *(heading for _, heading, _ in compared)], rows, cell, text_columns=1)]
     return "\n".join(lines)
