@@ -482,7 +482,6 @@ def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> P
     accuracy, each with its standard deviation as an error bar."""
     if has_repeats(settings):
         return _plot_settings(settings, Path(path))
-    labels = [_short(f"{r.number}: {r.stage}") for r in rows]
     positions = list(range(len(rows)))
     figure = new_figure(figsize=(12, max(2.5, 0.5 * len(rows) + 1.5)), layout="constrained")
     speed_axes, memory_axes = figure.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [3, 2]})
@@ -508,16 +507,10 @@ def plot(rows: Sequence[Row], path: Path, settings: Sequence[Setting] = ()) -> P
     bars(memory_axes, [r.peak_mib for r in rows], "tab:orange",
          [f"{r.peak_mib:,.0f}" if r.peak_mib is not None else missing[i] for i, r in enumerate(rows)],
          "peak memory (MiB)")
-    speed_axes.set_yticks(positions, labels)
-    # Every stage keeps its slot, bar or not, with the first stage on top as in the table.
-    speed_axes.set_ylim(len(rows) - 0.5, -0.5)
-    path = Path(path)
-    save_png(figure, path)
-    return path
+    return _labelled(figure, speed_axes, [f"{r.number}: {r.stage}" for r in rows], Path(path))
 
 
 def _plot_settings(settings: Sequence[Setting], path: Path) -> Path:
-    labels = [_short(s.name) for s in settings]
     positions = list(range(len(settings)))
     figure = new_figure(figsize=(12, max(2.5, 0.5 * len(settings) + 1.5)), layout="constrained")
     axes = figure.subplots(1, 2, sharey=True)
@@ -535,8 +528,14 @@ def _plot_settings(settings: Sequence[Setting], path: Path) -> Path:
         ax.set_xlim(0, top * 1.45)
         ax.set_title(f"{title}, mean ± sd over seeds")
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(positions, labels)
-    axes[0].set_ylim(len(settings) - 0.5, -0.5)
+    return _labelled(figure, axes[0], [s.name for s in settings], path)
+
+
+def _labelled(figure: Any, axes: Any, labels: list[str], path: Path) -> Path:
+    """`figure` with `labels` on the shared y axis of its bars, saved to `path`."""
+    axes.set_yticks(range(len(labels)), [_short(label) for label in labels])
+    # Every stage keeps its slot, bar or not, with the first stage on top as in the table.
+    axes.set_ylim(len(labels) - 0.5, -0.5)
     save_png(figure, path)
     return path
 
