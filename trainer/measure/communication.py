@@ -102,7 +102,7 @@ def time_pairs(model: Any, step: Callable[[], None], device: torch.device, pairs
             step()
 
     timed = [(timed_ms(step, device), timed_ms(unsynced, device)) for _ in range(warmup + pairs)][warmup:]
-    return [synced for synced, _ in timed], [alone for _, alone in timed]
+    return [synced for synced, _ in timed], [without for _, without in timed]
 
 
 def time_all_reduce(numel: int, dtype: torch.dtype, device: torch.device, repeats: int,
