@@ -106,34 +106,45 @@ async def _measure(url: str, samples: Sequence[Sample], concurrency: int, reques
 
     latencies: list[float] = []
     batches: list[int] = []
-    hits, errors, issued = 0, 0, 0
+    hits, errors = 0, 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, force_close=False),
                                      timeout=aiohttp.ClientTimeout(total=60)) as session:
         # one untimed request per connection first: connections open, the server's first calls done
         await asyncio.gather(*(_post(session, url, samples[i % len(samples)]) for i in range(concurrency)))
-        start = time.perf_counter()
-        deadline = start + budget_s
 
-        async def caller() -> None:
-            nonlocal hits, errors, issued
-            while issued < requests and time.perf_counter() < deadline:
-                sample = samples[issued % len(samples)]
-                issued += 1
-                sent = time.perf_counter()
-                status, answer = await _post(session, url, sample)
-                if status != 200:
-                    errors += 1
-                    continue
-                latencies.append((time.perf_counter() - sent) * 1000)
-                batches.append(int(answer.get("batch", 1)))
-                hits += answer["top_k"][0]["index"] == sample.label
+        async def call(i: int) -> None:
+            nonlocal hits, errors
+            sample = samples[i % len(samples)]
+            sent = time.perf_counter()
+            status, answer = await _post(session, url, sample)
+            if status != 200:
+                errors += 1
+                return
+            latencies.append((time.perf_counter() - sent) * 1000)
+            batches.append(int(answer.get("batch", 1)))
+            hits += answer["top_k"][0]["index"] == sample.label
 
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
+        wall = await run_callers(concurrency, requests, budget_s, call)
     if not latencies:
-        raise UserError(url, f"answered none of {issued} requests (errors: {errors})", "a server that is up")
+        raise UserError(url, f"answered none of {errors} requests (errors: {errors})", "a server that is up")
     return LoadResult(server, concurrency, len(latencies), errors, wall, percentile(latencies, 50),
                       percentile(latencies, 99), float(np.mean(batches)), hits / len(latencies))
+
+
+async def run_callers(concurrency: int, requests: int, budget_s: float, call: Any) -> float:
+    """`call(i)` from `concurrency` callers until `requests` are issued or `budget_s` is spent; the wall time."""
+    issued = 0
+    start = time.perf_counter()
+    deadline = start + budget_s
+
+    async def caller() -> None:
+        nonlocal issued
+        while issued < requests and time.perf_counter() < deadline:
+            issued += 1
+            await call(issued - 1)
+
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return time.perf_counter() - start
 
 
 async def _post(session: Any, url: str, sample: Sample) -> tuple[int, dict[str, Any]]:

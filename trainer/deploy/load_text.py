@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from trainer.deploy.bench import percentile
-from trainer.deploy.load import ServerProcess
+from trainer.deploy.load import ServerProcess, run_callers
 from trainer.infra.atomic import write_json_atomic, write_text_atomic
 from trainer.infra.errors import UserError
 
@@ -113,22 +113,6 @@ def prompt_samples(run_dir: Path, card: dict[str, Any], folder: Path, count: int
 
 
 # -- the client ------------------------------------------------------------------------------------------
-async def _callers(concurrency: int, requests: int, budget_s: float, call: Any) -> float:
-    """`call(i)` from `concurrency` callers until `requests` are issued or `budget_s` is spent; the wall time."""
-    issued = 0
-    start = time.perf_counter()
-    deadline = start + budget_s
-
-    async def caller() -> None:
-        nonlocal issued
-        while issued < requests and time.perf_counter() < deadline:
-            issued += 1
-            await call(issued - 1)
-
-    await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return time.perf_counter() - start
-
-
 async def measure_encoder(url: str, samples: Sequence[TextSample], name: str, concurrency: int, requests: int,
                           budget_s: float) -> TextLoadRow:
     import aiohttp
@@ -154,7 +138,7 @@ async def measure_encoder(url: str, samples: Sequence[TextSample], name: str, co
         await asyncio.gather(*(call(i) for i in range(concurrency)))  # untimed: connections open
         latencies.clear()
         answers.clear()
-        wall = await _callers(concurrency, requests, budget_s, call)
+        wall = await run_callers(concurrency, requests, budget_s, call)
     if not latencies:
         raise UserError(url, f"answered none of the requests (errors: {errors})", "a server that is up")
     batches, lengths, hits = (np.asarray(column, dtype=np.float64) for column in zip(*answers))
@@ -197,7 +181,7 @@ async def measure_generation(url: str, samples: Sequence[TextSample], concurrenc
         for values in (whole, first, per_token, server_first):
             values.clear()
         tokens = 0
-        wall = await _callers(concurrency, requests, budget_s, call)
+        wall = await run_callers(concurrency, requests, budget_s, call)
     if not whole:
         raise UserError(url, f"answered none of the requests (errors: {errors})", "a server that is up")
     return TextLoadRow(ALL_LENGTHS, concurrency, len(whole), errors, wall, percentile(whole, 50),
@@ -210,16 +194,10 @@ async def measure_generation(url: str, samples: Sequence[TextSample], concurrenc
 # -- the command -----------------------------------------------------------------------------------------
 def server_memory(main_pid: int) -> dict[str, dict[str, float]]:
     """RSS and PSS in MiB of each of the server's processes, by role (and their sums)."""
-    from trainer.deploy.serve import server_processes
-    from trainer.infra.processes import memory_bytes
+    from trainer.deploy.serve import process_memory
 
-    memory: dict[str, dict[str, float]] = {}
-    for pid, role in server_processes(main_pid).items():
-        try:
-            rss, pss, _ = memory_bytes(pid)
-        except OSError:
-            continue
-        memory[f"{role} ({pid})"] = {"rss_mib": rss / 2**20, "pss_mib": pss / 2**20}
+    memory = {f"{role} ({pid})": {"rss_mib": rss / 2**20, "pss_mib": pss / 2**20}
+              for pid, role, rss, pss in process_memory(main_pid)}
     memory["total"] = {key: sum(m[key] for m in memory.values()) for key in ("rss_mib", "pss_mib")}
     return memory
 

@@ -17,9 +17,10 @@ import os
 import signal
 import socket
 import time
-from queue import Empty
+from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from queue import Empty
+from typing import Any, Awaitable, Callable, Iterator, Optional
 
 import litserve as ls
 import numpy as np
@@ -84,18 +85,22 @@ class ErrorDetail(BaseModel):
     detail: str = Field(description="one line: what was wrong with the request and what is allowed")
 
 
-#: /predict's refusals, for /openapi.json (one line in `detail` each; see docs/deploy.md)
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorDetail, "description": "not a usable image (not JPEG or PNG, truncated, corrupt), an empty "
-                                               "body, JSON that is not JSON, base64 or a data URL that is malformed"},
-    413: {"model": ErrorDetail, "description": "over a limit: the body or the image's bytes over --max-bytes, or "
-                                               "the image's pixels (from its header, before decoding) over "
-                                               "--max-pixels"},
-    415: {"model": ErrorDetail, "description": "a Content-Type other than image/jpeg, image/png, application/json or "
-                                               "text/plain (a data URL), or a data URL of another media type"},
-    422: {"model": ErrorDetail, "description": "k is not a positive integer, or the JSON has no \"image\" string"},
-    504: {"model": ErrorDetail, "description": "the inference worker did not answer within 30 s"},
-}
+def refusals(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """An endpoint's refusals by status, for /openapi.json: one line in `detail` each (`ErrorDetail`)."""
+    return {status: {"model": ErrorDetail, "description": text} for status, text in descriptions.items()}
+
+
+#: /predict's refusals (see docs/deploy.md)
+ERROR_RESPONSES = refusals({
+    400: "not a usable image (not JPEG or PNG, truncated, corrupt), an empty body, JSON that is not JSON, base64 "
+         "or a data URL that is malformed",
+    413: "over a limit: the body or the image's bytes over --max-bytes, or the image's pixels (from its header, "
+         "before decoding) over --max-pixels",
+    415: "a Content-Type other than image/jpeg, image/png, application/json or text/plain (a data URL), or a data "
+         "URL of another media type",
+    422: "k is not a positive integer, or the JSON has no \"image\" string",
+    504: "the inference worker did not answer within 30 s",
+})
 
 
 def encoded_limit(max_bytes: int) -> int:
@@ -211,6 +216,16 @@ def server_processes(main_pid: int) -> dict[int, str]:
     return roles
 
 
+def process_memory(main_pid: int) -> Iterator[tuple[int, str, int, int]]:
+    """(pid, role, RSS bytes, PSS bytes) of each of the server's processes (`server_processes`)."""
+    for pid, role in server_processes(main_pid).items():
+        try:
+            resident, proportional, _ = memory_bytes(pid)
+        except OSError:
+            continue  # gone meanwhile
+        yield pid, role, resident, proportional
+
+
 class ServerMemoryCollector:
     """``trainer_serve_process_resident_memory_bytes`` and ``..._proportional_memory_bytes`` of each of
     the server's processes, by role (`server_processes`), read from /proc at each scrape. Runs in the
@@ -224,16 +239,11 @@ class ServerMemoryCollector:
                                 "proportional memory (PSS) of each of the server's processes: shared pages "
                                 "divided among their sharers, so the sum is the server's memory", labels=["role", "pid"])
         try:
-            roles = server_processes(os.getppid())
+            for pid, role, resident, proportional in process_memory(os.getppid()):
+                rss.add_metric([role, str(pid)], resident)
+                pss.add_metric([role, str(pid)], proportional)
         except OSError:
-            roles = {}
-        for pid, role in roles.items():
-            try:
-                resident, proportional, _ = memory_bytes(pid)
-            except OSError:
-                continue
-            rss.add_metric([role, str(pid)], resident)
-            pss.add_metric([role, str(pid)], proportional)
+            pass
         yield rss
         yield pss
 
@@ -458,23 +468,21 @@ class ImageRequestHandler(RegularRequestHandler):
         return int(text)
 
 
-class ImageServer(ls.LitServer):
-    """LitServer whose predict endpoint is served by `ImageRequestHandler`, documented in /openapi.json
-    under the project's title and version, counted for `GET /metrics`, with `GET /info` stating the
-    limits this server applies."""
+class ModelServer(ls.LitServer):
+    """A LitServer of one inference worker on one device, documented in /openapi.json under `title` and
+    the project's version, counted for `GET /metrics` (`observed_route`), with ``GET /info`` stating
+    the limits this server applies (`limits`, set by the subclass) in place of LitServe's."""
 
-    def __init__(self, api: ClassifierAPI, preprocessing: Preprocessing, max_bytes: int, default_k: int,
-                 max_pixels: int = DEFAULT_MAX_PIXELS, runtime: str = "", **kwargs: Any) -> None:
-        self.preprocessing, self.max_bytes, self.default_k = preprocessing, max_bytes, default_k
-        self.max_pixels, self.runtime_kind = max_pixels, runtime
-        self.metrics = ServerMetrics(api.max_batch_size)
-        super().__init__(api, info_path=INFO_PATH, **kwargs)
+    limits: dict[str, Any]
+
+    def __init__(self, api: ls.LitAPI, title: str, description: str, **kwargs: Any) -> None:
+        self.metrics = ServerMetrics(max(1, api.max_batch_size))
+        super().__init__(api, info_path=INFO_PATH, devices=1, workers_per_device=1, **kwargs)
         # LitServe names its FastAPI app after FastAPI itself ("FastAPI 0.1.0" in /docs).
-        self.app.title, self.app.version = TITLE, project_version()
-        self.app.description = "Classifies an image with the exported model; POST /predict, GET /metrics, GET /info."
-        self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], include_in_schema=True,
-                               summary="Prometheus metrics: requests by status, latency, batch sizes, memory",
-                               response_class=Response)
+        self.app.title, self.app.version = title, project_version()
+        self.app.description = description
+        self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], response_class=Response,
+                               summary="Prometheus metrics: requests by status, latency, batch sizes, memory")
         # Replaces LitServe's /info: it reports its own max_payload_size (None: its size middleware is
         # not used, the handler checks the body itself) and none of this server's limits.
         self.app.router.routes = [route for route in self.app.router.routes
@@ -483,42 +491,58 @@ class ImageServer(ls.LitServer):
 
     def info(self) -> JSONResponse:
         """LitServe's /info (the model, devices, workers, timeout), with this server's real limits."""
-        api = self.lit_api if isinstance(self.lit_api, ls.LitAPI) else None
         return JSONResponse({"model": self.model_metadata, "server": {
             "devices": self.devices, "workers_per_device": self.workers_per_device, "timeout": self.timeout,
-            "stream": {lit_api.api_path: lit_api.stream for lit_api in self.litapi_connector},
-            "track_requests": self.track_requests,
-            # LitServe's key, meaning the largest body: here the image's bytes (base64 may take a third more)
-            "max_payload_size": self.max_bytes,
-            "max_body_bytes": {"image": self.max_bytes, "base64": encoded_limit(self.max_bytes)},
-            "max_pixels": self.max_pixels, "top_k": self.default_k, "runtime": self.runtime_kind,
-            "max_batch_size": api.max_batch_size if api else None,
-            "batch_timeout_ms": api.batch_timeout * 1000 if api else None}})
+            **self.limits}})
 
-    # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject): the
-    # same route, our handler, the raw Request as its one parameter, its bodies and answer declared for
-    # /openapi.json (FastAPI cannot see them in the raw Request).
-    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
-        handler = ImageRequestHandler(lit_api, self)
+    def observed_route(self, path: str, answer: Callable[[Request], Awaitable[Any]], **route: Any) -> None:
+        """POST `path`, answered by `answer` (a request handler's), counted for /metrics by status and
+        batch. FastAPI is given the raw Request as the one parameter, so `route` declares the bodies and
+        the answer for /openapi.json."""
         metrics = self.metrics
 
-        async def predict(request: Request) -> Any:
+        async def endpoint(request: Request) -> Any:
             started = time.perf_counter()
             try:
-                answer = await handler.handle_request(request, Request)
+                answered = await answer(request)
             except HTTPException as ex:
                 metrics.observe(ex.status_code, time.perf_counter() - started)
                 raise
             except Exception:
                 metrics.observe(500, time.perf_counter() - started)
                 raise
-            metrics.observe(200, time.perf_counter() - started, answer.get("batch") if isinstance(answer, dict)
-                            else None)
-            return answer
+            metrics.observe(200, time.perf_counter() - started,
+                            answered.get("batch") if isinstance(answered, dict) else None)
+            return answered
 
-        self.app.add_api_route(lit_api.api_path, predict, methods=["POST"], response_model=Prediction,
-                               response_model_by_alias=True, summary="Classify one image",
-                               responses=ERROR_RESPONSES, openapi_extra=_openapi_extra(self.max_bytes))
+        self.app.add_api_route(path, endpoint, methods=["POST"], **route)
+
+
+class ImageServer(ModelServer):
+    """The image classifier's server: POST /predict served by `ImageRequestHandler`."""
+
+    def __init__(self, api: ClassifierAPI, preprocessing: Preprocessing, max_bytes: int, default_k: int,
+                 max_pixels: int = DEFAULT_MAX_PIXELS, **kwargs: Any) -> None:
+        self.preprocessing, self.max_bytes, self.default_k = preprocessing, max_bytes, default_k
+        self.max_pixels = max_pixels
+        super().__init__(api, TITLE, "Classifies an image with the exported model; POST /predict, GET /metrics, "
+                                     "GET /info.", **kwargs)
+        self.limits = {
+            "stream": {lit_api.api_path: lit_api.stream for lit_api in self.litapi_connector},
+            "track_requests": self.track_requests,
+            # LitServe's key, meaning the largest body: here the image's bytes (base64 may take a third more)
+            "max_payload_size": max_bytes,
+            "max_body_bytes": {"image": max_bytes, "base64": encoded_limit(max_bytes)},
+            "max_pixels": max_pixels, "top_k": default_k, "runtime": api.runtime_kind,
+            "max_batch_size": api.max_batch_size, "batch_timeout_ms": api.batch_timeout * 1000}
+
+    # Replaces LitServer._register_api_endpoints (private in litserve 0.2.x, pinned <0.3 in pyproject): the
+    # same route, our handler (also in serve_text.py and serve_generate.py).
+    def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
+        handler = ImageRequestHandler(lit_api, self)
+        self.observed_route(lit_api.api_path, partial(handler.handle_request, request_type=Request),
+                            response_model=Prediction, response_model_by_alias=True, summary="Classify one image",
+                            responses=ERROR_RESPONSES, openapi_extra=_openapi_extra(self.max_bytes))
 
 
 def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
@@ -535,9 +559,8 @@ def serve(source: Path, port: int = 8000, host: str = "127.0.0.1", max_batch_siz
     card, preprocessing = read_card(folder)
     api = ClassifierAPI(folder, card, preprocessing, runtime_for(target, runtime), top_k, max_batch_size,
                         batch_timeout_ms / 1000)
-    server = ImageServer(api, preprocessing, max_bytes, top_k, max_pixels=max_pixels, runtime=api.runtime_kind,
-                         accelerator=target.type, devices=1, workers_per_device=1, timeout=30,
-                         model_metadata={"model": card.get("model"), "classes": len(card["classes"])})
+    server = ImageServer(api, preprocessing, max_bytes, top_k, max_pixels=max_pixels, accelerator=target.type,
+                         timeout=30, model_metadata={"model": card.get("model"), "classes": len(card["classes"])})
     # The decoding path once here, in the main process: its imports (torchvision, PIL's plugins) are
     # then shared with the HTTP process forked from it, instead of loaded by its first request.
     preprocessing.pixels(_one_pixel_png())

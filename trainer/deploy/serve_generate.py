@@ -15,6 +15,7 @@ import importlib
 import json
 import time
 from collections import deque
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -26,8 +27,8 @@ from litserve.server import BaseRequestHandler
 from litserve.utils import LitAPIStatus, ResponseBufferItem
 from pydantic import BaseModel, Field
 
-from trainer.deploy.serve import ERROR_RESPONSES, _check_port, run_server
-from trainer.deploy.serve_text import JSON_TYPE, TextServer, check_text_export, positive_int, read_json
+from trainer.deploy.serve import JSON_TYPE, ModelServer, _check_port, refusals, run_server
+from trainer.deploy.serve_text import TEXT_TITLE, check_text_export, positive_int, read_json
 from trainer.infra.errors import UserError
 
 GENERATE_PATH = "/generate"
@@ -59,16 +60,14 @@ class Generation(BaseModel):
     tpot_ms: Optional[float] = Field(description="server side: mean time per token after the first")
 
 
-GENERATE_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ERROR_RESPONSES[400]["model"], "description": "the body is not JSON, or not a JSON object"},
-    413: {"model": ERROR_RESPONSES[400]["model"], "description": "the body over --max-bytes, the prompt longer "
-                                                                 "than the model's context, or max_tokens over "
-                                                                 "--max-new-tokens"},
-    415: {"model": ERROR_RESPONSES[400]["model"], "description": "a Content-Type other than application/json"},
-    422: {"model": ERROR_RESPONSES[400]["model"], "description": "no prompt string or an empty one; max_tokens, "
-                                                                 "top_k not positive integers; temperature "
-                                                                 "negative; seed not an integer"},
-}
+GENERATE_ERRORS = refusals({
+    400: "the body is not JSON, or not a JSON object",
+    413: "the body over --max-bytes, the prompt longer than the model's context, or max_tokens over "
+         "--max-new-tokens",
+    415: "a Content-Type other than application/json",
+    422: "no prompt string or an empty one; max_tokens, top_k not positive integers; temperature negative; seed "
+         "not an integer",
+})
 
 
 # -- the inference worker -------------------------------------------------------------------------------
@@ -226,7 +225,7 @@ class GenerateRequestHandler(BaseRequestHandler):
             self.server.response_buffer.pop(uid, None)
 
 
-class GeneratorServer(TextServer):
+class GeneratorServer(ModelServer):
     """A language model's server: POST /generate and /generate/stream with `GenerateJSON`."""
 
     def __init__(self, api: GeneratorAPI, folder: Path, card: dict[str, Any], max_bytes: int, max_new_tokens: int,
@@ -236,41 +235,24 @@ class GeneratorServer(TextServer):
         self.max_bytes, self.max_new_tokens = max_bytes, max_new_tokens
         self.context = int(card["text"]["context"])
         self.tokenizer = Tokenizer.from_file(str(folder / card["text"]["tokenizer"]))
-        limits = {"max_body_bytes": max_bytes, "max_new_tokens": max_new_tokens, "context": self.context,
-                  "prompt": f"at most {self.context} tokens (the model's context)",
-                  "concurrency": "one generation at a time per inference worker (1 worker): requests wait in "
-                                 "the queue; no batching of generations", "max_batch_size": 1,
-                  "kv_cache": True, "stream": f"{STREAM_PATH}: newline-delimited JSON ({NDJSON_TYPE})",
-                  "defaults": DEFAULTS}
-        super().__init__(api, limits, "Continues a prompt with the exported language model; POST /generate, "
-                                      f"POST {STREAM_PATH}, GET /metrics, GET /info.", **kwargs)
+        self.limits = {"max_payload_size": max_bytes, "max_body_bytes": max_bytes, "max_new_tokens": max_new_tokens,
+                       "context": self.context, "prompt": f"at most {self.context} tokens (the model's context)",
+                       "concurrency": "one generation at a time per inference worker (1 worker): requests wait "
+                                      "in the queue; no batching of generations", "max_batch_size": 1,
+                       "kv_cache": True, "stream": f"{STREAM_PATH}: newline-delimited JSON ({NDJSON_TYPE})",
+                       "defaults": DEFAULTS}
+        super().__init__(api, TEXT_TITLE, "Continues a prompt with the exported language model; POST /generate, "
+                                          f"POST {STREAM_PATH}, GET /metrics, GET /info.", **kwargs)
 
     def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
         handler = GenerateRequestHandler(lit_api, self)
-
-        async def generate(request: Request) -> Any:
-            return await self.observed(handler, request)
-
-        async def generate_stream(request: Request) -> Any:
-            return await self.observed(_Streaming(handler), request)
-
         body = {"requestBody": {"required": True, "content": {JSON_TYPE: {"schema": GenerateJSON.model_json_schema()}}}}
-        self.app.add_api_route(GENERATE_PATH, generate, methods=["POST"], response_model=Generation,
-                               summary="Continue a prompt", responses=GENERATE_ERRORS, openapi_extra=body)
-        stream_answer: dict[int | str, dict[str, Any]] = {200: {"description": "one JSON object a line: {\"token\": piece, \"tokens\": n} per "
-                                              "piece of text, then the Generation", "content": {NDJSON_TYPE: {}}}}
-        self.app.add_api_route(STREAM_PATH, generate_stream, methods=["POST"], summary="Continue a prompt, streamed",
-                               responses={**stream_answer, **GENERATE_ERRORS}, openapi_extra=body)
-
-
-class _Streaming:
-    """`GenerateRequestHandler` answering as a stream, for `TextServer.observed`."""
-
-    def __init__(self, handler: GenerateRequestHandler) -> None:
-        self.handler = handler
-
-    async def handle_request(self, request: Request, request_type: Any) -> Any:
-        return await self.handler.answer(request, stream=True)
+        self.observed_route(GENERATE_PATH, partial(handler.answer, stream=False), response_model=Generation,
+                            summary="Continue a prompt", responses=GENERATE_ERRORS, openapi_extra=body)
+        streamed = {200: {"description": "one JSON object a line: {\"token\": piece, \"tokens\": n} per piece of "
+                                         "text, then the Generation", "content": {NDJSON_TYPE: {}}}}
+        self.observed_route(STREAM_PATH, partial(handler.answer, stream=True), summary="Continue a prompt, streamed",
+                            responses={**streamed, **GENERATE_ERRORS}, openapi_extra=body)
 
 
 def serve_generator(folder: Path, card: dict[str, Any], target: torch.device, port: int, host: str, max_bytes: int,
@@ -282,8 +264,7 @@ def serve_generator(folder: Path, card: dict[str, Any], target: torch.device, po
         raise UserError(str(folder / "model.json"), "states no network constructor or context (an export of an "
                         "earlier version)", "export the run again with this version")
     api = GeneratorAPI(folder, card)
-    server = GeneratorServer(api, folder, card, max_bytes, max_new_tokens, accelerator=target.type, devices=1,
-                             workers_per_device=1, timeout=120,
+    server = GeneratorServer(api, folder, card, max_bytes, max_new_tokens, accelerator=target.type, timeout=120,
                              model_metadata={"model": card.get("model"), "task": "language_model",
                                              "vocab_size": card.get("vocab_size")})
     run_server(server, folder, host, port, log_level, f"serving {folder} on http://{host}:{port}{GENERATE_PATH} "

@@ -11,6 +11,7 @@ in docs/deploy.md), however long the other texts waiting with it are."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from queue import Empty
 from typing import Any, Optional
@@ -18,19 +19,18 @@ from typing import Any, Optional
 import litserve as ls
 import numpy as np
 import torch
-from fastapi import HTTPException, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi import HTTPException, Request
 from litserve.loops.base import _SENTINEL_VALUE, _StopLoopError
 from litserve.server import RegularRequestHandler
 from pydantic import BaseModel, Field
 
 from trainer.deploy import DEFAULT_MAX_CHARS
-from trainer.deploy.serve import (API_PATH, ERROR_RESPONSES, INFO_PATH, METRICS_PATH, ImageRequestHandler,
-                                  Runtime, ServerMetrics, WaitingBatchLoop, _check_port, run_server, runtime_for)
+from trainer.deploy.serve import (API_PATH, ERROR_RESPONSES, JSON_TYPE, ImageRequestHandler, ModelServer, Runtime,
+                                  WaitingBatchLoop, _check_port, refusals, run_server, runtime_for)
 from trainer.infra.errors import UserError
-from trainer.infra.versions import project_version
 
-JSON_TYPE = "application/json"
+#: The /openapi.json title of a text model's server (an encoder's, serve_generate.py's).
+TEXT_TITLE = "gpu-practice-trainer text model"
 #: Batches are padded to a multiple of this (as training's batches: trainer/data/labelled_text.py).
 PAD_MULTIPLE = 8
 #: Above this probability a label of a multi-label model is answered as present.
@@ -64,15 +64,12 @@ class TextPrediction(BaseModel):
     truncated: bool = Field(description="whether the text was cut to the model's max_length")
 
 
-TEXT_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ERROR_RESPONSES[400]["model"], "description": "the body is not JSON, or not a JSON object"},
-    413: {"model": ERROR_RESPONSES[400]["model"], "description": "the body over --max-bytes, or the text over "
-                                                                 "--max-chars characters"},
-    415: {"model": ERROR_RESPONSES[400]["model"], "description": "a Content-Type other than application/json"},
-    422: {"model": ERROR_RESPONSES[400]["model"], "description": "no \"text\" string, an empty text, or k not a "
-                                                                 "positive integer"},
-    504: ERROR_RESPONSES[504],
-}
+TEXT_ERRORS = {**refusals({
+    400: "the body is not JSON, or not a JSON object",
+    413: "the body over --max-bytes, or the text over --max-chars characters",
+    415: "a Content-Type other than application/json",
+    422: "no \"text\" string, an empty text, or k not a positive integer",
+}), 504: ERROR_RESPONSES[504]}
 
 
 def length_bin(tokens: int, max_length: int) -> int:
@@ -236,46 +233,7 @@ def positive_int(value: Any, name: str) -> int:
     return value
 
 
-class TextServer(ls.LitServer):
-    """A LitServer of a text API: the project's title in /openapi.json, `GET /metrics` (serve.py's
-    `ServerMetrics`), and ``GET /info`` with this server's limits (`limits`) in place of LitServe's."""
-
-    def __init__(self, api: ls.LitAPI, limits: dict[str, Any], description: str, **kwargs: Any) -> None:
-        self.limits = limits
-        self.metrics = ServerMetrics(max(1, api.max_batch_size))
-        super().__init__(api, info_path=INFO_PATH, **kwargs)
-        self.app.title, self.app.version = "gpu-practice-trainer text model", project_version()
-        self.app.description = description
-        self.app.add_api_route(METRICS_PATH, self.metrics.exposition, methods=["GET"], response_class=Response,
-                               summary="Prometheus metrics: requests by status, latency, batch sizes, memory")
-        self.app.router.routes = [route for route in self.app.router.routes
-                                  if getattr(route, "path", None) != INFO_PATH]
-        self.app.add_api_route(INFO_PATH, self.info, methods=["GET"], summary="The model and the server's limits")
-
-    def info(self) -> JSONResponse:
-        return JSONResponse({"model": self.model_metadata, "server": {
-            "devices": self.devices, "workers_per_device": self.workers_per_device, "timeout": self.timeout,
-            "max_payload_size": self.limits.get("max_body_bytes"), **self.limits}})
-
-    async def observed(self, handler: Any, request: Request) -> Any:
-        """`handler`'s answer, counted for /metrics by status (and batch)."""
-        import time
-
-        started = time.perf_counter()
-        try:
-            answer = await handler.handle_request(request, Request)
-        except HTTPException as ex:
-            self.metrics.observe(ex.status_code, time.perf_counter() - started)
-            raise
-        except Exception:
-            self.metrics.observe(500, time.perf_counter() - started)
-            raise
-        self.metrics.observe(200, time.perf_counter() - started,
-                             answer.get("batch") if isinstance(answer, dict) else None)
-        return answer
-
-
-class EncoderServer(TextServer):
+class EncoderServer(ModelServer):
     """An encoder's server: POST /predict with `TextJSON`, answered with `TextPrediction`."""
 
     def __init__(self, api: EncoderAPI, folder: Path, card: dict[str, Any], max_bytes: int, max_chars: int,
@@ -283,30 +241,28 @@ class EncoderServer(TextServer):
         self.max_bytes, self.max_chars, self.default_k = max_bytes, max_chars, default_k
         self.max_length = int(card["text"]["max_length"])
         self.tokenize = TextTokenizer(folder / card["text"]["tokenizer"], self.max_length, int(card["text"]["sep_id"]))
-        limits = {"max_body_bytes": max_bytes, "max_chars": max_chars, "max_length": self.max_length,
-                  "truncation": f"a text over max_length tokens is cut to its first {self.max_length - 2} and "
-                                "[SEP]; the answer says so (truncated, text_tokens)",
-                  "top_k": default_k, "runtime": api.runtime_kind, "max_batch_size": api.max_batch_size,
-                  "batch_timeout_ms": api.batch_timeout * 1000,
-                  "batching": "by length: a text of n tokens is padded to at most max(8, 2n) tokens"}
-        super().__init__(api, limits, "Classifies a text with the exported encoder; POST /predict, GET /metrics, "
-                                      "GET /info.", **kwargs)
+        self.limits = {"max_payload_size": max_bytes, "max_body_bytes": max_bytes, "max_chars": max_chars,
+                       "max_length": self.max_length,
+                       "truncation": f"a text over max_length tokens is cut to its first {self.max_length - 2} "
+                                     "and [SEP]; the answer says so (truncated, text_tokens)",
+                       "top_k": default_k, "runtime": api.runtime_kind, "max_batch_size": api.max_batch_size,
+                       "batch_timeout_ms": api.batch_timeout * 1000,
+                       "batching": "by length: a text of n tokens is padded to at most max(8, 2n) tokens"}
+        super().__init__(api, TEXT_TITLE, "Classifies a text with the exported encoder; POST /predict, GET /metrics, "
+                                          "GET /info.", **kwargs)
 
     def _register_api_endpoints(self, lit_api: ls.LitAPI, request_type: Any, response_type: Any) -> None:
         handler = TextRequestHandler(lit_api, self)
-
-        async def predict(request: Request) -> Any:
-            return await self.observed(handler, request)
-
         body = {"requestBody": {"required": True, "content": {JSON_TYPE: {"schema": {
             **TextJSON.model_json_schema(), "properties": {
                 "text": {"type": "string", "minLength": 1, "maxLength": self.max_chars,
                          "description": f"the text (at most {self.max_chars:,} characters; cut to "
                                         f"{self.max_length} tokens)"},
                 "k": {"type": "integer", "minimum": 1}}}}}}}
-        self.app.add_api_route(lit_api.api_path, predict, methods=["POST"], response_model=TextPrediction,
-                               response_model_by_alias=True, response_model_exclude_none=True,
-                               summary="Classify one text", responses=TEXT_ERRORS, openapi_extra=body)
+        self.observed_route(lit_api.api_path, partial(handler.handle_request, request_type=Request),
+                            response_model=TextPrediction, response_model_by_alias=True,
+                            response_model_exclude_none=True, summary="Classify one text", responses=TEXT_ERRORS,
+                            openapi_extra=body)
 
 
 # -- the command -----------------------------------------------------------------------------------------
@@ -326,8 +282,7 @@ def serve_encoder(folder: Path, card: dict[str, Any], target: torch.device, port
     check_text_export(folder, card)
     task = card["task"]
     api = EncoderAPI(folder, card, runtime_for(target, runtime), max_batch_size, batch_timeout_ms / 1000)
-    server = EncoderServer(api, folder, card, max_bytes, max_chars, top_k, accelerator=target.type, devices=1,
-                           workers_per_device=1, timeout=30,
+    server = EncoderServer(api, folder, card, max_bytes, max_chars, top_k, accelerator=target.type, timeout=30,
                            model_metadata={"model": card.get("model"), "task": task, "classes": len(card["classes"]),
                                            "multi_label": bool(card.get("multi_label"))})
     run_server(server, folder, host, port, log_level, f"serving {folder} on http://{host}:{port}{API_PATH} (texts "
