@@ -25,7 +25,7 @@ from torch import nn
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folders
 from trainer.configuration.spec import validate
 from trainer.data.group import build_data
-from trainer.deploy.export_text import (evaluation_sequences, language_model_text, max_length_of, sequence_card,
+from trainer.deploy.export_text import (evaluation_sequences, language_model_card, max_length_of, sequence_card,
                                         write_text_files)
 from trainer.infra.atomic import remove_empty_folders, replace_atomic, write_text_atomic
 from trainer.infra.checkpoint_files import load_checkpoint, write_safetensors
@@ -265,11 +265,10 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
                   "run": {"folder": str(run_dir), "name": summary.get("run_name") or summary.get("name")},
                   "files": files}
     if info.kind == "tokens":
-        return {**_language_model_card(spec, info, metrics, run_dir), **provenance}
+        return {**language_model_card(spec, info, metrics, run_dir), **provenance}
+    recorded = {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)}
     if info.kind == "sequences":
-        return {**sequence_card(spec, info, datamodule, run_dir),
-                "metrics": {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)},
-                **provenance}
+        return {**sequence_card(spec, info, datamodule, run_dir), "metrics": recorded, **provenance}
     card: dict[str, Any] = {"model": spec.model["_target_"], "task": spec.task["_target_"], "kind": info.kind}
     if info.num_classes:
         card["classes"] = list(info.class_names or [str(i) for i in range(info.num_classes)])
@@ -277,9 +276,7 @@ def model_card(spec: Any, info: Any, datamodule: Any, run_dir: Path, checkpoint:
         card["input"] = {"shape": list(info.input_shape()), "dtype": "float32", "layout": "NCHW",
                          "batch": "dynamic"}
         card["accuracy"] = {split: metrics.get(split, {}).get("acc") for split in ("val", "test")}
-    return {**card,
-            "metrics": {split: dict(metrics.get(split, {})) for split in ("val", "test") if metrics.get(split)},
-            "preprocessing": datamodule.inference_preprocessing(), **provenance}
+    return {**card, "metrics": recorded, "preprocessing": datamodule.inference_preprocessing(), **provenance}
 
 
 def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -> dict[str, Any]:
@@ -294,18 +291,6 @@ def describe_tensors(card: dict[str, Any], inputs: torch.Tensor, outputs: Any) -
     free_in = ("batch", "sequence") if card.get("kind") == "sequences" else ("batch",)
     return {**card, "inputs": [spec("input", inputs, free_in)], "outputs": [
         spec(name, tensor) for name, tensor in zip(names, produced) if isinstance(tensor, torch.Tensor)]}
-
-
-def _language_model_card(spec: Any, info: Any, metrics: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A language model's card: token ids in, next-token logits out, the tokenizer copied beside it
-    and the network's constructor (`language_model_text`). No image preprocessing."""
-    return {"model": spec.model["_target_"], "task": "language_model",
-            "vocab_size": int(info.model_inputs()["vocab_size"]),
-            "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
-                      "batch": "dynamic"},
-            "output": "next-token logits, N x T x vocab_size", **language_model_text(spec, info, run_dir),
-            "preprocessing": {},
-            "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")}}
 
 
 def load_card(path: Path) -> dict[str, Any]:

@@ -64,20 +64,26 @@ def sequence_card(spec: Any, info: Any, datamodule: Any, run_dir: Path) -> dict[
             "preprocessing": {**datamodule.inference_preprocessing(), "tokenizer": f"{TOKENIZER_FILE} (in this folder)"}}
 
 
-def language_model_text(spec: Any, info: Any, run_dir: Path) -> dict[str, Any]:
-    """What a language model's card adds so that the export folder serves alone: the tokenizer (in the
-    folder), the end-of-text token, the context, and the network's constructor (rebuilt by ``serve``
-    from weights.safetensors: generation keeps a KV cache, which the exported graphs have not)."""
+def language_model_card(spec: Any, info: Any, metrics: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A language model's card, beyond the shared keys: token ids in, next-token logits out (no image
+    preprocessing), and what makes the export folder serve alone: the tokenizer (in the folder), the
+    end-of-text token, the context, and the network's constructor (rebuilt by ``serve`` from
+    weights.safetensors: generation keeps a KV cache, which the exported graphs have not)."""
     from trainer.data.corpus import END_OF_TEXT
 
     tokenizer = load_run_tokenizer(run_dir)
     inputs = info.model_inputs()
     arguments = {key: value for key, value in spec.model.items() if key != "_target_"}
-    return {"tokenizer": TOKENIZER_FILE,
+    return {"model": spec.model["_target_"], "task": LANGUAGE_MODEL, "vocab_size": int(inputs["vocab_size"]),
+            "input": {"shape": list(info.input_shape()), "dtype": "int64", "layout": "NT (token ids)",
+                      "batch": "dynamic"},
+            "output": "next-token logits, N x T x vocab_size", "tokenizer": TOKENIZER_FILE,
             "text": {"tokenizer": TOKENIZER_FILE, "end_of_text": END_OF_TEXT,
                      "end_of_text_id": tokenizer.token_to_id(END_OF_TEXT), "context": int(inputs["max_positions"])},
             "network": {"class": spec.model["_target_"], "arguments": {**arguments, "vocab_size": int(
-                inputs["vocab_size"]), "max_positions": int(inputs["max_positions"])}}}
+                inputs["vocab_size"]), "max_positions": int(inputs["max_positions"])}},
+            "preprocessing": {},
+            "perplexity": {split: metrics.get(split, {}).get("perplexity") for split in ("val", "test")}}
 
 
 def load_run_tokenizer(run_dir: Path) -> Any:
