@@ -100,3 +100,16 @@ def test_generation_one_token_at_a_time_equals_generate_without_the_cache():
     sampled = [list(cached_tokens(net, prompt, 12, 0.9, 5, torch.Generator().manual_seed(seed))) for seed in (1, 1, 2)]
     expected = generate(net, prompt, 12, temperature=0.9, top_k=5, generator=torch.Generator().manual_seed(1))
     assert sampled[0] == sampled[1] == expected[0, 5:].tolist() and sampled[2] != sampled[0]
+
+
+def test_the_export_lines_name_conv_bn_folding_only_where_a_pair_was_folded(tmp_path):
+    """An encoder or a GPT has no Conv-BN pair: its export says nothing of folding (it printed
+    "Conv-BN folding: N modules -> N"); an image model whose pairs folded still says how many."""
+    from trainer.deploy.export import Exported
+
+    def lines(before: int, after: int) -> str:
+        return "\n".join(Exported(tmp_path, tmp_path / "best.ckpt", {"onnx": tmp_path / "model.onnx"}, {"onnx": 1e-6},
+                                  8, (before, after)).lines())
+
+    assert "Conv-BN" not in lines(40, 40)
+    assert "Conv-BN folding: 40 modules -> 34" in lines(40, 34)

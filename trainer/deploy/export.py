@@ -59,7 +59,12 @@ class Exported:
         return [f"exported {self.checkpoint} into {self.folder}: " + ", ".join(p.name for p in self.files.values()),
                 f"checked on {self.images_checked} evaluation inputs, max abs difference of the logits from "
                 f"eager PyTorch: {diffs} (bound {TOLERANCE:g})",
-                f"Conv-BN folding: {self.folded_modules[0]} modules -> {self.folded_modules[1]}", *self.notes]
+                *self._folding(), *self.notes]
+
+    def _folding(self) -> list[str]:
+        """The Conv-BN line where a pair was folded: a model without one (an encoder, a GPT) has none."""
+        before, after = self.folded_modules
+        return [f"Conv-BN folding: {before} modules -> {after}"] if after != before else []
 
 
 # -- finding the run -----------------------------------------------------------------------------------
