@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from trainer.deploy.export import export_safetensors
-from trainer.infra.checkpoint_files import SafeCheckpointIO, clean_state_dict, load_checkpoint, load_weights
+from trainer.infra.checkpoint_files import clean_state_dict, load_checkpoint, load_weights
+from trainer.infra.checkpoint_io import SafeCheckpointIO
 from trainer.infra.errors import UserError
 
 

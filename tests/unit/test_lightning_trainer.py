@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 from tests.helpers import ON_CPU, TINY, compose, prepared_run
 from trainer.configuration.spec import choice_config, validate
-from trainer.infra.checkpoint_files import SafeCheckpointIO
+from trainer.infra.checkpoint_io import SafeCheckpointIO
 from trainer.groups.clipping import GradientClipping, Off
 from trainer.groups.communication import UNCOMPRESSED
 from trainer.groups.trainer import TRAINER_KEYS_OWNED_ELSEWHERE

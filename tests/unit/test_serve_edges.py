@@ -91,3 +91,21 @@ def test_batch_sizes_have_a_bucket_at_every_power_of_two_up_to_the_largest_batch
     buckets = [s.labels["le"] for s in samples if s.name == "trainer_serve_predict_batch_size_bucket"]
     assert buckets == ["1.0", "2.0", "4.0", "8.0", "12.0", "+Inf"]
     assert ServerMetrics(max_batch_size=12).registry is not metrics.registry  # each server its own
+
+
+def test_serving_an_export_does_not_import_lightning_or_the_run():
+    """`deploy serve` of an exported folder reads the card and starts a server: the modules on that
+    path (the command, the card's reader, the three servers, the checkpoint files) import neither
+    Lightning nor the run's config groups, which cost seconds at every start (exporting still does)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    probe = ("import sys, trainer.deploy.__main__, trainer.deploy.export, trainer.deploy.serve, "
+             "trainer.deploy.serve_text, trainer.deploy.serve_generate, trainer.infra.checkpoint_files; "
+             "print(sorted(n for n in ('lightning', 'trainer.configuration.spec', 'torchvision.models') "
+             "if n in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -23,15 +23,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from trainer.configuration.recipes import TEAM_DIRS_VARIABLE, import_team_folders
-from trainer.configuration.spec import validate
-from trainer.data.group import build_data
 from trainer.deploy.export_text import (evaluation_sequences, language_model_card, max_length_of, sequence_card,
                                         write_text_files)
 from trainer.infra.atomic import remove_empty_folders, replace_atomic, write_text_atomic
 from trainer.infra.checkpoint_files import load_checkpoint, write_safetensors
 from trainer.infra.errors import UserError
-from trainer.models.fuse import fuse_for_inference
-from trainer.models.group import build_model
 
 CONFIG_NAME = "config_resolved.yaml"
 #: What a run folder is, for the errors (the folder a run of `python -m trainer` or train.py writes).
@@ -108,6 +104,12 @@ def load_network(run_dir: Path, checkpoint: Path, scratch: Path) -> tuple[nn.Mod
     writes what it writes (a bad-file list) into `scratch`, never into the run folder. A team's
     classes import from the working directory, TRAINER_TEAM_DIRS and the team folders the run
     recorded, wherever the command is typed (`import_team_folders`)."""
+    # Imported here, not with the module: the run's config, data and model groups bring in Lightning
+    # (about 4 s), which `deploy serve` of a folder already exported never needs.
+    from trainer.configuration.spec import validate
+    from trainer.data.group import build_data
+    from trainer.models.group import build_model
+
     recorded = _recorded_team_dirs(run_dir)
     import_team_folders(recorded)
     try:
@@ -359,6 +361,8 @@ def _write_export(net: nn.Module, batches: list[torch.Tensor], card: dict[str, A
                   folder: Path, final: Path) -> Exported:
     """The files written into `folder` (the staging folder) and checked on each of `batches` (one for
     images; an encoder's several, each of its own length); errors name `final`."""
+    from trainer.models.fuse import fuse_for_inference  # torchvision's ResNet (1.6 s): exporting only
+
     folded = fuse_for_inference(net)
     max_length = max_length_of(card)
     example = max(batches, key=lambda batch: batch.shape[0] * batch.shape[-1])

@@ -12,10 +12,9 @@ import json
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from safetensors.torch import save_file
 
 from trainer.infra.atomic import replace_atomic
@@ -72,25 +71,6 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", mmap: bool = Fa
     if isinstance(checkpoint.get("state_dict"), Mapping):
         checkpoint["state_dict"] = clean_state_dict(checkpoint["state_dict"])
     return checkpoint
-
-
-class SafeCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint reader and writer, made atomic, weights-only and prefix-free.
-    Replaces `TorchCheckpointIO` deliberately (see the module docstring): every checkpoint the
-    Trainer writes or reads, `last.ckpt`, the best ones and `ckpt_path=` loads, goes through here."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
-        if storage_options is not None:
-            raise TypeError("SafeCheckpointIO takes no storage_options")
-        if isinstance(checkpoint.get("state_dict"), Mapping):
-            checkpoint = {**checkpoint, "state_dict": clean_state_dict(checkpoint["state_dict"])}
-        replace_atomic(Path(path), lambda tmp: torch.save(checkpoint, tmp))
-
-    def load_checkpoint(self, path: Any, map_location: Optional[Callable[..., Any]] = None,
-                        weights_only: Optional[bool] = None) -> dict[str, Any]:
-        if weights_only is False:
-            raise UserError(str(path), "asked to load with weights_only=False", "weights-only loading")
-        return load_checkpoint(path, map_location if map_location is not None else "cpu")
 
 
 def write_safetensors(weights: Mapping[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:

@@ -35,7 +35,7 @@ from trainer.groups.precision import apply_tf32, lightning_precision
 from trainer.groups.task import (SPLITS, build_definition, check_metric, check_task, headline_metrics, logged_metrics,
                                  mode_of, objective_of, shown_metrics)
 from trainer.groups.trainer import make_trainer
-from trainer.infra.checkpoint_files import SafeCheckpointIO
+from trainer.infra.checkpoint_io import SafeCheckpointIO
 from trainer.infra.devices import stop_nvml_probes_without_cuda
 from trainer.infra.instantiation import construct
 from trainer.infra.schema import locate_target
