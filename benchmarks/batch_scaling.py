@@ -54,6 +54,7 @@ import math
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,9 +218,7 @@ def todays_defaults() -> Defaults:
 
 
 def machines(jobs: list[dict[str, Any]]) -> str:
-    counts: dict[str, int] = {}
-    for job in jobs:
-        counts[job.get("machine", "unknown")] = counts.get(job.get("machine", "unknown"), 0) + 1
+    counts = Counter(job.get("machine", "unknown") for job in jobs)
     return ", ".join(f"{name} ({n} jobs)" for name, n in counts.items())
 
 
@@ -239,19 +238,14 @@ def regime(jobs: list[dict[str, Any]]) -> str:
 
 def designs(jobs: list[dict[str, Any]]) -> str:
     """The design commits the jobs recorded, with how many jobs ran under each: '' where none did."""
-    counts: dict[str, int] = {}
-    for job in jobs:
-        if (job.get("design") or {}).get("commit"):
-            commit = f"{job['design']['commit'][:7]} of {job['design']['committed']}"
-            counts[commit] = counts.get(commit, 0) + 1
+    counts = Counter(f"{job['design']['commit'][:7]} of {job['design']['committed']}" for job in jobs
+                     if (job.get("design") or {}).get("commit"))
     return ": " + ", ".join(f"{commit} for {n}" for commit, n in counts.items()) if counts else ""
 
 
 def threads_of(jobs: list[dict[str, Any]]) -> str:
     """The compute threads the jobs recorded (`--threads`): '' where none did."""
-    counts: dict[Any, int] = {}
-    for job in jobs:
-        counts[job.get("threads", "torch's default")] = counts.get(job.get("threads", "torch's default"), 0) + 1
+    counts = Counter(job.get("threads", "torch's default") for job in jobs)
     if list(counts) == ["torch's default"]:
         return ""
     return "Compute threads per job: " + ", ".join(f"{t} ({n} jobs)" for t, n in counts.items()) + ". "
@@ -260,9 +254,7 @@ def threads_of(jobs: list[dict[str, Any]]) -> str:
 def header(jobs: list[dict[str, Any]], jobs_file: Path, comparisons: Path, walls: list[str]) -> list[str]:
     """What the report was written from: the jobs, their shared regime, machines and load, and the
     commands of the study that ran them."""
-    studies: dict[str, int] = {}
-    for job in jobs:
-        studies[job.get("study_command", "not recorded")] = studies.get(job.get("study_command", "not recorded"), 0) + 1
+    studies = Counter(job.get("study_command", "not recorded") for job in jobs)
     alone = sum(1 for j in jobs if timed_alone(j))
     registered = [preregistered(j) for j in jobs]
     started = sorted(j["started"] for j in jobs if j.get("started"))

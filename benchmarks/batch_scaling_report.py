@@ -245,6 +245,7 @@ def seed_range(jobs: list[dict[str, Any]]) -> str:
 
 def power_section(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
     planned = seeds_for(PILOT_SD, PLANNED_FAMILY)
+    seeds = len({j["seed"] for j in jobs})
     lines = ["## The decision rule and its power", "",
              "The rule (trainer/measure/decision_rule.py, docs/practices.md \"How a default is decided\"): a run failed "
              "only where it measured nothing (stopped, a non-finite loss); failures are counted by Fisher's exact test and "
@@ -258,9 +259,9 @@ def power_section(jobs: list[dict[str, Any]], defaults: Defaults) -> list[str]:
                   if predates_the_rule(jobs) else
                   "The seeds were planned by this rule's power calculation on the paired spread, in the design committed "
                   f"before the first job (its commit in every job; the calculation in benchmarks/batch_scaling.py): "
-                  f"**{len(set(j['seed'] for j in jobs))} seeds**. ")
+                  f"**{seeds} seeds**. ")
              + "The spread the test now uses is the sd of the per-seed differences against batch 64; at it, the margin "
-             f"that {len(set(j['seed'] for j in jobs))} seeds show to hold with {POWER:.0%} power (a fixed-sequence step, "
+             f"that {seeds} seeds show to hold with {POWER:.0%} power (a fixed-sequence step, "
              "unadjusted) and the difference they catch at Holm's strictest level of the family:", "",
              "| optimizer | batch | sd of the paired differences | margin shown to hold | difference caught |",
              "|---|---:|---:|---:|---:|"]
