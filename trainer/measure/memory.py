@@ -353,13 +353,18 @@ def largest_batch_that_runs(net: nn.Module, make_optimizer: Callable[[nn.Module]
     if not runs(multiple):
         raise ValueError(f"a step of {multiple} samples runs out of memory")
     good, bad = multiple, None
-    # Doubled until a step runs out of memory (or the limit is reached), then bisected between the two.
-    while good < limit if bad is None else bad - good > multiple:
-        candidate = min(good * 2, limit) if bad is None else (good + bad) // 2 // multiple * multiple
+    while bad is None and good < limit:
+        candidate = min(good * 2, limit)
         if runs(candidate):
             good = candidate
         else:
             bad = candidate
+    while bad is not None and bad - good > multiple:
+        middle = (good + bad) // 2 // multiple * multiple
+        if runs(middle):
+            good = middle
+        else:
+            bad = middle
     net = optimizer = None  # type: ignore[assignment]  # None: drops the unused copy before the cache is emptied
     torch.cuda.empty_cache()
     capped = " (capped by the training split)" if good == limit else ""
