@@ -109,3 +109,32 @@ def test_serving_an_export_does_not_import_lightning_or_the_run():
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_load_test_of_a_server_that_answers_only_errors_says_how_many_it_sent():
+    """The image client against a loopback server answering 503 to every request: one line naming the URL
+    and the count of requests that failed (it once said 'none of N requests (errors: N)')."""
+    import asyncio
+
+    from aiohttp import web
+
+    from trainer.deploy.load import Sample, _measure
+    from trainer.infra.errors import UserError
+
+    async def refuse_all() -> None:
+        app = web.Application()
+        app.router.add_post("/predict", lambda request: web.json_response({"detail": "busy"}, status=503))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            await _measure(f"http://127.0.0.1:{port}/predict", [Sample(_png(), "image/png", 0)], concurrency=2,
+                           requests=6, budget_s=30.0, server="refusing")
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(UserError) as raised:
+        asyncio.run(refuse_all())
+    assert raised.value.problem == "answered none of 6 requests", raised.value

@@ -126,7 +126,7 @@ async def _measure(url: str, samples: Sequence[Sample], concurrency: int, reques
 
         wall = await run_callers(concurrency, requests, budget_s, call)
     if not latencies:
-        raise UserError(url, f"answered none of {errors} requests (errors: {errors})", "a server that is up")
+        raise UserError(url, f"answered none of {errors} requests", "a server that is up")
     return LoadResult(server, concurrency, len(latencies), errors, wall, percentile(latencies, 50),
                       percentile(latencies, 99), float(np.mean(batches)), hits / len(latencies))
 
