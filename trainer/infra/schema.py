@@ -189,29 +189,35 @@ def check_mapping(prefix: str, values: Mapping[str, Any], schema: Schema, what: 
 def check_value(full_key: str, value: Any, annotation: Any) -> None:
     if not matches(value, annotation):
         raise UserError(full_key, f"{_show(value)} is not {describe(annotation)}")
-    for bound in _bounds(annotation, value):
+    matched, bounds = _matched(annotation, value)
+    for bound in bounds:
         problem = bound.violation(value)
         if problem:
             raise UserError(full_key, f"{_show(value)} {problem}")
     if isinstance(value, (list, tuple)):
-        for i, (item, item_annotation) in enumerate(zip(value, _item_annotations(annotation, value))):
+        for i, (item, item_annotation) in enumerate(zip(value, _item_annotations(matched, value))):
             check_value(f"{full_key}[{i}]", item, item_annotation)
 
 
-def _item_annotations(annotation: Any, value: list[Any] | tuple[Any, ...]) -> list[Any]:
-    """The annotation of each element of a list `value` matched against `annotation`."""
+def _matched(annotation: Any, value: Any) -> tuple[Any, list[Range]]:
+    """What `value` (known to match `annotation`) matched: the type inside ``Annotated``, a union's
+    first member it matches; and the ranges that apply to it on the way there."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Annotated:
-        return _item_annotations(args[0], value)
+        inner, bounds = _matched(args[0], value)
+        return inner, [a for a in args[1:] if isinstance(a, Range)] + bounds
     if origin is Union or origin is types.UnionType:
-        for arg in args:
-            if matches(value, arg):
-                return _item_annotations(arg, value)
-        return []
+        return _matched(next(arg for arg in args if matches(value, arg)), value)
+    return annotation, []
+
+
+def _item_annotations(annotation: Any, value: list[Any] | tuple[Any, ...]) -> list[Any]:
+    """The annotation of each element of a list `value` of the (matched) `annotation`."""
+    args = typing.get_args(annotation)
     if not args:
         return []
-    if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+    if typing.get_origin(annotation) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
         return list(args)
     return [args[0]] * len(value)
 
@@ -285,21 +291,6 @@ def describe(annotation: Any) -> str:
     if origin in (dict, collections.abc.Mapping) or annotation is dict:
         return "a mapping"
     return getattr(annotation, "__name__", str(annotation))
-
-
-def _bounds(annotation: Any, value: Any) -> list[Range]:
-    """The ranges that apply to `value`: those of the union member it matched."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Annotated:
-        if not matches(value, args[0]):
-            return []
-        return [a for a in args[1:] if isinstance(a, Range)] + _bounds(args[0], value)
-    if origin is Union or origin is types.UnionType:
-        for arg in args:
-            if matches(value, arg):
-                return _bounds(arg, value)
-    return []
 
 
 def _show(value: Any) -> str:
