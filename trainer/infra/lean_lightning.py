@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.connectors.logger_connector import result
@@ -140,16 +140,9 @@ def _defining(trainer: Any, hook_name: str, monitoring_callbacks: Optional[bool]
     callbacks = [c for c in trainer.callbacks if overrides(type(c), hook_name) or hook_name in c.__dict__]
     if monitoring_callbacks is not None:
         # Lightning's own split, by its own rule (ModelCheckpoint and EarlyStopping are "monitoring").
-        monitoring = {id(c) for c in _monitoring(trainer.callbacks)}
-        callbacks = [c for c in callbacks if (id(c) in monitoring) == monitoring_callbacks]
+        callbacks = [c for c in callbacks if isinstance(c, (EarlyStopping, Checkpoint)) == monitoring_callbacks]
     cache[key] = (present, callbacks)
     return callbacks
-
-
-def _monitoring(callbacks: list[Callback]) -> list[Callback]:
-    from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
-
-    return [c for c in callbacks if isinstance(c, (EarlyStopping, Checkpoint))]
 
 
 def _result_to(self: Any, *args: Any, **kwargs: Any) -> Any:
