@@ -23,8 +23,6 @@ def construct(key: str, build: Callable[[], Any]) -> Any:
     constructor becomes a `UserError` naming `key`. Anything else keeps its traceback."""
     try:
         return build()
-    except UserError:
-        raise
     except InstantiationException as ex:
         cause = ex.__cause__ or ex
         if isinstance(cause, UserError):
