@@ -54,10 +54,6 @@ class RNGState(Callback):
     def __init__(self) -> None:
         self._to_restore: dict[str, Any] | None = None
 
-    @property
-    def state_key(self) -> str:
-        return "RNGState"
-
     def state_dict(self) -> dict[str, Any]:
         return capture()
 
