@@ -232,7 +232,9 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
     for key in values:
         if key in TRAINER_KEYS_OWNED_ELSEWHERE:
             raise UserError(f"trainer.{key}", "is set by the framework", f"use {TRAINER_KEYS_OWNED_ELSEWHERE[key]}")
-    checked = check_mapping("trainer", values, _trainer_schema(L.Trainer), "lightning.Trainer")
+    fields = {k: dataclasses.replace(v, annotation=TRAINER_BOUNDS.get(k, v.annotation))
+              for k, v in schema_of_callable(L.Trainer).fields.items() if k not in TRAINER_KEYS_OWNED_ELSEWHERE}
+    checked = check_mapping("trainer", values, Schema(fields, open=False), "lightning.Trainer")
     given = {k: v for k, v in checked.items() if k in values}
     for key, value in given.items():  # an object argument given as {_target_: ...}: made by `_instantiated`
         if key == "plugins":
@@ -272,13 +274,6 @@ def _check_plugin_kind(key: str, path: str, plugin_cls: type) -> None:
         raise UserError(f"{key}._target_", f"'{path}' is not a Lightning plugin",
                         "a ClusterEnvironment (lightning.pytorch.plugins.environments.SLURMEnvironment, ...) "
                         "or a LayerSync (lightning.pytorch.plugins.TorchSyncBatchNorm, ...)")
-
-
-def _trainer_schema(trainer_cls: type) -> Schema:
-    schema = schema_of_callable(trainer_cls)
-    fields = {k: dataclasses.replace(v, annotation=TRAINER_BOUNDS.get(k, v.annotation))
-              for k, v in schema.fields.items() if k not in TRAINER_KEYS_OWNED_ELSEWHERE}
-    return Schema(fields, open=False)
 
 
 def slurm_environment(plugins: Any) -> bool:

@@ -88,9 +88,6 @@ def kernels(cls: Any) -> tuple[str, ...]:
 
 
 def kernel_arguments(implementation: str, cls: Any) -> dict[str, Any]:
-    parameters = inspect.signature(cls).parameters
     if implementation == "fused":
         return {"fused": True}
-    if "foreach" not in parameters:
-        return {}
-    return {"foreach": implementation == "foreach"}
+    return {"foreach": implementation == "foreach"} if "foreach" in kernels(cls) else {}
