@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from trainer.groups.optimizer.schema import OptimizerConfig
 
-RULES: tuple[str, ...] = ("sqrt", "linear", "none")
+from trainer.groups.optimizer.schema import OptimizerConfig
 
 
 def scale_factor(rule: str, global_batch: int, ref_batch: int) -> float:
@@ -24,7 +23,7 @@ def scale_factor(rule: str, global_batch: int, ref_batch: int) -> float:
     ratio = global_batch / ref_batch
     factors = {"sqrt": math.sqrt(ratio), "linear": ratio, "none": 1.0}
     if rule not in factors:
-        raise ValueError(f"unknown scaling rule {rule!r}; allowed: {', '.join(RULES)}")
+        raise ValueError(f"unknown scaling rule {rule!r}; allowed: {', '.join(factors)}")
     return factors[rule]
 
 
