@@ -44,11 +44,8 @@ ALLOWED: dict[str, str] = {
     "max_epochs": "-1 (no limit) or an integer >= 0",
     "max_steps": "-1 (no limit) or an integer >= 0",
     "max_time": "a duration 'DD:HH:MM:SS' or a mapping of timedelta arguments ({hours: 2})",
-    "limit_train_batches": "a fraction in [0, 1] or a number of batches (an integer >= 0)",
-    "limit_val_batches": "a fraction in [0, 1] or a number of batches (an integer >= 0)",
-    "limit_test_batches": "a fraction in [0, 1] or a number of batches (an integer >= 0)",
-    "limit_predict_batches": "a fraction in [0, 1] or a number of batches (an integer >= 0)",
-    "overfit_batches": "a fraction in [0, 1] or a number of batches (an integer >= 0)",
+    **dict.fromkeys(("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                     "overfit_batches"), "a fraction in [0, 1] or a number of batches (an integer >= 0)"),
     "val_check_interval": "a fraction of the epoch in [0, 1], a number of batches (an integer >= 1), or a "
                           "duration 'DD:HH:MM:SS'",
     "fast_dev_run": "true/false or a number of batches (an integer >= 0)",
