@@ -48,17 +48,16 @@ def _refuse_early(cfg: DictConfig, run_dir: Path, own_folder: bool) -> None:
     in the run's one line and exit code 2, its folder removed as the run would remove it."""
     from trainer.configuration.early_checks import check_before_imports
     from trainer.infra.distributed import is_rank_zero
-    from trainer.infra.errors import UserError, exit_with, full_error_requested
+    from trainer.infra.errors import UserError, one_line_on_user_error
     from trainer.phases.compose import remove_refused_run
 
-    try:
-        check_before_imports(cfg)
-    except UserError as ex:
-        if own_folder and is_rank_zero():
-            remove_refused_run(run_dir, cfg)
-        if full_error_requested():
+    with one_line_on_user_error():
+        try:
+            check_before_imports(cfg)
+        except UserError:
+            if own_folder and is_rank_zero():
+                remove_refused_run(run_dir, cfg)
             raise
-        exit_with(ex.line())
 
 
 def main() -> None:

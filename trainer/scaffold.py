@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.infra.command import invoked_as, subcommand
-from trainer.infra.errors import UserError, exit_with
+from trainer.infra.errors import UserError, one_line_on_user_error
 from trainer.infra.versions import DISTRIBUTION, project_version
 
 #: The folder's files, in the order they are written and listed, each a template in
@@ -86,10 +86,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("folder", type=Path, help="the team folder to write (new or empty)")
     parser.add_argument("--package", help="the team's Python package (default: the folder's name)")
     args = parser.parse_args(argv)
-    try:
+    with one_line_on_user_error():
         written = scaffold(args.folder, args.package)
-    except UserError as ex:
-        exit_with(ex.line())
     for path in written:
         print(path)
     recipe = next(path.stem for path in written if path.parent.name == "recipes")
