@@ -91,32 +91,23 @@ def newest_first(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, p.name == "last.ckpt"), reverse=True)
 
 
-def runs_named(name: str, root: Path, exclude: Path | None = None) -> list[Path]:
-    """Run folders under `root` whose run.json carries `name`."""
+def run_folders(name: str, root: Path, own_folder: Path | None = None) -> list[Path]:
+    """The folders under `root` whose run.json carries `name`, and this run's own folder (wherever
+    it lies, unless it names another run)."""
     found: list[Path] = []
-    if not root.is_dir():
-        return found
-    for current, folders, files in os.walk(root):
+    for current, folders, files in os.walk(root):  # nothing for a `root` that is not a folder
         # A run folder's own subfolders (checkpoints, logs) hold no run folders: do not descend.
         if IDENTITY_FILE in files:
             folders[:] = []
             folder = Path(current)
-            if exclude is not None and folder.resolve() == exclude.resolve():
-                continue
-            if (_identity_in(folder) or {}).get("name") == name:
+            own = own_folder is not None and folder.resolve() == own_folder.resolve()
+            if not own and (_identity_in(folder) or {}).get("name") == name:
                 found.append(folder)
         else:
             folders[:] = [f for f in folders if not f.startswith(".")]
-    return found
-
-
-def run_folders(name: str, root: Path, own_folder: Path | None = None) -> list[Path]:
-    """The folders of the runs named `name` under `root`, and this run's own folder (wherever it
-    lies, unless it names another run)."""
-    folders = runs_named(name, root, exclude=own_folder)
     if own_folder is not None and (_identity_in(own_folder) or {}).get("name") in (name, None):
-        folders.append(own_folder)
-    return folders
+        found.append(own_folder)
+    return found
 
 
 def find_latest(name: str, root: Path, own_folder: Path | None = None) -> Checkpoint | None:
