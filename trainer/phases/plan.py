@@ -91,7 +91,6 @@ class Probe:
 def decide_probe(spec: RunSpec, devices: Devices, parts: Parts) -> Probe:
     """Where and how a step of the built network runs; the task says how many of its units a
     sample holds (the batch rules scale by the global batch in that unit)."""
-    net = parts.net
     derived: dict[str, Derived] = {"trainer.accelerator": Derived(devices.accelerator, devices.how)}
     precision, how = resolve_precision(spec.precision.name, devices.accelerator)
     derived["precision"] = Derived(precision, how)
@@ -100,7 +99,7 @@ def decide_probe(spec: RunSpec, devices: Devices, parts: Parts) -> Probe:
     derived["optimizer.implementation"] = Derived(implementation, how)
     tf32, how = resolve_tf32(spec.precision.tf32, devices.accelerator, bool(spec.trainer.get("deterministic", False)))
     derived["precision.tf32"] = Derived(tf32, how)
-    channels_last, how = resolve_channels_last(spec.precision.channels_last, devices.accelerator, net)
+    channels_last, how = resolve_channels_last(spec.precision.channels_last, devices.accelerator, parts.net)
     derived["precision.channels_last"] = Derived(channels_last, how)
     progress = spec.top.progress
     if progress == "auto":
@@ -266,8 +265,7 @@ def resolve(spec: RunSpec, probe: Probe, parts: Parts, batch_size: Derived | Non
     derived["precision.tf32"] = early["precision.tf32"]
     flops, (peak, peak_note), (bf16_peak, bf16_note) = _flops(net, parts, accelerator, probe.precision, probe.tf32,
                                                               derived)
-    variable = bool(getattr(datamodule, "variable_shapes", False))
-    stages, compile_mode, dynamic = _model_changes(spec, net, accelerator, probe, derived, resize, variable)
+    stages, compile_mode, dynamic = _model_changes(spec, parts, probe, derived, resize)
     derived["clipping"] = Derived(parts.clipping.mode, parts.clipping.describe())
     derived["regularization"] = Derived(spec.choices.get("regularization", "custom"), describe(spec.regularization))
     derived["progress"], derived["trainer.benchmark"] = early["progress"], early["trainer.benchmark"]
@@ -360,17 +358,16 @@ def _flops(net: nn.Module, parts: Parts, accelerator: str, precision: str, tf32:
     return flops, (peak, peak_how), (bf16_peak, bf16_how)
 
 
-def _model_changes(spec: RunSpec, net: nn.Module, accelerator: str, probe: Probe, derived: dict[str, Derived],
-                   resize: Optional[ResizeSchedule] = None,
-                   variable_shapes: bool = False) -> tuple[tuple[str, ...], str, Optional[bool]]:
+def _model_changes(spec: RunSpec, parts: Parts, probe: Probe, derived: dict[str, Derived],
+                   resize: Optional[ResizeSchedule]) -> tuple[tuple[str, ...], str, Optional[bool]]:
     """What the build phase will do to the network: checkpointed stages, memory format, compile."""
-    stages = tuple(select_stages(net, spec.activation_checkpointing))
+    stages = tuple(select_stages(parts.net, spec.activation_checkpointing))
     if stages:
         derived["model.activation_checkpointing"] = Derived(
             ",".join(stages), "recomputed in backward (non-reentrant), BatchNorm statistics counted once")
     derived["precision.channels_last"] = probe.derived["precision.channels_last"]
-    compile_mode, how = resolve_compile_mode(spec.compile.mode, accelerator)
-    dynamic, dynamic_how = resolve_dynamic(spec.compile, variable_shapes)
+    compile_mode, how = resolve_compile_mode(spec.compile.mode, probe.accelerator)
+    dynamic, dynamic_how = resolve_dynamic(spec.compile, bool(getattr(parts.datamodule, "variable_shapes", False)))
     if compile_mode == "off":
         how += "; eager"
     else:
