@@ -79,16 +79,14 @@ def validate(cfg: DictConfig | Mapping[str, Any], group_choices: Mapping[str, st
     plain.setdefault("task", {"_target_": task.CLASSIFICATION})
     _check_layout(plain)
     top, run_identity = top_level_keys(plain), identity(plain.get("run", {}))
-    # A group's values are a mapping (_check_layout saw to it); callbacks=[] composes none.
+    # A group's values are a mapping (_check_layout saw to it); callbacks=[] composes none. Each
+    # group's checked values go into the RunSpec field of its name (the logger group's: `loggers`).
     checked = {group.name: group.validate(plain.get(group.name) or {}) for group in GROUPS if group.validate}
-    return RunSpec(
-        top=top, identity=run_identity, data=checked["data"], model=checked["model"], optimizer=checked["optimizer"],
-        scheduler=checked["scheduler"], precision=checked["precision"], compile=checked["compile"],
-        checkpointing=checked["checkpointing"], regularization=checked["regularization"], loggers=checked["logger"],
-        trainer=checked["trainer"], callbacks=checked["callbacks"], clipping=checked["clipping"],
-        nonfinite=checked["nonfinite"], communication=communication_of(plain.get("trainer") or {}),
-        activation_checkpointing=model.checkpointed_stages(plain["model"]),
-        target=target_config(plain.get("target") or {}), task=checked["task"], choices=dict(group_choices or {}), resolved=plain)
+    checked["loggers"] = checked.pop("logger")
+    return RunSpec(top=top, identity=run_identity, **checked,
+                   communication=communication_of(plain.get("trainer") or {}),
+                   activation_checkpointing=model.checkpointed_stages(plain["model"]),
+                   target=target_config(plain.get("target") or {}), choices=dict(group_choices or {}), resolved=plain)
 
 
 def choice_values(group: str, choice: str) -> dict[str, Any]:
