@@ -80,7 +80,7 @@ def identify(run: Run) -> None:
     spec, job, name = run.spec, run.job, run_name(run)
     if run.rank_zero and not (spec.top.diagnose or spec.top.profile):  # a measurement logs nothing
         check_loggers(spec.loggers)  # a wandb run with no API key: one line now, not a traceback at fit
-    resume_from = resolve_resume(requested(spec.top.resume), name, Path(spec.identity.root), job.run_dir)
+    resume_from = resolve_resume(spec.top.resume, name, Path(spec.identity.root), job.run_dir)
     ids = logger_ids(spec.loggers, identity_of(resume_from.path).get("logger_ids") if resume_from else None)
     resumed_step = resume_from.global_step if resume_from else None
     earlier = attempts.earlier_attempts(resume_from.path if resume_from else None, resumed_step)
