@@ -17,7 +17,7 @@ import sys
 from typing import Optional
 
 from trainer.configuration import recipes
-from trainer.configuration.reference import REPO, with_table
+from trainer.configuration.reference import REPO, table, with_table
 from trainer.configuration.spec import GROUPS
 from trainer.groups import sweeps
 from trainer.infra.schema import ConfigGroup
@@ -63,9 +63,8 @@ def layer_of(module: str) -> int:
 
 
 def layer_table() -> str:
-    rows = [f"| {index} | {', '.join(f'`{m}`' for m in members)} | {what} |"
-            for index, (members, what) in enumerate(LAYERS)]
-    return "| layer | holds | what lives there |\n|---|---|---|\n" + "\n".join(rows) + "\n"
+    return table(["layer", "holds", "what lives there"], [
+        (str(index), ", ".join(f"`{m}`" for m in members), what) for index, (members, what) in enumerate(LAYERS)])
 
 
 def group_table() -> str:
@@ -75,8 +74,8 @@ def group_table() -> str:
     for group in ALL_GROUPS:
         folder = recipes.RECIPES_DIR if group.name == recipes.RECIPE else recipes.CONF_DIR / group.name
         choices = ", ".join(f"`{path.stem}`" for path in sorted(folder.glob("*.yaml")))
-        rows.append(f"| `{group.name}` | {choices} | `{group.where}` | {group.chooses} |")
-    return "| group | choices | owned by | chooses |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        rows.append((f"`{group.name}`", choices, f"`{group.where}`", group.chooses))
+    return table(["group", "choices", "owned by", "chooses"], rows)
 
 
 def outdated(write: bool) -> bool:

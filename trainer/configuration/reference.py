@@ -171,7 +171,7 @@ def top_level_table() -> str:
         if not isinstance(item.value, Mapping):
             docs = group_docs(item.path[0], {}) if item.depth else top_level_docs()
             rows.append((f"`{item.name}`", _cell(item.value), _escape(docs.get(item.path[-1], ""))))
-    return _table(["key", "default", "what it does"], rows)
+    return table(["key", "default", "what it does"], rows)
 
 
 def group_tables(group: str, default: Optional[str]) -> str:
@@ -185,11 +185,11 @@ def group_tables(group: str, default: Optional[str]) -> str:
     title = f"## `{group}`\n\nChooses {what}; `{module}`. Default: " \
             f"{f'`{default}`' if default else 'none'}.\n"
     if all(all(isinstance(v, Mapping) for v in values.values()) for values in choices.values()):
-        tables = [f"`{group}={choice}`:\n\n" + _table(["key", "value", "what it does"], list(_rows(group, [values])))
+        tables = [f"`{group}={choice}`:\n\n" + table(["key", "value", "what it does"], list(_rows(group, [values])))
                   for choice, values in choices.items() if values]
         return title + "\n" + "\n".join(tables)
     header = ["key"] + [f"`{choice}`" for choice in choices] + ["what it does"]
-    return title + "\n" + _table(header, list(_rows(group, list(choices.values()))))
+    return title + "\n" + table(header, list(_rows(group, list(choices.values()))))
 
 
 def _rows(group: str, columns: list[Mapping[str, Any]]) -> Iterable[tuple[str, ...]]:
@@ -202,16 +202,11 @@ def _rows(group: str, columns: list[Mapping[str, Any]]) -> Iterable[tuple[str, .
             if not (isinstance(item.value, Mapping) and item.value):
                 rows.setdefault((item.path, item.doc), {})[index] = item.value
     for (path, doc), cells in rows.items():
-        yield (f"`{'.'.join(path)}`", *(_cell(cells.get(index, _MISSING)) for index in range(len(columns))),
+        yield (f"`{'.'.join(path)}`", *(_cell(cells[index]) if index in cells else "" for index in range(len(columns))),
                _escape(doc))
 
 
-_MISSING = object()
-
-
 def _cell(value: Any) -> str:
-    if value is _MISSING:
-        return ""
     return f"`{_escape(show(value))}`"
 
 
@@ -219,7 +214,8 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def _table(header: list[str], rows: Sequence[tuple[str, ...]]) -> str:
+def table(header: list[str], rows: Sequence[tuple[str, ...]]) -> str:
+    """A Markdown table (docs/architecture.md's too: trainer/architecture.py)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
@@ -242,11 +238,11 @@ def keys_page() -> str:
     return "\n".join(parts)
 
 
-def with_table(page: str, name: str, table: str) -> str:
-    """`page` with the text between the markers of the generated table `name` replaced by `table`."""
+def with_table(page: str, name: str, text: str) -> str:
+    """`page` with the text between the markers of the generated table `name` replaced by `text`."""
     begin, end = TABLE_BEGIN.format(name=name), TABLE_END.format(name=name)
     start, stop = page.index(begin) + len(begin), page.index(end)
-    return page[:start] + "\n" + table + page[stop:]
+    return page[:start] + "\n" + text + page[stop:]
 
 
 def docs_outdated(write: bool) -> list[Outdated]:
