@@ -201,36 +201,31 @@ def with_recipe(overrides: Sequence[str], name: str) -> list[str]:
     return [*out, f"+{RECIPE}={name}"]
 
 
-def lineage(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],
-            compose_plain: Callable[[list[str]], Mapping[str, Any]],
-            search_path: Sequence[str] = ()) -> Optional[dict[str, Any]]:
-    """What the run records about its recipe: the file, the parent, and every key of the composed
-    config in which this run differs from the same command line with the parent recipe instead."""
-    if not name:
-        return None
-    path = recipe_file(name, search_path)
-    parent = parent_of(name, search_path)
-    differs = differences(compose_plain(with_recipe(overrides, parent)), config) if parent else {}
-    return {"name": name, "file": str(path) if path else None, "parent": parent, "differs_from_parent": differs}
-
-
 def lineage_record(name: Optional[str], overrides: Sequence[str], config: Mapping[str, Any],
                    search_path: Sequence[str] = ()) -> Optional[dict[str, Any]]:
-    """`lineage` of the run's recipe, composing the parent's config with Hydra. The record is
-    informative: a failure to compare becomes a warning and an ``error`` entry, never the run's end."""
-    def compose_plain(parent_overrides: list[str]) -> Mapping[str, Any]:
-        if search_path:  # a team's recipes folder: the parent may live there
-            parent_overrides = [*parent_overrides, f"hydra.searchpath=[{','.join(search_path)}]"]
-        cfg = compose_here("train", parent_overrides)
-        plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # a dict
-        plain.pop("hydra", None)
-        return plain
-
+    """What the run records about its recipe: the file, the parent, and every key of the composed
+    config in which this run differs from the same command line with the parent recipe instead
+    (composed with Hydra). The record is informative: a failure to compare becomes a warning and an
+    ``error`` entry, never the run's end."""
+    if not name:
+        return None
     try:
-        return lineage(name, overrides, config, compose_plain, search_path)
+        path, parent = recipe_file(name, search_path), parent_of(name, search_path)
+        differs = differences(_composed(with_recipe(overrides, parent), search_path), config) if parent else {}
     except Exception as ex:  # noqa: BLE001 - the record is informative; the run must not die of it
         log.warning("could not compare recipe %s with its parent: %s", name, first_line(ex))
         return {"name": name, "error": first_line(ex) or type(ex).__name__}
+    return {"name": name, "file": str(path) if path else None, "parent": parent, "differs_from_parent": differs}
+
+
+def _composed(overrides: list[str], search_path: Sequence[str]) -> dict[str, Any]:
+    """conf/train.yaml composed with `overrides`, as plain containers without Hydra's node."""
+    if search_path:  # a team's recipes folder: the parent may live there
+        overrides = [*overrides, f"hydra.searchpath=[{','.join(search_path)}]"]
+    cfg = compose_here("train", overrides)
+    plain = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))  # a dict
+    plain.pop("hydra", None)
+    return plain
 
 
 GROUP = ConfigGroup(RECIPE, __name__, "a team-shared recipe from recipes/ (+recipe=NAME)", None)
