@@ -31,14 +31,12 @@ def check_job(run: Run) -> None:
     """`run.spec`, `run.devices` and `run.rank_zero`; what cannot run as one job is refused here."""
     run.spec = spec = validate(run.job.cfg, run.job.choices)
     run.devices = devices = decide_devices(spec.trainer)
-    check_launch(devices.processes, run.job.multirun, run.job.launcher, spec.trainer.get("strategy", "auto"),
-                 devices.accelerator)
+    strategy = spec.trainer.get("strategy", "auto")
+    check_launch(devices.processes, run.job.multirun, run.job.launcher, strategy, devices.accelerator)
     if spec.top.diagnose or spec.top.profile:
-        check_measurable(spec.trainer.get("strategy", "auto"), devices.processes,
-                         "profile" if spec.top.profile else "diagnose")
+        check_measurable(strategy, devices.processes, "profile" if spec.top.profile else "diagnose")
     # Refused here, before anything is built; the plan records the same decision (trainer/phases/plan.py).
-    decide_communication(spec.communication, spec.trainer.get("strategy", "auto"), devices.processes,
-                         devices.accelerator)
+    decide_communication(spec.communication, strategy, devices.processes, devices.accelerator)
     if spec.top.ladder and not run.job.multirun:
         raise UserError("ladder", f"'{spec.top.ladder}' is a sequence of runs and needs Hydra's multirun",
                         f"{invoked_as()} -m +ladder={spec.top.ladder}")
