@@ -128,9 +128,7 @@ def range_test(run: Run, probe: Probe, batch: int) -> dict[str, Any]:
             _batch_during(datamodule, batch), tempfile.TemporaryDirectory(prefix="lr_find.") as scratch:
         finder = _run_finder(run, probe, batch, Path(scratch))
     lrs, losses = [float(v) for v in finder.results["lr"]], [float(v) for v in finder.results["loss"]]
-    suggested = steepest_descent(finder, SKIPPED_AT_START)
-    _check_suggestion(suggested, lrs, losses, opt.find_steps)
-    assert suggested is not None  # _check_suggestion refuses None
+    suggested = _check_suggestion(steepest_descent(finder, SKIPPED_AT_START), lrs, losses, opt.find_steps)
     index = lrs.index(suggested)
     found = {"lr": float(suggested), "batch_size": batch, "min_lr": opt.find_min_lr,
              "max_lr": opt.find_max_lr, "steps": opt.find_steps, "steps_run": len(lrs), "suggestion_index": index,
@@ -231,7 +229,7 @@ def steepest_descent(finder: Any, skip_begin: int) -> float | None:
     return float(finder.results["lr"][index])
 
 
-def _check_suggestion(suggested: float | None, lrs: list[float], losses: list[float], steps: int) -> None:
+def _check_suggestion(suggested: float | None, lrs: list[float], losses: list[float], steps: int) -> float:
     """A suggestion to train with, or one line saying why there is none."""
     what = f"{len(lrs)} of {steps} steps from {lrs[0]:g} to {lrs[-1]:g}" if lrs else f"none of {steps} steps"
     if suggested is None:
@@ -243,6 +241,7 @@ def _check_suggestion(suggested: float | None, lrs: list[float], losses: list[fl
     if window and min(window[1:], default=math.inf) >= window[0]:
         raise UserError("optimizer.lr", f"find: the smoothed loss never fell below {window[0]:.4g}, its value at "
                         f"{lrs[SKIPPED_AT_START]:.3g} ({what})", WHAT_TO_DO)
+    return suggested
 
 
 @contextlib.contextmanager
