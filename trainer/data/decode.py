@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
@@ -350,16 +351,6 @@ def _concatenated(parts: list[torch.Tensor], total: int) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
 
 
-class CollateEncoded:
-    """The device path's collate function: an `EncodedBatch` (picklable for loader workers)."""
-
-    def __init__(self, split: str) -> None:
-        self.split = split
-
-    def __call__(self, samples: list[tuple[Any, int]]) -> EncodedBatch:
-        return EncodedBatch(self.split, samples)
-
-
 class EncodedFiles(_CroppedFiles):
     """``data.decode=device``: the worker reads the file and draws the crop box (`device_sample`)."""
 
@@ -368,7 +359,7 @@ class EncodedFiles(_CroppedFiles):
         return device_sample(path, read_bytes(path), index, seed, self.geometry)
 
     def collate_fn(self) -> Callable[[list[Any]], Any]:
-        return CollateEncoded(self.split)
+        return partial(EncodedBatch, self.split)  # a partial, not a lambda: loader workers pickle it
 
     def on_host(self, item: EncodedImage) -> tuple[torch.Tensor, int]:
         """A file the device decoder refused: decoded on the host from the same seed (the same box);

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import logging
 import weakref
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainer.data.badfiles import BadImageError, WorkerSafeUserError, load_rgb
 from trainer.data.base import DataInfo, EvalShare, ImageRecord
-from trainer.data.decode import CollateEncoded, EncodedImage, Geometry, device_sample, host_sample
+from trainer.data.decode import EncodedBatch, EncodedImage, Geometry, device_sample, host_sample
 from trainer.data.images import EncodedImagesData
 from trainer.data.object_store import check_reachable, is_remote, join, read_json, storage_options, store_error
 from trainer.data.prepare_shards import DATASET_NAME, FORMAT
@@ -269,7 +270,7 @@ class ShardsDataModule(EncodedImagesData):
         settings = self.loader or self.loader_settings(cuda=torch.cuda.is_available())
         replicas, rank = self._process_share()
         kwargs = settings.dataloader_kwargs(rank)
-        collate = CollateEncoded(dataset.split) if self.decode_in_use == "device" else None
+        collate = partial(EncodedBatch, dataset.split) if self.decode_in_use == "device" else None
         if not train:
             # Evaluation reads each process's block of the split by index, every sample once, as the
             # image folder's EvalShare does. LitData's own split of a small split can give one rank
