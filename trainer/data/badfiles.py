@@ -81,7 +81,6 @@ def original_line(message: str, class_name: str | None = None) -> str:
     return re.sub(rf"^(?:[A-Za-z_]\w*\.)*{name}: ", "", last, count=1)
 
 
-
 class BadImageError(WorkerSafeUserError):
     """A file that cannot be loaded as an image: ``BadImageError(path, reason, detail)``, or one
     message string (PyTorch's re-raise of an error from a loader worker)."""
@@ -261,6 +260,18 @@ def check_files(paths: Sequence[str], scan: Scan, threads: int | None = None) ->
         return {p: r for p, r in zip(paths, results) if r is not None}
 
 
+def check_splits(listed: dict[str, dict[str, list[str]]],
+                 scan: Scan) -> tuple[dict[str, dict[str, list[str]]], list[BadFile]]:
+    """`listed`'s files (split -> class -> files) checked as `scan` says: the readable ones in the
+    same layout, and the others as records."""
+    found = check_files([f for classes in listed.values() for files in classes.values() for f in files], scan)
+    good = {split: {name: [f for f in files if f not in found] for name, files in classes.items()}
+            for split, classes in listed.items()}
+    bad = [BadFile(split, f, *found[f]) for split, classes in listed.items()
+           for files in classes.values() for f in files if f in found]
+    return good, bad
+
+
 # -- the list ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class BadFile:
@@ -344,12 +355,8 @@ class BadFileList:
                     record.reason, f": {warning}" if warning else "", record.split, where)
         self.check_share(record.split)
 
-    def count(self, split: str) -> int:
-        return sum(1 for r in self.records() if r.split == split)
-
-
     def check_share(self, split: str) -> None:
-        count, total = self.count(split), self.totals.get(split, 0)
+        count, total = sum(r.split == split for r in self.records()), self.totals.get(split, 0)
         if total and count / total > self.max_share:
             raise BadShareError("data.max_bad_share",
                                 f"{count} of {total} files in {split}/ are unreadable ({count / total:.1%}, more than "

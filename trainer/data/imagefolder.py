@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 
 import torch
 
-from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError, ImageFiles, check_files,
+from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError, ImageFiles, check_splits,
                                    is_image_name, scan_threads, truncated_images_accepted)
 from trainer.data.base import DataInfo, ImageRecord
 from trainer.data.decode import JPEG_EXTENSIONS, DecodedFiles, EncodedFiles
@@ -153,21 +153,13 @@ class ImageFolderDataModule(EncodedImagesData):
                 raise UserError("data.root", f"no images ({', '.join(IMAGE_EXTENSIONS)}) in class folders under '{folder}'",
                                 f"{folder}/<class>/<image>")
             splits[split] = folder
-        paths = [f for classes in listed.values() for files in classes.values() for f in files]
         started = time.perf_counter()
-        found = check_files(paths, self.scan)
+        good, bad = check_splits(listed, self.scan)
         seconds = time.perf_counter() - started
+        totals = {split: sum(len(files) for files in classes.values()) for split, classes in listed.items()}
         if self.scan != "off":
             log.info("data.scan=%s: %s checked in %.1f s (%d threads), %d unreadable", self.scan,
-                     _plural(len(paths), "file"), seconds, scan_threads(), len(found))
-        bad: list[BadFile] = []
-        good: dict[str, dict[str, list[str]]] = {}
-        for split, classes in listed.items():
-            good[split] = {}
-            for name, files in classes.items():
-                good[split][name] = [f for f in files if f not in found]
-                bad += [BadFile(split, f, *found[f]) for f in files if f in found]
-        totals = {split: sum(len(files) for files in classes.values()) for split, classes in listed.items()}
+                     _plural(sum(totals.values()), "file"), seconds, scan_threads(), len(bad))
         return _Scanned(root, self.scan, splits, good, bad, totals, seconds)
 
     def _judge(self, scanned: _Scanned) -> list[str]:
@@ -196,13 +188,8 @@ class ImageFolderDataModule(EncodedImagesData):
         elif empty:
             notes.append(f"{len(empty)} class folders in train/ have no readable images, left out: {_names(empty)}")
         classes = [name for name, files in train.items() if files]
-        if not classes:
-            raise UserError("data.root", f"no readable images in the class folders under '{scanned.splits['train']}' "
-                            f"({self._bad_list.where_listed('train')})", "a folder of readable images")
-        for split in ("val", "test"):
-            if split not in scanned.good:
-                continue
-            present = {name for name, files in scanned.good[split].items() if files}
+        for split, by_class in scanned.good.items():  # train/ first; its own classes are neither extra nor missing
+            present = {name for name, files in by_class.items() if files}
             if not present:
                 raise UserError("data.root", f"no readable images in the class folders under '{scanned.splits[split]}' "
                                 f"({self._bad_list.where_listed(split)})", "a folder of readable images")

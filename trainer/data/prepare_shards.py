@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from trainer.data.badfiles import LIST_HEADER, BadFile, check_files
+from trainer.data.badfiles import LIST_HEADER, BadFile, check_splits
 from trainer.data.decode import JPEG_EXTENSIONS
 from trainer.data.imagefolder import SPLITS, list_split
 from trainer.infra.devices import usable_cpus
@@ -124,17 +124,13 @@ def _checked(src: Path, dst: str, max_side: Optional[int], chunk_mb: int) -> Pat
 def _listed(src: Path) -> tuple[dict[str, list[tuple[str, int]]], list[str], list[BadFile]]:
     """Each split's readable (file, label) pairs in the image-folder source's order, the class names
     (train/'s classes with a readable image), and the unreadable files."""
-    listed = {split: list_split(src / split) for split in SPLITS if (src / split).is_dir()}
-    paths = [path for classes in listed.values() for files in classes.values() for path in files]
-    found = check_files(paths, "full")
-    bad = [BadFile(split, path, *found[path]) for split, classes in listed.items()
-           for files in classes.values() for path in files if path in found]
-    classes = [name for name, files in listed["train"].items() if any(path not in found for path in files)]
+    good, bad = check_splits({split: list_split(src / split) for split in SPLITS if (src / split).is_dir()}, "full")
+    classes = [name for name, files in good["train"].items() if files]
     if not classes:
         raise UserError("SRC", f"no readable images under '{src / 'train'}'", "a folder of readable images")
     label = {name: i for i, name in enumerate(classes)}
-    splits = {split: [(path, label[name]) for name, files in by_class.items() if name in label
-                      for path in files if path not in found] for split, by_class in listed.items()}
+    splits = {split: [(path, label[name]) for name, files in by_class.items() if name in label for path in files]
+              for split, by_class in good.items()}
     return splits, classes, bad
 
 
