@@ -74,11 +74,14 @@ class DigitsDataModule(ImageData):
             return
         images, labels = self._load()
         parts = stratified_split(labels, self.val_fraction, self.test_fraction, self.split_seed)
-        x = torch.from_numpy(images).unsqueeze(1) / 16.0
-        mean, std = x[parts["train"]].mean(), x[parts["train"]].std()
+        x, y = torch.from_numpy(images).unsqueeze(1) / 16.0, torch.from_numpy(labels)
+        self._hold_standardized({name: (x[indices], y[indices]) for name, indices in parts.items()})
+
+    def _hold_standardized(self, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """The (images, labels) splits as data sets, images standardized with the training split's statistics."""
+        mean, std = splits["train"][0].mean(), splits["train"][0].std()
         self._standardized = (float(mean), float(std))
-        x, y = (x - mean) / std, torch.from_numpy(labels)
-        self.train_set, self.val_set, self.test_set = (TensorDataset(x[parts[name]], y[parts[name]])
+        self.train_set, self.val_set, self.test_set = (TensorDataset((splits[name][0] - mean) / std, splits[name][1])
                                                        for name in ("train", "val", "test"))
 
     def inference_preprocessing(self) -> dict[str, Any]:

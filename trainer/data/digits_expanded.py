@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
-from torch.utils.data import TensorDataset
 
 from trainer.data.base import DataInfo, ImageRecord
 from trainer.data.digits import DigitsDataModule, stratified_split
@@ -177,17 +176,9 @@ class ExpandedDigitsDataModule(DigitsDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.train_set is not None:
             return
-        splits = self.expanded()
-        tensors = {name: torch.from_numpy(images).unsqueeze(1).float() / 255.0 for name, (images, _) in splits.items()}
-        mean, std = tensors["train"].mean(), tensors["train"].std()
-        self._standardized = (float(mean), float(std))
-        self.train_set, self.val_set, self.test_set = (
-            TensorDataset((tensors[name] - mean) / std, torch.from_numpy(splits[name][1]))
-            for name in ("train", "val", "test"))
+        self._hold_standardized({name: (torch.from_numpy(images).unsqueeze(1).float() / 255.0, torch.from_numpy(labels))
+                                 for name, (images, labels) in self.expanded().items()})
 
     def inference_preprocessing(self) -> dict[str, Any]:
-        self.setup()
-        mean, std = self._standardized
-        return {"image": "a digit, ink bright on dark, any size (resized to grey)", "color": "L",
-                "resize": [self.image_size, self.image_size], "interpolation": "bilinear", "center_crop": None,
-                "scale": 1 / 255, "mean": [mean], "std": [std], "layout": "NCHW float32"}
+        return {**super().inference_preprocessing(), "image": "a digit, ink bright on dark, any size (resized to grey)",
+                "resize": [self.image_size, self.image_size], "interpolation": "bilinear"}
