@@ -112,7 +112,7 @@ def load_rgb(path: str | os.PathLike[str], data: Optional[bytes | bytearray] = N
     is an error (``ImageFile.LOAD_TRUNCATED_IMAGES`` stays False). `data`: the file's bytes when the
     caller has read them; `before_decode`: called once the size is known, before the pixels are
     decoded (the fast path picks its crop and JPEG scale there)."""
-    image = _open(str(path), decode=True, convert=True, data=data, before_decode=before_decode)
+    image = _open(str(path), decode=True, data=data, before_decode=before_decode)
     assert image is not None  # only decode=False gives None
     return image
 
@@ -124,7 +124,7 @@ def check_file(path: str, decode: bool) -> tuple[str, str] | None:
     if not is_image_name(path):
         return NOT_AN_IMAGE, _extension_detail(path)
     try:
-        _open(path, decode=decode, convert=decode)
+        _open(path, decode=decode)
     except BadImageError as ex:
         return ex.reason, ex.detail
     return None
@@ -144,7 +144,7 @@ def read_bytes(path: str) -> bytearray:
     return data if filled == len(data) else data[:filled]
 
 
-def _open(path: str, decode: bool, convert: bool, data: Optional[bytes | bytearray] = None,
+def _open(path: str, decode: bool, data: Optional[bytes | bytearray] = None,
           before_decode: Optional[Callable[[Image.Image], None]] = None) -> Image.Image | None:
     if data is not None:
         if not data:
@@ -172,8 +172,6 @@ def _open(path: str, decode: bool, convert: bool, data: Optional[bytes | bytearr
             image.load()
         except Exception as ex:  # noqa: BLE001 - as above, from the decoders
             raise BadImageError(path, _os_failure(ex) or CORRUPT, _pil_detail(ex)) from None
-        if not convert:
-            return image
         try:
             return to_rgb(image)
         except (ValueError, OSError, TypeError) as ex:
@@ -248,14 +246,13 @@ def scan_threads() -> int:
     return min(8, usable_cpus() * 2)
 
 
-def check_files(paths: Sequence[str], scan: Scan, threads: int | None = None) -> dict[str, tuple[str, str]]:
+def check_files(paths: Sequence[str], scan: Scan) -> dict[str, tuple[str, str]]:
     """The bad ones among `paths`: {path: (reason, detail)}. With scan ``off`` only the names are
     judged (a file without an image extension is bad); ``header`` opens each file; ``full`` decodes."""
     if scan == "off":
         return {p: (NOT_AN_IMAGE, _extension_detail(p)) for p in paths if not is_image_name(p)}
     decode = scan == "full"
-    threads = threads or scan_threads()
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="image-scan") as pool:
+    with ThreadPoolExecutor(max_workers=scan_threads(), thread_name_prefix="image-scan") as pool:
         results = pool.map(lambda p: check_file(p, decode), paths)
         return {p: r for p, r in zip(paths, results) if r is not None}
 

@@ -307,7 +307,7 @@ class DataModule(L.LightningDataModule):
         processes (DDP, FSDP), this process's share of each epoch."""
         replicas, rank = self._process_share()
         resize = getattr(self, "resize", None)
-        self._train_sampler = EpochSampler(size, self.run_seed, shuffle=True, seeded=seeded, replicas=replicas,
+        self._train_sampler = EpochSampler(size, self.run_seed, seeded=seeded, replicas=replicas,
                                            rank=rank, sizes=resize.size_at if resize is not None else None)
         self._items_per_batch = items_per_batch
         if self._resume_position is not None:

@@ -69,14 +69,13 @@ def resolve_loader(
     cpus: int | None = None,
     batch_bytes: int | None = None,
     available_bytes: int | None = None,
-    memory_fraction: float = 0.1,
     copy_overlap: Union[bool, Auto] = "auto",
 ) -> LoaderSettings:
     """Turn ``auto`` into concrete values.
     Workers: none for data already in memory (they would only add inter-process copies); else one
     per usable CPU minus one for the training process, at most 8 (past that the gains are rarely
     worth the memory, and too many workers hurt). Prefetch: PyTorch's 2 batches per worker, fewer
-    when the batches in flight would take more than `memory_fraction` of the available memory.
+    when the batches in flight would take more than `PREFETCH_MEMORY_SHARE` of the available memory.
     Copy overlap: with CUDA and pinned batches (from pageable memory the copy is synchronous, so a
     side stream would only add an event per batch)."""
     cpus = cpus or usable_cpus()
@@ -106,7 +105,7 @@ def resolve_loader(
     if workers == 0:
         prefetch, reasons["prefetch_factor"] = None, "none (no workers)"
     elif prefetch_factor == "auto" or prefetch_factor is None:
-        prefetch, reasons["prefetch_factor"] = _bounded_prefetch(workers, batch_bytes, available_bytes, memory_fraction)
+        prefetch, reasons["prefetch_factor"] = _bounded_prefetch(workers, batch_bytes, available_bytes)
     else:
         prefetch = int(prefetch_factor)
         reasons["prefetch_factor"] = f"{prefetch} (as configured)"
@@ -129,19 +128,19 @@ def _copy_overlap(requested: Union[bool, Auto], cuda: bool, pinned: bool) -> tup
 
 
 PREFETCH_TARGET = 2  # PyTorch's default: enough to hide jitter in per-batch loading time
+PREFETCH_MEMORY_SHARE = 0.1  # of the available memory, for the batches in flight
 
 
-def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: int | None,
-                      memory_fraction: float) -> tuple[int, str]:
-    """Batches in flight (workers x prefetch) must fit in `memory_fraction` of available memory."""
+def _bounded_prefetch(workers: int, batch_bytes: int | None, available_bytes: int | None) -> tuple[int, str]:
+    """Batches in flight (workers x prefetch) must fit in `PREFETCH_MEMORY_SHARE` of available memory."""
     available_bytes = available_bytes if available_bytes is not None else available_memory()
     if not batch_bytes or not available_bytes:
         return PREFETCH_TARGET, f"auto -> {PREFETCH_TARGET} batches per worker (batch size in bytes unknown)"
-    budget = int(available_bytes * memory_fraction)
+    budget = int(available_bytes * PREFETCH_MEMORY_SHARE)
     fits = budget // (workers * batch_bytes)
     prefetch = max(1, min(PREFETCH_TARGET, fits))
     return prefetch, (f"auto -> {prefetch} batches per worker ({workers} x {prefetch} x {batch_bytes / 2**20:.1f} MiB "
-                      f"in flight, budget {memory_fraction:.0%} of {available_bytes / 2**30:.1f} GiB available)")
+                      f"in flight, budget {PREFETCH_MEMORY_SHARE:.0%} of {available_bytes / 2**30:.1f} GiB available)")
 
 
 def available_memory() -> int | None:

@@ -36,7 +36,7 @@ def own_generator(seed: int) -> torch.Generator:
 
 
 class EpochSampler(DistributedSampler):
-    """Indices of one epoch, shuffled from (seed, epoch) when `shuffle`; `seeded` yields
+    """Indices of one epoch, shuffled from (seed, epoch); `seeded` yields
     ``(index, sample_seed)`` pairs for `SeededSamples`, and ``(index, sample_seed, size)`` with a
     `sizes` schedule (persistent loader workers keep their first copy of the data set, so only what
     the sampler sends reaches them each epoch).
@@ -48,13 +48,12 @@ class EpochSampler(DistributedSampler):
 
     # A DistributedSampler, so that Lightning uses it as it is (its DistributedSamplerWrapper would
     # re-shuffle the indices). DistributedSampler.__init__ is not called: it asks a process group for the rank.
-    def __init__(self, size: int, seed: int, shuffle: bool = True, seeded: bool = False, replicas: int = 1,
+    def __init__(self, size: int, seed: int, seeded: bool = False, replicas: int = 1,
                  rank: int = 0, sizes: Optional[Callable[[int], int]] = None) -> None:
         if not 0 <= rank < replicas:
             raise ValueError(f"rank {rank} is not one of {replicas} processes")
         self.size = size
         self.seed = seed
-        self.shuffle = shuffle
         self.seeded = seeded
         self.sizes = sizes
         # DistributedSampler's own attribute names, for code that reads them (Lightning, torch).
@@ -98,8 +97,6 @@ class EpochSampler(DistributedSampler):
         self._resuming = True
 
     def order(self) -> torch.Tensor:
-        if not self.shuffle:
-            return torch.arange(self.size)
         generator = torch.Generator().manual_seed(mix(self.seed, self.epoch))
         return torch.randperm(self.size, generator=generator)
 
