@@ -70,20 +70,15 @@ class TokenRecord(KindRecord):
 
 
 @dataclass(frozen=True)
-class SequenceRecord(KindRecord):
+class SequenceRecord(TokenRecord):
     """Labelled sequences of at most `sequence_length` token ids below `vocab_size`, padded with `pad_id`."""
 
     kind: ClassVar[str] = "sequences"
-    vocab_size: int
-    sequence_length: int
     pad_id: int = 0
     multi_label: bool = False
 
-    def sample_shape(self) -> tuple[int, ...]:
-        return (self.sequence_length,)
-
     def model_inputs(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "max_positions": self.sequence_length, "pad_token_id": self.pad_id}
+        return {**super().model_inputs(), "pad_token_id": self.pad_id}
 
 
 @dataclass(frozen=True)
