@@ -387,10 +387,13 @@ class EvalShare(DistributedSampler):
         pass  # the same order every time
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.num_replicas))
+        return iter(self._indices())
 
     def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.num_replicas))
+        return len(self._indices())
+
+    def _indices(self) -> range:
+        return range(self.rank, self.size, self.num_replicas)
 
 
 class _FinishedOnHost(Dataset[Any]):

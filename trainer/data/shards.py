@@ -12,7 +12,7 @@ import logging
 import weakref
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Optional
+from typing import Annotated, Any, Optional
 
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
@@ -165,13 +165,7 @@ class EvalBlocks(EvalShare):
     """One process's contiguous block of an evaluation split: every sample once over all processes,
     and each process reads only the chunks of its block."""
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._block())
-
-    def __len__(self) -> int:
-        return len(self._block())
-
-    def _block(self) -> range:
+    def _indices(self) -> range:
         return range(self.rank * self.size // self.num_replicas, (self.rank + 1) * self.size // self.num_replicas)
 
 
