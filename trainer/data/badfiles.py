@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, Sequence
 
 import numpy as np
-from PIL import Image, ImageFile
+from PIL import Image
 from torch.utils.data import Dataset
 
 from trainer.infra.atomic import write_text_atomic
@@ -68,17 +68,13 @@ class WorkerSafeUserError(UserError):
         super().__init__(where, problem, allowed)
 
 
-def original_line(message: str, class_name: str | None = None) -> str:
+def original_line(message: str, class_name: str) -> str:
     """The exception's own message inside a worker re-raise (``Caught X in DataLoader worker process
     N.\\nOriginal Traceback ...\\nmodule.X: message``), or `message` itself when it is not one."""
     if "Original Traceback" not in message and not message.startswith("Caught "):
         return message
-    lines = [line for line in message.splitlines() if line.strip()]
-    if not lines:
-        return message
-    last = lines[-1].strip()
-    name = re.escape(class_name) if class_name else r"[A-Za-z_]\w*"
-    return re.sub(rf"^(?:[A-Za-z_]\w*\.)*{name}: ", "", last, count=1)
+    last = [line for line in message.splitlines() if line.strip()][-1].strip()  # there is one: the test above
+    return re.sub(rf"^(?:[A-Za-z_]\w*\.)*{re.escape(class_name)}: ", "", last, count=1)
 
 
 class BadImageError(WorkerSafeUserError):
@@ -233,11 +229,6 @@ def _stretch(values: np.ndarray) -> np.ndarray:
 
 def _grey_to_rgb(values: np.ndarray) -> Image.Image:
     return Image.fromarray(np.ascontiguousarray(values), mode="L").convert("RGB")
-
-
-def truncated_images_accepted() -> bool:
-    """Whether some library switched PIL to fill truncated images with grey instead of failing."""
-    return bool(ImageFile.LOAD_TRUNCATED_IMAGES)
 
 
 # -- the scan ----------------------------------------------------------------------------------------

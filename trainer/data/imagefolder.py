@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Sequence
 
 import torch
+from PIL import ImageFile
 
 from trainer.data.badfiles import (IMAGE_EXTENSIONS, BadFile, BadFileList, BadImageError, ImageFiles, check_splits,
-                                   is_image_name, scan_threads, truncated_images_accepted)
+                                   is_image_name, scan_threads)
 from trainer.data.base import DataInfo, ImageRecord
 from trainer.data.decode import JPEG_EXTENSIONS, DecodedFiles, EncodedFiles
 from trainer.data.images import EncodedImagesData
@@ -178,7 +179,7 @@ class ImageFolderDataModule(EncodedImagesData):
         for split in scanned.totals:
             self._bad_list.check_share(split)
         notes = []
-        if truncated_images_accepted():
+        if ImageFile.LOAD_TRUNCATED_IMAGES:
             notes.append("PIL's ImageFile.LOAD_TRUNCATED_IMAGES was switched on by another library: truncated "
                          "images are filled with grey and trained on instead of being skipped")
         train = scanned.good["train"]
