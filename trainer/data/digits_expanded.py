@@ -155,6 +155,7 @@ class ExpandedDigitsDataModule(DigitsDataModule):
         # Any: mypy would match np.savez's **kwds to its allow_pickle too (no key has that name).
         arrays: dict[str, Any] = {f"{name}_{kind}": array for name, pair in splits.items()
                                   for kind, array in zip(("images", "labels"), pair)}
+
         def write(tmp: Path) -> None:
             with open(tmp, "wb") as out:  # a file, not a name: np.savez would add ".npz" to the name
                 np.savez(out, **arrays)

@@ -213,7 +213,6 @@ def _pool(workers: int) -> ContextManager[ProcessPoolExecutor | None]:
     return ProcessPoolExecutor(workers, mp_context=context)
 
 
-
 class _RateColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         return Text(f"{task.speed:,.0f} files/s" if task.speed else "- files/s")

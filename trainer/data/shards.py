@@ -100,6 +100,7 @@ class ShardStream(StreamingDataset):
         """A JPEG the device decoder refused, decoded here from the same seed (the same box)."""
         return item.on_host(self.split, self.full_geometry), None
 
+
 class ShardLoader(StreamingDataLoader):
     """LitData's loader, whose position travels with the data module's state instead of Lightning's
     loader states: Lightning saves a loader's state as it stands, one prefetched batch ahead of the
@@ -147,6 +148,7 @@ class ShardLoader(StreamingDataLoader):
             return 0
         super().load_state_dict(position["litdata"])
         return int(position["taken"])
+
 
 class _Indexed(Dataset[Any]):
     """A split of the shards read by index (LitData's random access), for evaluation."""
