@@ -41,19 +41,25 @@ class SelfAttention(nn.Module):
         float mask is added to the attention logits (use ``-inf`` to block). Shapes: ``(N, N)``,
         ``(B, N, N)`` or ``(B, 1 or num_heads, N, N)``. A query row that may attend to nothing
         yields NaN, as in SDPA. ``is_causal`` may be combined with a mask; both then apply."""
-        batch, tokens, dim = x.shape
+        _, tokens, dim = x.shape
         if dim != self.dim:
             raise ValueError(f"expected last dimension {self.dim}, got {dim}")
-        # (B, N, 3*dim) -> (3, B, heads, N, head_dim): one matmul, then views and one permute.
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-
+        q, k, v = self.project_qkv(x)
         mask = _prepare_mask(attn_mask, is_causal, tokens, x.device)
         # SDPA refuses an explicit mask together with is_causal; _prepare_mask merged them.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+        return self.attend(q, k, v, mask, is_causal and mask is None)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k and v, each (B, heads, N, head_dim): one matmul, then views and one permute."""
+        return self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+               is_causal: bool) -> torch.Tensor:
+        """SDPA over the heads (dropout on its weights in training), the heads joined, then the output
+        projection and its dropout."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                              dropout_p=self.attn_dropout if self.training else 0.0)
-        out = out.transpose(1, 2).reshape(batch, tokens, self.dim)
-        return self.proj_drop(self.proj(out))
+        return self.proj_drop(self.proj(out.transpose(1, 2).flatten(2)))
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, attn_dropout={self.attn_dropout}"

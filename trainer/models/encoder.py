@@ -34,7 +34,7 @@ from torch import nn
 from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
-from trainer.models.attention import SelfAttention, _prepare_mask
+from trainer.models.attention import SelfAttention
 
 if TYPE_CHECKING:
     from transformers import BertConfig
@@ -210,19 +210,12 @@ class EncoderAttention(SelfAttention):
         super().__init__(dim, num_heads, qkv_bias, attn_dropout, proj_dropout)
         self.fused_qkv = fused_qkv
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
-                is_causal: bool = False) -> torch.Tensor:
-        """As `SelfAttention.forward` (the encoder passes its ``[N, 1, 1, L]`` key-padding mask)."""
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.fused_qkv:
-            return super().forward(x, attn_mask=attn_mask, is_causal=is_causal)
-        batch, tokens, _ = x.shape
+            return super().project_qkv(x)
         biases = self.qkv.bias.chunk(3) if self.qkv.bias is not None else (None, None, None)
-        q, k, v = (F.linear(x, weight, bias).view(batch, tokens, self.num_heads, self.head_dim).transpose(1, 2)
-                   for weight, bias in zip(self.qkv.weight.chunk(3), biases))
-        mask = _prepare_mask(attn_mask, is_causal, tokens, x.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-                                             dropout_p=self.attn_dropout if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, tokens, self.dim)))
+        return tuple(F.linear(x, weight, bias).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+                     for weight, bias in zip(self.qkv.weight.chunk(3), biases))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fused_qkv={self.fused_qkv}"
