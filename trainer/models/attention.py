@@ -17,7 +17,7 @@ class SelfAttention(nn.Module):
     allow, never materialising the full attention matrix then."""
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, attn_dropout: float = 0.0,
-                 proj_dropout: float = 0.0) -> None:
+                 proj_dropout: float = 0.0, proj_bias: bool = True) -> None:
         super().__init__()
         if dim <= 0 or num_heads <= 0:
             raise ValueError(f"dim and num_heads must be positive, got dim={dim}, num_heads={num_heads}")
@@ -30,7 +30,7 @@ class SelfAttention(nn.Module):
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.attn_dropout = attn_dropout
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -50,7 +50,8 @@ class SelfAttention(nn.Module):
         return self.attend(q, k, v, mask, is_causal and mask is None)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k and v, each (B, heads, N, head_dim): one matmul, then views and one permute."""
+        """q, k and v, each (B, heads, N, head_dim): one matmul, then views and one permute (unflatten
+        names no batch or length size, which torch.compile(dynamic=True) would otherwise specialise)."""
         return self.qkv(x).unflatten(-1, (3, self.num_heads, self.head_dim)).permute(2, 0, 3, 1, 4).unbind(0)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

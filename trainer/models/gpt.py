@@ -4,8 +4,8 @@ Two shapes, named after the models that made them common: ``gpt2`` (learned posi
 with bias, GELU MLP with biases) and ``llama`` (rotary positions, RMSNorm, SwiGLU MLP, no biases).
 The shape is written down as Hugging Face's own configuration class (`GPT2Config`, `LlamaConfig`),
 kept as ``net.config``, so a run's model is described in the terms every LM tool reads; the
-modules are this file's, small enough to read, with one fused QKV matmul per block and PyTorch's
-``scaled_dot_product_attention`` (flash / memory-efficient kernels where the inputs allow).
+modules are this file's and `trainer.models.attention`'s, small enough to read, with one fused QKV
+matmul per block and PyTorch's ``scaled_dot_product_attention`` (flash / memory-efficient kernels).
 
 Also here, because they only make sense for this network: the training FLOPs per token by the PaLM
 formula (`transformer_flops_per_token`), and autoregressive sampling (`generate`, with a KV cache)."""
@@ -22,6 +22,7 @@ from torch import nn
 from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
+from trainer.models.attention import SelfAttention
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -154,21 +155,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class CausalSelfAttention(nn.Module):
-    """Q, K and V from one ``width -> 3 x width`` Linear (one large matmul instead of three), laid
-    out ``[q | k | v]``, heads contiguous in each; rotary angles, when given, turn q and k."""
+class CausalSelfAttention(SelfAttention):
+    """`SelfAttention` (one fused QKV Linear, ``[q | k | v]``), causal; rotary angles, when given, turn
+    q and k, and a `KVCache`, when given, holds the keys and values of the tokens before these."""
 
     def __init__(self, width: int, heads: int, bias: bool, dropout: float) -> None:
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.qkv = nn.Linear(width, 3 * width, bias=bias)
-        self.proj = nn.Linear(width, width, bias=bias)
-        self.drop = nn.Dropout(dropout)
+        super().__init__(width, heads, qkv_bias=bias, attn_dropout=dropout, proj_dropout=dropout, proj_bias=bias)
 
-    def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                cache: Optional[tuple[KVCache, int]] = None) -> torch.Tensor:
-        # [B, T, 3 x width] -> three [B, heads, T, head_dim]; unflatten names no batch or length size.
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+    def forward(  # type: ignore[override]  # rotary angles and a KV cache instead of SelfAttention's mask
+        self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        cache: Optional[tuple[KVCache, int]] = None,
+    ) -> torch.Tensor:
+        q, k, v = self.project_qkv(x)
         if rotary is not None:
             q, k = rotate(q, *rotary), rotate(k, *rotary)
         mask, causal = None, True
@@ -179,9 +177,7 @@ class CausalSelfAttention(nn.Module):
                 causal = False
                 if tokens > 1:
                     mask = torch.ones(tokens, held + tokens, dtype=torch.bool, device=q.device).tril(diagonal=held)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                                           is_causal=causal)
-        return self.drop(self.proj(y.transpose(1, 2).flatten(2)))
+        return self.attend(q, k, v, mask, causal)
 
 
 class GeluMLP(nn.Module):
