@@ -35,6 +35,7 @@ from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 from trainer.models.attention import SelfAttention
+from trainer.models.layers import GeluMLP
 
 if TYPE_CHECKING:
     from transformers import BertConfig
@@ -187,7 +188,7 @@ class EncoderBlock(nn.Module):
                                      attn_dropout=config.attention_probs_dropout_prob, proj_dropout=dropout,
                                      fused_qkv=fused_qkv)
         self.norm1 = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.ffn = FeedForward(width, config.intermediate_size, dropout, ACTIVATIONS[config.hidden_act])
+        self.ffn = GeluMLP(width, config.intermediate_size, dropout, ACTIVATIONS[config.hidden_act])
         self.norm2 = nn.LayerNorm(width, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -219,20 +220,6 @@ class EncoderAttention(SelfAttention):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fused_qkv={self.fused_qkv}"
-
-
-class FeedForward(nn.Module):
-    """BERT's: Linear, GELU (exact, as BERT was trained; tanh for a folder that says gelu_new), Linear, dropout."""
-
-    def __init__(self, width: int, hidden: int, dropout: float, approximate: str = "none") -> None:
-        super().__init__()
-        self.fc = nn.Linear(width, hidden)
-        self.act = nn.GELU(approximate=approximate)
-        self.proj = nn.Linear(hidden, width)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(self.act(self.fc(x))))
 
 
 # -- the shape -----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from trainer.infra.errors import UserError
 from trainer.infra.extras import require
 from trainer.infra.schema import AT_LEAST_ONE, Doc, Range
 from trainer.models.attention import SelfAttention
+from trainer.models.layers import GeluMLP
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -147,7 +148,8 @@ class Block(nn.Module):
         self.ln_1 = _norm(style, width)
         self.attn = CausalSelfAttention(width, heads, bias=style == "gpt2", dropout=dropout)
         self.ln_2 = _norm(style, width)
-        self.mlp: GeluMLP | SwiGLU = GeluMLP(width, ffn_width, dropout) if style == "gpt2" else SwiGLU(width, ffn_width, dropout)
+        self.mlp: GeluMLP | SwiGLU = (GeluMLP(width, ffn_width, dropout, approximate="tanh") if style == "gpt2"
+                                      else SwiGLU(width, ffn_width, dropout))
 
     def forward(self, x: torch.Tensor, rotary: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
                 cache: Optional[tuple[KVCache, int]] = None) -> torch.Tensor:
@@ -178,20 +180,6 @@ class CausalSelfAttention(SelfAttention):
                 if tokens > 1:
                     mask = torch.ones(tokens, held + tokens, dtype=torch.bool, device=q.device).tril(diagonal=held)
         return self.attend(q, k, v, mask, causal)
-
-
-class GeluMLP(nn.Module):
-    """GPT-2's MLP: Linear, GELU (tanh approximation, as GPT-2 was trained), Linear; with biases."""
-
-    def __init__(self, width: int, hidden: int, dropout: float) -> None:
-        super().__init__()
-        self.fc = nn.Linear(width, hidden)
-        self.act = nn.GELU(approximate="tanh")
-        self.proj = nn.Linear(hidden, width)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(self.act(self.fc(x))))
 
 
 class SwiGLU(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, cast
 
+import torch
 from torch import nn
 
 
@@ -30,6 +31,21 @@ class ClassifierHead(nn.Sequential):
                          nn.Linear(in_features, num_classes))
 
 
+class GeluMLP(nn.Module):
+    """A Transformer block's feed-forward: Linear, GELU, Linear, dropout. BERT was trained with the
+    exact GELU, GPT-2 with its tanh approximation (`approximate="tanh"`)."""
+
+    def __init__(self, width: int, hidden: int, dropout: float, approximate: str = "none") -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, hidden)
+        self.act = nn.GELU(approximate=approximate)
+        self.proj = nn.Linear(hidden, width)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
 def init_weights(module: nn.Module) -> None:
     """He init for convs (ReLU nets; zero biases), unit/zero BatchNorm, small normal for the classifier."""
     for m in module.modules():
@@ -50,4 +66,4 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-__all__ = ["ConvBNAct", "ClassifierHead", "init_weights", "count_parameters"]
+__all__ = ["ConvBNAct", "ClassifierHead", "GeluMLP", "init_weights", "count_parameters"]
