@@ -310,9 +310,9 @@ def _folder_shape(folder: Path, given: BertConfig, max_positions: int, num_class
     return config
 
 
-def hf_names(net: Encoder) -> dict[str, str]:
-    """This network's parameter names -> Hugging Face's BertForSequenceClassification names, for
-    every parameter except the fused QKV (`qkv_names`)."""
+def hf_names(net: Encoder) -> dict[str, list[str]]:
+    """This network's parameter names -> Hugging Face's BertForSequenceClassification names of the
+    same tensor: one, or (a fused QKV) the query, key and value, in the fused layout's order."""
     names = {"embeddings.word.weight": "bert.embeddings.word_embeddings.weight",
              "embeddings.position.weight": "bert.embeddings.position_embeddings.weight",
              "embeddings.token_type.weight": "bert.embeddings.token_type_embeddings.weight",
@@ -321,29 +321,26 @@ def hf_names(net: Encoder) -> dict[str, str]:
              "classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"}
     if net.pooler is not None:
         names.update({"pooler.weight": "bert.pooler.dense.weight", "pooler.bias": "bert.pooler.dense.bias"})
-    block_names = {"attn.proj": "attention.output.dense", "norm1": "attention.output.LayerNorm",
-                   "ffn.fc": "intermediate.dense", "ffn.proj": "output.dense", "norm2": "output.LayerNorm"}
+    block_names = {"attn.qkv": [f"attention.self.{part}" for part in QKV], "attn.proj": ["attention.output.dense"],
+                   "norm1": ["attention.output.LayerNorm"], "ffn.fc": ["intermediate.dense"],
+                   "ffn.proj": ["output.dense"], "norm2": ["output.LayerNorm"]}
+    listed = {ours: [theirs] for ours, theirs in names.items()}
     for index in range(len(net.blocks)):
-        for ours, theirs in block_names.items():
+        layer = f"bert.encoder.layer.{index}"
+        for ours, parts in block_names.items():
             for kind in ("weight", "bias"):
-                names[f"blocks.{index}.{ours}.{kind}"] = f"bert.encoder.layer.{index}.{theirs}.{kind}"
-    return names
-
-
-def qkv_names(index: int, kind: str) -> list[str]:
-    """Hugging Face's names of block `index`'s query, key and value `kind` (weight or bias), in the fused layout's order."""
-    return [f"bert.encoder.layer.{index}.attention.self.{part}.{kind}" for part in QKV]
+                listed[f"blocks.{index}.{ours}.{kind}"] = [f"{layer}.{part}.{kind}" for part in parts]
+    return listed
 
 
 def hf_state_dict(net: Encoder) -> dict[str, torch.Tensor]:
     """The weights under Hugging Face's names, q, k and v split from each fused projection (copies:
     safetensors refuses tensors that share memory)."""
     own = dict(net.named_parameters())
-    tensors = {theirs: own[ours].detach() for ours, theirs in hf_names(net).items()}
-    for index in range(len(net.blocks)):
-        for kind in ("weight", "bias"):
-            fused = own[f"blocks.{index}.attn.qkv.{kind}"].detach()
-            tensors.update(zip(qkv_names(index, kind), (part.clone() for part in fused.chunk(3, dim=0))))
+    tensors: dict[str, torch.Tensor] = {}
+    for ours, names in hf_names(net).items():
+        parts = own[ours].detach().chunk(len(names))
+        tensors.update(zip(names, [part.clone() for part in parts] if len(names) > 1 else parts))
     return tensors
 
 
@@ -404,10 +401,7 @@ def load_pretrained(net: Encoder, folder: Path) -> None:
     if "bert.embeddings.token_type_embeddings.weight" in hf:
         hf["bert.embeddings.token_type_embeddings.weight"] = hf["bert.embeddings.token_type_embeddings.weight"][:1]
     own = dict(net.named_parameters())
-    wanted = {ours: [theirs] for ours, theirs in hf_names(net).items()}
-    for index in range(len(net.blocks)):
-        for kind in ("weight", "bias"):
-            wanted[f"blocks.{index}.attn.qkv.{kind}"] = qkv_names(index, kind)
+    wanted = hf_names(net)
     fresh = [ours for ours, names in wanted.items() if _head(ours) and not _fits(hf, names, own[ours], net)]
     with torch.no_grad():
         for ours, names in wanted.items():
