@@ -84,10 +84,6 @@ class LanguageModel(TaskDefinition):
     def metrics(self, split: str) -> Mapping[str, Metric]:
         return {} if split == "train" else {"token_acc": TokenAccuracy()}
 
-    def update_metrics(self, metrics: Mapping[str, Metric], outputs: Any, targets: Any) -> None:
-        for metric in metrics.values():
-            metric.update(outputs.detach(), targets)
-
     def metrics_from_loss(self) -> Mapping[str, Metric]:
         return {"perplexity": Perplexity()}
 
