@@ -106,15 +106,13 @@ class Encoder(nn.Module):
             load_pretrained(self, folder)
 
     def _init_weights(self) -> None:
-        """BERT's: every Linear and embedding N(0, 0.02), biases zero, LayerNorms one and zero; the
-        padding token's embedding row zero (as transformers' BertPreTrainedModel)."""
+        """BERT's: every Linear and embedding N(0, 0.02), biases zero, LayerNorms one and zero (as
+        nn.LayerNorm makes them); the padding token's embedding row zero (as transformers'
+        BertPreTrainedModel)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=INIT_STD)
             if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-            if isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
         with torch.no_grad():
             self.embeddings.word.weight[self.pad_token_id].zero_()
