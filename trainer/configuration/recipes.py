@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence, cast
+from typing import Any, List, Mapping, Optional, Sequence, cast
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_search_path import ConfigSearchPath

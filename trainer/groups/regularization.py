@@ -12,13 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Optional
 
-from trainer.infra.schema import FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, check_keys
+from trainer.infra.schema import FRACTION, NON_NEGATIVE, ConfigGroup, Doc, UnitInterval, check_keys
 
 if TYPE_CHECKING:
     import torch
     from torchvision.transforms import v2
-
-UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 
 
 @dataclass

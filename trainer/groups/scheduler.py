@@ -17,10 +17,9 @@ import torch
 
 from trainer.groups.optimizer.schema import OptimizerConfig
 from trainer.infra.errors import UserError
-from trainer.infra.schema import (FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, check_keys, check_target,
-                                  locate_target, schema_of_dataclass)
+from trainer.infra.schema import (FRACTION, NON_NEGATIVE, ConfigGroup, Doc, Range, UnitInterval, check_keys,
+                                  check_target, locate_target, schema_of_dataclass)
 
-UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 #: What the framework passes every schedule: the optimizer, and the run's optimizer steps where asked.
 INJECTED = ("optimizer", "total_steps")
 
@@ -39,7 +38,7 @@ class SchedulerConfig(SchedulerKeys):
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, total_steps: int,
-                  warmup: Annotated[Union[Annotated[int, NON_NEGATIVE], Annotated[float, Range(ge=0, lt=1)]],
+                  warmup: Annotated[Union[Annotated[int, NON_NEGATIVE], UnitInterval],
                                     Doc("warmup steps (an integer) or fraction of all steps (a float < 1)")],
                   min_lr_ratio: Annotated[float, FRACTION, Doc("the lr the cosine ends at, as a fraction of the "
                                                                "peak lr")]) -> torch.optim.lr_scheduler.LambdaLR:

@@ -18,7 +18,8 @@ from typing import Any
 _SLURM_FIELDS = {"slurm_job_id": "SLURM_JOB_ID", "slurm_restart_count": "SLURM_RESTART_COUNT"}
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """Now, in UTC to the second: the time stamp of every record a run writes."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -47,7 +48,7 @@ def earlier_attempts(resumed_checkpoint: Path | None, resumed_step: int | None) 
 
 def this_attempt(number: int, resumed_step: int | None) -> dict[str, Any]:
     """The record of the attempt that starts now."""
-    record: dict[str, Any] = {"attempt": number, "started": _now(), "resumed_from_step": resumed_step,
+    record: dict[str, Any] = {"attempt": number, "started": utc_now(), "resumed_from_step": resumed_step,
                               "status": "running", "steps": None}
     record.update({field: os.environ[var] for field, var in _SLURM_FIELDS.items() if var in os.environ})
     return record
@@ -57,7 +58,7 @@ def ended(attempt: dict[str, Any], status: str, steps: int, signum: int | None =
           stopped_in: str | None = None) -> dict[str, Any]:
     """The attempt's record once it has ended (`stopped_in`: the phase a run that did not complete
     stopped in)."""
-    done = {**attempt, "status": status, "steps": steps, "ended": _now()}
+    done = {**attempt, "status": status, "steps": steps, "ended": utc_now()}
     if stopped_in is not None:
         done["stopped_in"] = stopped_in
     if signum is not None:

@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Mapping, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Union
 
 from trainer.infra.errors import UserError, choices
 
@@ -63,6 +63,8 @@ POSITIVE = Range(gt=0)
 NON_NEGATIVE = Range(ge=0)
 AT_LEAST_ONE = Range(ge=1)
 FRACTION = Range(ge=0, le=1)
+#: a rate or a momentum: 0 allowed, 1 not
+UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 
 
 @dataclass(frozen=True)

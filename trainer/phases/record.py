@@ -9,7 +9,6 @@ import os
 import sys
 import time
 import platform
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +80,12 @@ def what_ran(run: Run) -> dict[str, Any]:
 def host_at_start() -> dict[str, Any]:
     """When the run began and how busy the machine was then: the provenance a study's jobs file
     keeps, so that a run timed beside other load can be told apart (see `host_at_end`)."""
-    return {"name": platform.node(), "cpus": os.cpu_count(), "started": _now(), "load_at_start": _load()}
+    return {"name": platform.node(), "cpus": os.cpu_count(), "started": attempts.utc_now(), "load_at_start": _load()}
 
 
 def host_at_end(record: RunRecord) -> dict[str, Any]:
     """`host` completed at the end of the run: the end time and the load averages (1, 5, 15 min) then."""
-    return {**record.fields.get("host", {}), "ended": _now(), "load_at_end": _load()}
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return {**record.fields.get("host", {}), "ended": attempts.utc_now(), "load_at_end": _load()}
 
 
 def _load() -> list[float] | None:

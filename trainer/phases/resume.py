@@ -9,12 +9,12 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence, cast
 
 from trainer.configuration.diff import result_overrides
 from trainer.infra.atomic import write_text_atomic
+from trainer.infra.attempts import utc_now
 from trainer.infra.checkpoint_files import clean_state_dict, load_checkpoint
 from trainer.infra.errors import UserError
 
@@ -32,7 +32,7 @@ def default_name(choices: Mapping[str, str], overrides: Sequence[str]) -> str:
 
 def write_identity(run_dir: Path, name: str, resumed_from: str | None,
                    logger_ids: Mapping[str, str] | None = None) -> None:
-    record = {"name": name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    record = {"name": name, "started": utc_now(),
               "resumed_from": resumed_from, "logger_ids": dict(logger_ids or {})}
     write_text_atomic(run_dir / IDENTITY_FILE, json.dumps(record, indent=2) + "\n")
 

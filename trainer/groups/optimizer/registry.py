@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Callable, Iterator, Mapping, Optional
 
 from trainer.infra.errors import UserError
-from trainer.infra.schema import POSITIVE, Range, locate_target
+from trainer.infra.schema import POSITIVE, UnitInterval, locate_target
 
 #: Constructor arguments the framework fills in: the parameter groups, their lr and weight decay
 #: (from the batch rules), and the kernel (`implementation`).
@@ -45,7 +45,6 @@ def _nesterov_needs_momentum(prefix: str, arguments: Mapping[str, Any]) -> None:
         raise UserError(f"{prefix}.nesterov", "needs momentum > 0", "nesterov=false, or momentum in (0, 1)")
 
 
-UnitInterval = Annotated[float, Range(ge=0, lt=1)]
 #: Bounds the optimizers' signatures do not carry (their constructors check them only when called).
 MOMENTUM = {"momentum": UnitInterval}
 ADAM = {"betas": tuple[UnitInterval, UnitInterval], "eps": Annotated[float, POSITIVE]}
