@@ -120,15 +120,18 @@ def test_a_load_test_of_a_server_that_answers_only_errors_says_how_many_it_sent(
 
     from trainer.deploy.load import Sample, _measure
     from trainer.infra.errors import UserError
+    from trainer.infra.processes import free_port
+
+    async def busy(request: web.Request) -> web.Response:
+        return web.json_response({"detail": "busy"}, status=503)
 
     async def refuse_all() -> None:
         app = web.Application()
-        app.router.add_post("/predict", lambda request: web.json_response({"detail": "busy"}, status=503))
+        app.router.add_post("/predict", busy)
         runner = web.AppRunner(app)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
             await _measure(f"http://127.0.0.1:{port}/predict", [Sample(_png(), "image/png", 0)], concurrency=2,
                            requests=6, budget_s=30.0, server="refusing")

@@ -126,9 +126,14 @@ async def _measure(url: str, samples: Sequence[Sample], concurrency: int, reques
 
         wall = await run_callers(concurrency, requests, budget_s, call)
     if not latencies:
-        raise UserError(url, f"answered none of {errors} requests", "a server that is up")
+        raise nothing_answered(url, errors)
     return LoadResult(server, concurrency, len(latencies), errors, wall, percentile(latencies, 50),
                       percentile(latencies, 99), float(np.mean(batches)), hits / len(latencies))
+
+
+def nothing_answered(url: str, errors: int) -> UserError:
+    """The one line for a server that answered none of the `errors` requests a load test sent it."""
+    return UserError(url, f"answered none of {errors} requests", "a server that is up")
 
 
 async def run_callers(concurrency: int, requests: int, budget_s: float, call: Any) -> float:

@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from trainer.deploy.bench import percentile
-from trainer.deploy.load import ServerProcess, run_callers
+from trainer.deploy.load import ServerProcess, nothing_answered, run_callers
 from trainer.infra.atomic import write_json_atomic, write_text_atomic
 from trainer.infra.errors import UserError
 
@@ -140,7 +140,7 @@ async def measure_encoder(url: str, samples: Sequence[TextSample], name: str, co
         answers.clear()
         wall = await run_callers(concurrency, requests, budget_s, call)
     if not latencies:
-        raise UserError(url, f"answered none of {errors} requests", "a server that is up")
+        raise nothing_answered(url, errors)
     batches, lengths, hits = (np.asarray(column, dtype=np.float64) for column in zip(*answers))
     return TextLoadRow(name, concurrency, len(latencies), errors, wall, percentile(latencies, 50),
                        percentile(latencies, 90), percentile(latencies, 99),
@@ -183,7 +183,7 @@ async def measure_generation(url: str, samples: Sequence[TextSample], concurrenc
         tokens = 0
         wall = await run_callers(concurrency, requests, budget_s, call)
     if not whole:
-        raise UserError(url, f"answered none of {errors} requests", "a server that is up")
+        raise nothing_answered(url, errors)
     return TextLoadRow(ALL_LENGTHS, concurrency, len(whole), errors, wall, percentile(whole, 50),
                        percentile(whole, 90), percentile(whole, 99),
                        {"ttft_p50_ms": percentile(first, 50), "ttft_p99_ms": percentile(first, 99),
